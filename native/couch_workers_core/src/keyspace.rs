@@ -1,0 +1,237 @@
+//! The key space, packed with the FoundationDB tuple layer.
+//!
+//! Every element is a tuple-layer **byte string** (type code `0x01`), as
+//! erlfdb packs Erlang binaries; priorities are tuple-layer integers and
+//! versionstamps tuple-layer versionstamps (`0x33`). Everything sits under
+//! the store's prefix: FoundationDB's directory `couchdb`, or the empty
+//! prefix of the embedded store.
+//!
+//! ```text
+//! ("couch_workers", "workers", WorkerType, "vs")                = VS of the last membership change (10 raw bytes)
+//! ("couch_workers", "workers", WorkerType, "member", Worker)    = options, JSON object
+//! ("couch_workers", "workers", WorkerType, "health", Worker)    = tuple (VS, TStamp, Timeout)
+//! ("couch_workers", "jobs", JobType, JobId)                      = job record, JSON (versioned: "v": 1)
+//! ("couch_workers", "pending", JobType, Priority, VS, JobId)     = ""
+//! ("couch_workers", "active", WorkerType, Worker, JobId)         = state
+//! ("couch_workers", "counts", JobType, "pending")               = little-endian i64, atomic adds
+//! ("couch_workers", "jobs_vs", JobType)                          = VS of the last pending change (dispatchers watch it)
+//! ```
+//!
+//! Worker data lives under `"workers"`, so a worker type named `jobs`,
+//! `pending` or `active` cannot collide with the queue: the second element
+//! of every key names its subspace, and user data only ever appears from
+//! the third element on, as a length-delimited tuple element.
+//!
+//! `Health`: `VS` is the versionstamp of the commit that wrote the
+//! heartbeat (its first 8 bytes are the commit version, on the store's
+//! clock); `TStamp` is the writer's wall clock in seconds, for humans only,
+//! never used to decide liveness; `Timeout` is the health timeout in
+//! seconds.
+
+use foundationdb_tuple::{pack_with_versionstamp, unpack, Bytes, Subspace, Versionstamp as TupleVersionstamp};
+
+use crate::store::{prefix_range, Versionstamp, VERSIONSTAMP_LEN};
+
+const ROOT: &[u8] = b"couch_workers";
+const WORKERS: &[u8] = b"workers";
+const JOBS: &[u8] = b"jobs";
+const PENDING: &[u8] = b"pending";
+const ACTIVE: &[u8] = b"active";
+const COUNTS: &[u8] = b"counts";
+const JOBS_VS: &[u8] = b"jobs_vs";
+const VS: &[u8] = b"vs";
+const MEMBER: &[u8] = b"member";
+const HEALTH: &[u8] = b"health";
+
+fn b(bytes: &[u8]) -> Bytes<'_> {
+    Bytes::from(bytes)
+}
+
+/// Builds the keys of one store's key space.
+#[derive(Debug, Clone)]
+pub struct Keyspace {
+    /// prefix ++ pack(("couch_workers",))
+    root: Subspace,
+}
+
+/// What a key under `("couch_workers", "workers")` is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerKey {
+    Vs { worker_type: Vec<u8> },
+    Member { worker_type: Vec<u8>, worker: Vec<u8> },
+    Health { worker_type: Vec<u8>, worker: Vec<u8> },
+}
+
+/// A decoded health record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    pub versionstamp: Versionstamp,
+    /// Wall clock seconds of the writer: informational only.
+    pub tstamp: i64,
+    /// Health timeout, seconds.
+    pub timeout_s: i64,
+}
+
+impl Health {
+    /// The commit version of the heartbeat (the first 8 bytes of its VS).
+    pub fn version(&self) -> u64 {
+        version_of(&self.versionstamp)
+    }
+}
+
+/// The commit version inside a versionstamp.
+pub fn version_of(vs: &Versionstamp) -> u64 {
+    u64::from_be_bytes(vs[0..8].try_into().expect("8 bytes"))
+}
+
+impl Keyspace {
+    /// The key space under `prefix` (the directory's prefix; empty for the
+    /// embedded store).
+    pub fn new(prefix: &[u8]) -> Self {
+        let root = Subspace::from_bytes(prefix.to_vec()).subspace(&(b(ROOT),));
+        Keyspace { root }
+    }
+
+    /// Every key of couch_workers: `prefix ++ pack(("couch_workers",))`.
+    pub fn root_range(&self) -> (Vec<u8>, Vec<u8>) {
+        prefix_range(self.root.bytes())
+    }
+
+    // ---- workers ------------------------------------------------------
+
+    /// `("couch_workers", "workers", WorkerType, "vs")`
+    pub fn membership_vs(&self, worker_type: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(WORKERS), b(worker_type), b(VS)))
+    }
+
+    /// `("couch_workers", "workers", WorkerType, "member", Worker)`
+    pub fn member(&self, worker_type: &[u8], worker: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(WORKERS), b(worker_type), b(MEMBER), b(worker)))
+    }
+
+    /// Every member key of one worker type.
+    pub fn members_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        prefix_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(MEMBER))))
+    }
+
+    /// `("couch_workers", "workers", WorkerType, "health", Worker)`
+    pub fn health(&self, worker_type: &[u8], worker: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(WORKERS), b(worker_type), b(HEALTH), b(worker)))
+    }
+
+    /// Every health key of one worker type.
+    pub fn health_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        prefix_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(HEALTH))))
+    }
+
+    /// Every key of every worker type (the reaper scans it in batches).
+    pub fn all_workers_range(&self) -> (Vec<u8>, Vec<u8>) {
+        prefix_range(&self.root.pack(&(b(WORKERS),)))
+    }
+
+    /// Decodes a key under `("couch_workers", "workers")`; `None` for any
+    /// other key.
+    pub fn parse_worker_key(&self, key: &[u8]) -> Option<WorkerKey> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        if let Ok((w, t, kind, id)) = unpack::<(Bytes, Bytes, Bytes, Bytes)>(rest) {
+            if &*w != WORKERS {
+                return None;
+            }
+            return match &*kind {
+                MEMBER => Some(WorkerKey::Member { worker_type: t.into_owned(), worker: id.into_owned() }),
+                HEALTH => Some(WorkerKey::Health { worker_type: t.into_owned(), worker: id.into_owned() }),
+                _ => None,
+            };
+        }
+        let (w, t, kind) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
+        (&*w == WORKERS && &*kind == VS).then(|| WorkerKey::Vs { worker_type: t.into_owned() })
+    }
+
+    /// The health value to write with `set_versionstamped_value`: the
+    /// packed tuple `(incomplete VS, tstamp, timeout)` plus the 4-byte
+    /// offset of the placeholder.
+    pub fn health_value(tstamp: i64, timeout_s: i64) -> Vec<u8> {
+        pack_with_versionstamp(&(TupleVersionstamp::incomplete(0), tstamp, timeout_s))
+    }
+
+    /// Decodes a health value written by [`Keyspace::health_value`].
+    pub fn parse_health(value: &[u8]) -> Option<Health> {
+        let (vs, tstamp, timeout_s) = unpack::<(TupleVersionstamp, i64, i64)>(value).ok()?;
+        let versionstamp: Versionstamp = vs.transaction_version().try_into().ok()?;
+        Some(Health { versionstamp, tstamp, timeout_s })
+    }
+
+    /// The membership VS value: a 10-byte placeholder plus its offset (0),
+    /// for `set_versionstamped_value`.
+    pub fn vs_placeholder_value() -> Vec<u8> {
+        let mut v = vec![0xff; VERSIONSTAMP_LEN];
+        v.extend_from_slice(&0u32.to_le_bytes());
+        v
+    }
+
+    // ---- jobs ---------------------------------------------------------
+
+    /// `("couch_workers", "jobs", JobType, JobId)`
+    pub fn job(&self, job_type: &[u8], job_id: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(JOBS), b(job_type), b(job_id)))
+    }
+
+    /// Every job record of one type.
+    pub fn jobs_range(&self, job_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        prefix_range(&self.root.pack(&(b(JOBS), b(job_type))))
+    }
+
+    /// `("couch_workers", "pending", JobType, Priority, VS, JobId)` with an
+    /// incomplete versionstamp, for `set_versionstamped_key` (FIFO within a
+    /// priority by commit order; `user_version` orders jobs added in one
+    /// transaction).
+    pub fn pending_new(&self, job_type: &[u8], priority: i64, user_version: u16, job_id: &[u8]) -> Vec<u8> {
+        self.root
+            .pack_with_versionstamp(&(b(PENDING), b(job_type), priority, TupleVersionstamp::incomplete(user_version), b(job_id)))
+    }
+
+    /// The pending key of a job whose pending versionstamp is known.
+    pub fn pending(&self, job_type: &[u8], priority: i64, vs: &[u8; 12], job_id: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(PENDING), b(job_type), priority, TupleVersionstamp::from(*vs), b(job_id)))
+    }
+
+    /// Every pending key of one type, in run order.
+    pub fn pending_range(&self, job_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        prefix_range(&self.root.pack(&(b(PENDING), b(job_type))))
+    }
+
+    /// Decodes a pending key: `(priority, 12-byte VS, job id)`.
+    pub fn parse_pending(&self, job_type: &[u8], key: &[u8]) -> Option<(i64, [u8; 12], Vec<u8>)> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (p, t, prio, vs, id) = unpack::<(Bytes, Bytes, i64, TupleVersionstamp, Bytes)>(rest).ok()?;
+        (&*p == PENDING && &*t == job_type).then(|| (prio, *vs.as_bytes(), id.into_owned()))
+    }
+
+    /// `("couch_workers", "active", WorkerType, Worker, JobId)`
+    pub fn active(&self, worker_type: &[u8], worker: &[u8], job_id: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(ACTIVE), b(worker_type), b(worker), b(job_id)))
+    }
+
+    /// Every active key of one worker.
+    pub fn active_range(&self, worker_type: &[u8], worker: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        prefix_range(&self.root.pack(&(b(ACTIVE), b(worker_type), b(worker))))
+    }
+
+    /// Decodes an active key's job id.
+    pub fn parse_active_job_id(&self, worker_type: &[u8], worker: &[u8], key: &[u8]) -> Option<Vec<u8>> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (a, t, w, id) = unpack::<(Bytes, Bytes, Bytes, Bytes)>(rest).ok()?;
+        (&*a == ACTIVE && &*t == worker_type && &*w == worker).then(|| id.into_owned())
+    }
+
+    /// `("couch_workers", "counts", JobType, "pending")`: exact pending count.
+    pub fn pending_count(&self, job_type: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(COUNTS), b(job_type), b(PENDING)))
+    }
+
+    /// `("couch_workers", "jobs_vs", JobType)`: bumped whenever a job of the
+    /// type becomes pending; each node's dispatcher watches it.
+    pub fn jobs_vs(&self, job_type: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(JOBS_VS), b(job_type)))
+    }
+}

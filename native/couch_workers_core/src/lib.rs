@@ -1,0 +1,7 @@
+//! couch_workers core: background jobs and worker membership for CouchDB
+//! nodes that share one store (FoundationDB, or the embedded store on one
+//! host). Knows nothing of Erlang: the NIF crate converts terms and sends
+//! messages; everything else lives here.
+
+pub mod store;
+pub mod keyspace;

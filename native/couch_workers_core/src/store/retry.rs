@@ -1,0 +1,71 @@
+//! The one bounded retry loop, used with every store.
+//!
+//! Modeled on foundationdb-rs `Database::run` and erlfdb's
+//! `do_transaction`: run the closure, commit, and on a retryable error let
+//! the transaction back off (`on_error`) and run the closure again, within
+//! an attempt limit and a total time budget. Closures must be idempotent
+//! (they re-read what they change), since a `CommitUnknown` is retried.
+
+use std::future::Future;
+use std::time::Instant;
+
+use super::{Database, StoreError, Tx, TxOptions};
+
+/// Runs `f` in a transaction of `db` until it commits, retrying what is
+/// retryable. `f` gets a fresh transaction on every attempt.
+pub async fn run<T, F, Fut>(db: &dyn Database, opts: TxOptions, mut f: F) -> Result<T, StoreError>
+where
+    F: FnMut(Tx) -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let started = Instant::now();
+    let mut attempts: u32 = 0;
+    loop {
+        attempts += 1;
+        let remaining = opts.timeout.checked_sub(started.elapsed()).ok_or(StoreError::TimedOut)?;
+        let attempt = async {
+            let tx = match db.create_transaction(&opts).await {
+                Ok(tx) => tx,
+                Err(e) => return Err((None, e)),
+            };
+            let result = match f(tx.clone()).await {
+                Ok(value) => tx.commit().await.map(|_| value),
+                Err(e) => Err(e),
+            };
+            result.map_err(|e| (Some(tx), e))
+        };
+        let (tx, err): (Option<Tx>, StoreError) = match tokio::time::timeout(remaining, attempt).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(failed)) => failed,
+            Err(_) => return Err(StoreError::TimedOut),
+        };
+        if !err.is_retryable() {
+            return Err(err);
+        }
+        if attempts >= opts.retry_limit {
+            return Err(StoreError::RetryLimit { attempts, last: Box::new(err) });
+        }
+        if let Some(tx) = tx {
+            // The store's own backoff (FDB's on_error doubles its delay).
+            let remaining = opts.timeout.checked_sub(started.elapsed()).ok_or(StoreError::TimedOut)?;
+            match tokio::time::timeout(remaining, tx.on_error(err)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(StoreError::TimedOut),
+            }
+        } else {
+            // No transaction to back off with (the store was busy opening
+            // one): a short jittered sleep, growing with the attempts.
+            tokio::time::sleep(backoff(attempts)).await;
+        }
+    }
+}
+
+/// Exponential backoff with full jitter: up to 1 ms doubled per attempt,
+/// capped at 100 ms (FoundationDB's default maximum retry delay is 1 s; a
+/// local store recovers much faster).
+pub(crate) fn backoff(attempts: u32) -> std::time::Duration {
+    use rand::Rng;
+    let ceiling_us = (1_000u64 << attempts.min(7)).min(100_000);
+    std::time::Duration::from_micros(rand::rng().random_range(ceiling_us / 4..=ceiling_us))
+}
