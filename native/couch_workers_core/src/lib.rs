@@ -5,3 +5,4 @@
 
 pub mod store;
 pub mod keyspace;
+pub mod conformance;

@@ -34,8 +34,10 @@ use futures::future::BoxFuture;
 pub mod embedded;
 #[cfg(feature = "fdb")]
 pub mod fdb;
+pub mod config;
 mod retry;
 
+pub use config::{open, StoreConfig};
 pub use retry::run;
 
 /// FoundationDB's key size limit, in bytes.
