@@ -109,6 +109,11 @@ impl Keyspace {
         self.root.pack(&(b(WORKERS), b(worker_type), b(MEMBER), b(worker)))
     }
 
+    /// `("couch_workers", "workers", WorkerType)`: every key of one type.
+    pub fn worker_type_prefix(&self, worker_type: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(WORKERS), b(worker_type)))
+    }
+
     /// Every member key of one worker type.
     pub fn members_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
         prefix_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(MEMBER))))

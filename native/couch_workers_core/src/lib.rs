@@ -6,3 +6,14 @@
 pub mod store;
 pub mod keyspace;
 pub mod conformance;
+pub mod error;
+pub mod jobs;
+pub mod liveness;
+pub mod log;
+pub mod workers;
+
+pub use error::Error;
+pub mod node;
+pub mod services;
+
+pub use node::{MembershipWatch, Node, Registration, Settings, Stats};

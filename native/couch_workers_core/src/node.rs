@@ -1,0 +1,292 @@
+//! A node: one open store and the background services of one Erlang VM.
+//!
+//! `Node::start` opens the store and starts the reaper; registrations and
+//! membership watches are handles whose drop stops their task (and, for a
+//! registration, removes the worker), so that nothing outlives its owner.
+//! `Node::stop` cancels every task at once and closes the store.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::error::Error;
+use crate::keyspace::Keyspace;
+use crate::log::{Event, Level, Logger};
+use crate::services::heartbeat::HeartbeatTask;
+use crate::services::membership::{MembershipWatcher, OnMembership};
+use crate::services::reaper::Reaper;
+use crate::services::{wall_clock_s, TaskCounts};
+use crate::store::{self, run, Db, StoreConfig, TxOptions};
+use crate::workers::{self, WorkerSpec};
+
+/// Tunables, all with defaults an operator need not touch.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Longest sleep of the reaper between scans.
+    pub reaper_max_interval: Duration,
+    /// Budget of one transaction run (all retries).
+    pub tx_timeout: Duration,
+    /// Most attempts of one transaction run.
+    pub tx_retry_limit: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { reaper_max_interval: Duration::from_millis(500), tx_timeout: Duration::from_secs(5), tx_retry_limit: 100 }
+    }
+}
+
+/// Counts of live things, for `couch_workers:stats/0` and leak tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    pub heartbeats: usize,
+    pub watchers: usize,
+    pub reapers: usize,
+}
+
+pub struct Node {
+    db: Db,
+    ks: Keyspace,
+    settings: Settings,
+    log: Logger,
+    runtime: Handle,
+    /// Parent of every task's token: `stop` cancels them all.
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    counts: Arc<TaskCounts>,
+}
+
+impl Node {
+    /// Opens the store and starts the reaper. Must run on the runtime.
+    pub async fn start(config: &StoreConfig, settings: Settings, log: Logger) -> Result<Arc<Node>, Error> {
+        let db = store::open(config).await?;
+        let node = Node::with_db(db, settings, log);
+        node.log.log(
+            Event::new(Level::Notice, "store_opened")
+                .with("store", node.db.kind())
+                .with("durability", node.db.durability()),
+        );
+        Ok(node)
+    }
+
+    /// A node on an already open store (tests, benchmarks).
+    pub fn with_db(db: Db, settings: Settings, log: Logger) -> Arc<Node> {
+        let ks = Keyspace::new(&db.prefix());
+        let node = Arc::new(Node {
+            db,
+            ks,
+            settings,
+            log,
+            runtime: Handle::current(),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            counts: Arc::new(TaskCounts::default()),
+        });
+        let reaper = Reaper {
+            db: node.db.clone(),
+            ks: node.ks.clone(),
+            log: node.log.clone(),
+            cancel: node.shutdown.child_token(),
+            counts: node.counts.clone(),
+            max_interval: settings.reaper_max_interval,
+            tx_options: node.write_options(),
+        };
+        node.tasks.spawn_on(reaper.run(), &node.runtime);
+        node
+    }
+
+    /// Stops every task, waits for them, and closes the store.
+    pub async fn stop(&self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        self.db.close();
+        self.log.log(Event::new(Level::Notice, "store_closed").with("store", self.db.kind()));
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    pub fn keyspace(&self) -> &Keyspace {
+        &self.ks
+    }
+
+    pub fn logger(&self) -> &Logger {
+        &self.log
+    }
+
+    pub fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            heartbeats: self.counts.heartbeats.load(Ordering::SeqCst),
+            watchers: self.counts.watchers.load(Ordering::SeqCst),
+            reapers: self.counts.reapers.load(Ordering::SeqCst),
+        }
+    }
+
+    pub fn read_options(&self) -> TxOptions {
+        TxOptions { writes: false, timeout: self.settings.tx_timeout, retry_limit: self.settings.tx_retry_limit }
+    }
+
+    pub fn write_options(&self) -> TxOptions {
+        TxOptions { writes: true, ..self.read_options() }
+    }
+
+    /// Spawns a task that stops with the node.
+    pub fn spawn<F>(&self, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.spawn_on(task, &self.runtime);
+    }
+
+    // ---- workers --------------------------------------------------------
+
+    /// Registers a worker and starts its heartbeat. The worker stays
+    /// registered while the returned handle lives.
+    pub async fn register_worker(self: &Arc<Self>, spec: WorkerSpec) -> Result<Registration, Error> {
+        if self.is_stopped() {
+            return Err(Error::Store(store::StoreError::Closed));
+        }
+        spec.validate(&self.ks)?;
+        let ks = &self.ks;
+        let s = &spec;
+        run(self.db.as_ref(), self.write_options(), |tx| async move {
+            workers::register(&tx, ks, s, wall_clock_s()).await
+        })
+        .await?;
+        let spec = Arc::new(spec);
+        let cancel = self.shutdown.child_token();
+        let task = HeartbeatTask {
+            db: self.db.clone(),
+            ks: self.ks.clone(),
+            spec: spec.clone(),
+            log: self.log.clone(),
+            cancel: cancel.clone(),
+            counts: self.counts.clone(),
+            tx_options: self.write_options(),
+        };
+        self.spawn(task.run());
+        Ok(Registration { node: Arc::downgrade(self), spec, cancel, removed: AtomicBool::new(false) })
+    }
+
+    /// Removes the worker of `reg` and stops its heartbeat; its running
+    /// jobs go back to pending in the same transaction. Idempotent.
+    pub async fn unregister_worker(&self, reg: &Registration) -> Result<(), Error> {
+        reg.cancel.cancel();
+        if reg.removed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let result = self.remove_worker(&reg.spec.worker_type, &reg.spec.id).await;
+        if result.is_err() {
+            // Let a later unregister (or the drop) try again.
+            reg.removed.store(false, Ordering::SeqCst);
+        }
+        result
+    }
+
+    async fn remove_worker(&self, worker_type: &[u8], id: &[u8]) -> Result<(), Error> {
+        let ks = &self.ks;
+        run(self.db.as_ref(), self.write_options(), |tx| async move { workers::remove(&tx, ks, worker_type, id).await })
+            .await?;
+        Ok(())
+    }
+
+    // ---- membership -----------------------------------------------------
+
+    /// Starts a watcher of `worker_type`'s membership: `on_update` gets the
+    /// current membership at once, then every change. Stops when the
+    /// returned handle is dropped.
+    pub fn watch_membership(&self, worker_type: Vec<u8>, on_update: OnMembership) -> Result<MembershipWatch, Error> {
+        if self.is_stopped() {
+            return Err(Error::Store(store::StoreError::Closed));
+        }
+        crate::error::check_key(&self.ks.membership_vs(&worker_type))?;
+        let cancel = self.shutdown.child_token();
+        let watcher = MembershipWatcher {
+            db: self.db.clone(),
+            ks: self.ks.clone(),
+            worker_type,
+            on_update,
+            log: self.log.clone(),
+            cancel: cancel.clone(),
+            counts: self.counts.clone(),
+            tx_options: self.read_options(),
+        };
+        self.spawn(watcher.run());
+        Ok(MembershipWatch { cancel })
+    }
+}
+
+/// A live registration. Dropping it stops the heartbeat and removes the
+/// worker (the owner is gone: its Erlang side was garbage collected).
+pub struct Registration {
+    node: std::sync::Weak<Node>,
+    spec: Arc<WorkerSpec>,
+    cancel: CancellationToken,
+    removed: AtomicBool,
+}
+
+impl Registration {
+    pub fn spec(&self) -> &WorkerSpec {
+        &self.spec
+    }
+
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if self.removed.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(node) = self.node.upgrade() else { return };
+        if node.is_stopped() {
+            return;
+        }
+        let spec = self.spec.clone();
+        let n = node.clone();
+        node.spawn(async move {
+            if let Err(e) = n.remove_worker(&spec.worker_type, &spec.id).await {
+                n.log.log(
+                    Event::new(Level::Warning, "worker_remove_failed")
+                        .with("type", &spec.worker_type)
+                        .with("id", &spec.id)
+                        .with("reason", e.to_string()),
+                );
+            }
+        });
+    }
+}
+
+/// A live membership watcher; dropping it stops the watcher.
+pub struct MembershipWatch {
+    cancel: CancellationToken,
+}
+
+impl MembershipWatch {
+    pub fn stop(&self) {
+        self.cancel.cancel();
+    }
+}
+
+impl Drop for MembershipWatch {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}

@@ -1,0 +1,151 @@
+//! Worker key-space operations, each run inside a transaction of the
+//! caller's (so that the retry loop, the conformance suite and the services
+//! share one definition). See `keyspace.rs` for the layout.
+//!
+//! Every change of a type's member set (register, unregister, reap) bumps
+//! `("couch_workers", "workers", T, "vs")` with the commit's versionstamp:
+//! membership watchers watch that one key, so heartbeats (which only touch
+//! health records) wake nobody.
+
+use crate::error::{check_key, check_value, Error};
+use crate::jobs;
+use crate::keyspace::{Health, Keyspace};
+use crate::liveness;
+use crate::store::{RangeRequest, StoreError, Tx, Versionstamp};
+
+/// A worker as registered: what is stored, and what its heartbeat needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSpec {
+    pub worker_type: Vec<u8>,
+    pub id: Vec<u8>,
+    /// The options map as a JSON object (what other nodes see).
+    pub options_json: Vec<u8>,
+    /// Health timeout, seconds (> 0).
+    pub timeout_s: u64,
+}
+
+impl WorkerSpec {
+    /// Checks the limits that hold on every store, before any write.
+    pub fn validate(&self, ks: &Keyspace) -> Result<(), Error> {
+        if self.timeout_s == 0 || self.timeout_s > MAX_TIMEOUT_S {
+            return Err(Error::Invalid("invalid_timeout"));
+        }
+        check_key(&ks.member(&self.worker_type, &self.id))?;
+        check_key(&ks.health(&self.worker_type, &self.id))?;
+        check_value(&self.options_json)
+    }
+}
+
+/// The longest health timeout accepted: one week. Longer ones are almost
+/// certainly a unit mistake (milliseconds given as seconds).
+pub const MAX_TIMEOUT_S: u64 = 7 * 24 * 3600;
+
+/// The live workers of a type: `(id, options JSON)` in id order, with the
+/// versionstamp of the last change (all zeros when the type never changed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    pub worker_type: Vec<u8>,
+    pub vs: Versionstamp,
+    pub workers: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// What a heartbeat found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heartbeat {
+    /// The worker was registered; its health record is renewed.
+    Renewed,
+    /// The worker had been removed (reaped while this node could not write
+    /// in time); it is registered again, as a new incarnation.
+    Reinstated,
+}
+
+fn bump_membership_vs(tx: &Tx, ks: &Keyspace, worker_type: &[u8]) {
+    tx.set_versionstamped_value(&ks.membership_vs(worker_type), &Keyspace::vs_placeholder_value());
+}
+
+fn write_health(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, tstamp: i64) {
+    let timeout = i64::try_from(spec.timeout_s).unwrap_or(i64::MAX);
+    tx.set_versionstamped_value(&ks.health(&spec.worker_type, &spec.id), &Keyspace::health_value(tstamp, timeout));
+}
+
+/// Registers `spec` (a new incarnation): any earlier incarnation of the
+/// same `(type, id)` is replaced, and the jobs it was running go back to
+/// pending, since the new incarnation knows nothing of them.
+pub async fn register(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, tstamp: i64) -> Result<(), StoreError> {
+    let member_key = ks.member(&spec.worker_type, &spec.id);
+    if tx.get(&member_key, false).await?.is_some() {
+        jobs::requeue_worker_jobs(tx, ks, &spec.worker_type, &spec.id).await?;
+    }
+    tx.set(&member_key, &spec.options_json);
+    write_health(tx, ks, spec, tstamp);
+    bump_membership_vs(tx, ks, &spec.worker_type);
+    Ok(())
+}
+
+/// Renews the worker's health record; reinstates it if it was removed.
+pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, tstamp: i64) -> Result<Heartbeat, StoreError> {
+    let member_key = ks.member(&spec.worker_type, &spec.id);
+    if tx.get(&member_key, false).await?.is_some() {
+        write_health(tx, ks, spec, tstamp);
+        Ok(Heartbeat::Renewed)
+    } else {
+        register(tx, ks, spec, tstamp).await?;
+        Ok(Heartbeat::Reinstated)
+    }
+}
+
+/// Removes a worker and sends its running jobs back to pending, in this
+/// one transaction. Returns whether it was registered.
+pub async fn remove(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<bool, StoreError> {
+    let member_key = ks.member(worker_type, id);
+    if tx.get(&member_key, false).await?.is_none() {
+        return Ok(false);
+    }
+    jobs::requeue_worker_jobs(tx, ks, worker_type, id).await?;
+    tx.clear(&member_key);
+    tx.clear(&ks.health(worker_type, id));
+    bump_membership_vs(tx, ks, worker_type);
+    Ok(true)
+}
+
+/// Removes the worker if, at this transaction's read version, its health
+/// record says it is dead. Re-reading the record inside the transaction is
+/// what makes concurrent reapers safe: a heartbeat or another reaper that
+/// commits first makes this transaction conflict and re-check.
+pub async fn reap_if_dead(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<bool, StoreError> {
+    let Some(value) = tx.get(&ks.health(worker_type, id), false).await? else {
+        return Ok(false);
+    };
+    let read_version = tx.read_version().await?;
+    match Keyspace::parse_health(&value) {
+        Some(health) if !liveness::is_dead(&health, read_version) => Ok(false),
+        // Dead, or a record no version of this code wrote: remove it, or it
+        // would stay in the membership forever.
+        _ => remove(tx, ks, worker_type, id).await,
+    }
+}
+
+/// Reads the membership of `worker_type`.
+pub async fn read_membership(tx: &Tx, ks: &Keyspace, worker_type: &[u8]) -> Result<Membership, StoreError> {
+    let vs = read_membership_vs(tx, ks, worker_type).await?;
+    let (begin, end) = ks.members_range(worker_type);
+    let rows = tx.get_range(&RangeRequest::new(begin, end)).await?;
+    let mut workers = Vec::with_capacity(rows.len());
+    for (key, value) in rows {
+        if let Some(crate::keyspace::WorkerKey::Member { worker, .. }) = ks.parse_worker_key(&key) {
+            workers.push((worker, value));
+        }
+    }
+    Ok(Membership { worker_type: worker_type.to_vec(), vs, workers })
+}
+
+/// The versionstamp of the type's last membership change (zeros if none).
+pub async fn read_membership_vs(tx: &Tx, ks: &Keyspace, worker_type: &[u8]) -> Result<Versionstamp, StoreError> {
+    let raw = tx.get(&ks.membership_vs(worker_type), false).await?;
+    Ok(raw.and_then(|v| Versionstamp::try_from(v.as_slice()).ok()).unwrap_or([0; 10]))
+}
+
+/// A worker's decoded health record, if it is registered.
+pub async fn read_health(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<Option<Health>, StoreError> {
+    Ok(tx.get(&ks.health(worker_type, id), false).await?.and_then(|v| Keyspace::parse_health(&v)))
+}
