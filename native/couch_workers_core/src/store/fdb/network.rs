@@ -1,0 +1,172 @@
+//! The FoundationDB client network: booted once per OS process, stopped
+//! once, never restarted.
+//!
+//! libfdb_c runs one network thread per process. `fdb_select_api_version`
+//! and `fdb_setup_network` may each be called once, and after
+//! `fdb_stop_network` the network cannot be started again in the same
+//! process. This module keeps that as a small state machine, in the spirit
+//! of foundationdb-rs `api.rs` (`NetworkAutoStop`):
+//!
+//! ```text
+//! Unbooted ──ensure_running──► Running ──shutdown_network──► Stopped (terminal)
+//!    │  └──────────────────shutdown_network─────────────────────┘
+//!    └──select_api_version / setup_network fails──► Failed(message) (terminal)
+//! ```
+//!
+//! Unlike `NetworkAutoStop`, whose `drop` aborts the process when
+//! `fdb_stop_network` fails, a failed stop here only records the failure:
+//! this code runs inside the Erlang VM, which must never be brought down.
+//!
+//! The NIF calls [`shutdown_network`] when the VM unloads the library. A
+//! store opened after that gets a clear error instead of a second network.
+
+use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use foundationdb::api::{get_max_api_version, FdbApiBuilder, NetworkStop};
+use foundationdb::FdbResult;
+use tokio_util::sync::CancellationToken;
+
+use super::map_fdb_error;
+use crate::store::StoreError;
+
+/// The FoundationDB API version this crate selects (cargo feature
+/// `fdb-7_1` of the `foundationdb` crate). Needs libfdb_c 7.1 or newer.
+pub const API_VERSION: i32 = 710;
+
+/// Where the network of this OS process is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetworkStatus {
+    /// Not started yet: the first [`super::FdbStore::open`] starts it.
+    Unbooted,
+    /// The network thread runs.
+    Running,
+    /// [`shutdown_network`] stopped it; it cannot run again in this process.
+    Stopped,
+    /// Booting or stopping failed; the message says why.
+    Failed(String),
+}
+
+struct Running {
+    stop: NetworkStop,
+    thread: JoinHandle<FdbResult<()>>,
+}
+
+enum Lifecycle {
+    Unbooted,
+    Running(Running),
+    Stopped,
+    Failed(String),
+}
+
+static NETWORK: Mutex<Lifecycle> = Mutex::new(Lifecycle::Unbooted);
+
+/// Cancelled by [`shutdown_network`]. Every store's token is a child of
+/// it, so pending reads, commits and watches end with `Closed` instead of
+/// waiting forever on a network thread that is gone.
+static SHUTDOWN: LazyLock<CancellationToken> = LazyLock::new(CancellationToken::new);
+
+fn lock() -> MutexGuard<'static, Lifecycle> {
+    // Every transition is one assignment, so a panic elsewhere while the
+    // lock was held cannot leave a torn state: poisoning is ignored.
+    NETWORK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+const STOPPED_MESSAGE: &str = "the FoundationDB client network of this OS process was stopped \
+     (shutdown_network); FoundationDB cannot restart it in the same process: restart the Erlang VM";
+
+/// Boots the network on first use; afterwards a no-op. Fails, saying why,
+/// once the network was stopped or failed to boot.
+pub(super) fn ensure_running() -> Result<(), StoreError> {
+    let mut state = lock();
+    match &*state {
+        Lifecycle::Running(_) => Ok(()),
+        Lifecycle::Stopped => Err(StoreError::Invalid(STOPPED_MESSAGE.into())),
+        Lifecycle::Failed(message) => Err(StoreError::Invalid(message.clone())),
+        Lifecycle::Unbooted => match boot() {
+            Ok(running) => {
+                *state = Lifecycle::Running(running);
+                Ok(())
+            }
+            Err(message) => {
+                *state = Lifecycle::Failed(message.clone());
+                Err(StoreError::Invalid(message))
+            }
+        },
+    }
+}
+
+fn boot() -> Result<Running, String> {
+    // Checked first: FdbApiBuilder::build prints to stdout when the library
+    // is too old, and a NIF must not write to the VM's stdout.
+    let max = get_max_api_version();
+    if max < API_VERSION {
+        return Err(format!(
+            "the installed libfdb_c supports FoundationDB API versions up to {max}, couch_workers \
+             selects {API_VERSION}: install the FoundationDB client library 7.1 or newer"
+        ));
+    }
+    let builder = FdbApiBuilder::default()
+        .set_runtime_version(API_VERSION)
+        .build()
+        .map_err(|e| format!("selecting FoundationDB API version {API_VERSION} failed: {}", map_fdb_error(e)))?;
+    let (runner, ready) = builder
+        .build()
+        .map_err(|e| format!("setting up the FoundationDB client network failed: {}", map_fdb_error(e)))?;
+    let thread = std::thread::Builder::new()
+        .name("fdb-network".into())
+        // SAFETY: `NetworkRunner::run` requires that `NetworkStop::stop` is
+        // called before the process exits; `shutdown_network` does, and the
+        // NIF calls it when the VM unloads the library. (An exit without it
+        // is the case foundationdb-rs documents for `boot()`: the thread
+        // still runs while the process exits.)
+        .spawn(move || unsafe { runner.run() })
+        .map_err(|e| format!("spawning the FoundationDB network thread failed: {e}"))?;
+    let stop = ready.wait();
+    Ok(Running { stop, thread })
+}
+
+/// A token cancelled when the network stops; each store derives its own.
+pub(super) fn shutdown_token() -> CancellationToken {
+    SHUTDOWN.child_token()
+}
+
+/// Stops the FoundationDB client network of this OS process and joins its
+/// thread. Pending store operations and watches end with
+/// [`StoreError::Closed`], and every later [`super::FdbStore::open`] fails:
+/// FoundationDB cannot restart its network in one process.
+///
+/// Call it once, after the stores are closed: from the NIF's `unload`
+/// callback, or at the end of a test binary. Idempotent. When stopping
+/// fails, the failure is kept in [`network_status`] and the thread is left
+/// alone (never an abort).
+pub fn shutdown_network() {
+    SHUTDOWN.cancel();
+    let mut state = lock();
+    match std::mem::replace(&mut *state, Lifecycle::Stopped) {
+        Lifecycle::Running(Running { stop, thread }) => match stop.stop() {
+            Ok(()) => match thread.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    *state = Lifecycle::Failed(format!("the FoundationDB network thread ended with: {}", map_fdb_error(e)))
+                }
+                Err(_) => *state = Lifecycle::Failed("the FoundationDB network thread panicked".into()),
+            },
+            Err(e) => {
+                *state = Lifecycle::Failed(format!("stopping the FoundationDB client network failed: {}", map_fdb_error(e)))
+            }
+        },
+        Lifecycle::Failed(message) => *state = Lifecycle::Failed(message),
+        Lifecycle::Unbooted | Lifecycle::Stopped => {}
+    }
+}
+
+/// The state of this process's FoundationDB network, for logs.
+pub fn network_status() -> NetworkStatus {
+    match &*lock() {
+        Lifecycle::Unbooted => NetworkStatus::Unbooted,
+        Lifecycle::Running(_) => NetworkStatus::Running,
+        Lifecycle::Stopped => NetworkStatus::Stopped,
+        Lifecycle::Failed(message) => NetworkStatus::Failed(message.clone()),
+    }
+}
