@@ -10,12 +10,24 @@
 //! ("couch_workers", "workers", WorkerType, "vs")                = VS of the last membership change (10 raw bytes)
 //! ("couch_workers", "workers", WorkerType, "member", Worker)    = options, JSON object
 //! ("couch_workers", "workers", WorkerType, "health", Worker)    = tuple (VS, TStamp, Timeout)
-//! ("couch_workers", "jobs", JobType, JobId)                      = job record, JSON (versioned: "v": 1)
+//! ("couch_workers", "jobs", JobType, JobId)                      = job record, tuple (1, State, Worker, Priority, Attempts, Token, CancelRequested, VS, Info, Result)
 //! ("couch_workers", "pending", JobType, Priority, VS, JobId)     = ""
-//! ("couch_workers", "active", WorkerType, Worker, JobId)         = state
+//! ("couch_workers", "active", WorkerType, Worker, JobId)         = tuple (1, AcceptVS)
 //! ("couch_workers", "counts", JobType, "pending")               = little-endian i64, atomic adds
 //! ("couch_workers", "jobs_vs", JobType)                          = VS of the last pending change (dispatchers watch it)
+//! ("couch_workers", "orphans", WorkerType, Worker)               = tuple (RemovalVS): running jobs left for the sweeper
+//! ("couch_workers", "orphans_vs")                                = VS of the last orphan marker written (sweepers watch it)
 //! ```
+//!
+//! The job values are documented and versioned in `jobs/record.rs`. Two
+//! rows differ from DESIGN.md's table: the active value holds the accept's
+//! versionstamp rather than a state name (the job's state lives in its
+//! record; the accept VS is what tells a removed incarnation's jobs from a
+//! re-registered worker's), and the two `orphans` rows are new: removing a
+//! worker requeues its running jobs in bounded batches (FoundationDB's
+//! 10 MB / 5 s transaction limits), and when more remain the removing
+//! transaction leaves a marker that each node's sweeper (`jobs/sweeper.rs`)
+//! is woken for and works off.
 //!
 //! Worker data lives under `"workers"`, so a worker type named `jobs`,
 //! `pending` or `active` cannot collide with the queue: the second element
@@ -39,6 +51,8 @@ const PENDING: &[u8] = b"pending";
 const ACTIVE: &[u8] = b"active";
 const COUNTS: &[u8] = b"counts";
 const JOBS_VS: &[u8] = b"jobs_vs";
+const ORPHANS: &[u8] = b"orphans";
+const ORPHANS_VS: &[u8] = b"orphans_vs";
 const VS: &[u8] = b"vs";
 const MEMBER: &[u8] = b"member";
 const HEALTH: &[u8] = b"health";
@@ -238,5 +252,30 @@ impl Keyspace {
     /// type becomes pending; each node's dispatcher watches it.
     pub fn jobs_vs(&self, job_type: &[u8]) -> Vec<u8> {
         self.root.pack(&(b(JOBS_VS), b(job_type)))
+    }
+
+    /// `("couch_workers", "orphans", WorkerType, Worker)`: the worker was
+    /// removed while more running jobs remained than one transaction may
+    /// requeue; the sweeper requeues the rest.
+    pub fn orphan(&self, worker_type: &[u8], worker: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(ORPHANS), b(worker_type), b(worker)))
+    }
+
+    /// Every orphan marker.
+    pub fn orphans_range(&self) -> (Vec<u8>, Vec<u8>) {
+        prefix_range(&self.root.pack(&(b(ORPHANS),)))
+    }
+
+    /// Decodes an orphan marker's key: `(worker type, worker)`.
+    pub fn parse_orphan(&self, key: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (o, t, w) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
+        (&*o == ORPHANS).then(|| (t.into_owned(), w.into_owned()))
+    }
+
+    /// `("couch_workers", "orphans_vs")`: bumped whenever an orphan marker
+    /// is written; each node's sweeper watches it.
+    pub fn orphans_vs(&self) -> Vec<u8> {
+        self.root.pack(&(b(ORPHANS_VS),))
     }
 }

@@ -58,6 +58,9 @@ pub struct Node {
     shutdown: CancellationToken,
     tasks: TaskTracker,
     counts: Arc<TaskCounts>,
+    /// The job queue (its dispatchers, job watchers and orphan sweeper
+    /// stop with `shutdown`).
+    jobs: crate::jobs::JobService,
 }
 
 impl Node {
@@ -76,15 +79,28 @@ impl Node {
     /// A node on an already open store (tests, benchmarks).
     pub fn with_db(db: Db, settings: Settings, log: Logger) -> Arc<Node> {
         let ks = Keyspace::new(&db.prefix());
+        let (shutdown, tasks) = (CancellationToken::new(), TaskTracker::new());
+        let tx = TxOptions { writes: true, timeout: settings.tx_timeout, retry_limit: settings.tx_retry_limit };
+        let jobs = crate::jobs::JobService::start(
+            db.clone(),
+            ks.clone(),
+            log.clone(),
+            tx,
+            tx,
+            shutdown.child_token(),
+            tasks.clone(),
+            Handle::current(),
+        );
         let node = Arc::new(Node {
             db,
             ks,
             settings,
             log,
             runtime: Handle::current(),
-            shutdown: CancellationToken::new(),
-            tasks: TaskTracker::new(),
+            shutdown,
+            tasks,
             counts: Arc::new(TaskCounts::default()),
+            jobs,
         });
         let reaper = Reaper {
             db: node.db.clone(),
@@ -126,6 +142,11 @@ impl Node {
 
     pub fn runtime(&self) -> &Handle {
         &self.runtime
+    }
+
+    /// The job queue.
+    pub fn jobs(&self) -> &crate::jobs::JobService {
+        &self.jobs
     }
 
     pub fn stats(&self) -> Stats {

@@ -1,1 +1,36 @@
-//! placeholder
+//! The NIF boundary of couch_workers: terms in, messages out.
+//!
+//! Every module here is thin. Argument shapes are checked on the calling
+//! scheduler (a wrong shape raises `badarg`); anything that touches the
+//! store runs on the one tokio runtime of the VM and answers the calling
+//! process with exactly one `{Ref, Result}` message (see `reply.rs`).
+//! All logic worth a unit test lives in `couch_workers_core`.
+//!
+//! | module          | NIFs                                                    |
+//! | --------------- | ------------------------------------------------------- |
+//! | `node.rs`       | `start/2`, `stop/1`, `stats/0`, `set_log_pid/1`, `test_panic/1` |
+//! | `workers.rs`    | `worker_register/4`, `worker_unregister/2`              |
+//! | `membership.rs` | `membership_watch/2`, `membership_unwatch/1`            |
+//! | (jobs: issue 4) | a `jobs.rs` of its own, registered in `load` below      |
+
+mod atoms;
+mod json;
+mod log;
+mod membership;
+mod node;
+mod reply;
+mod runtime;
+mod stats;
+mod term;
+mod workers;
+
+use rustler::{Env, Term};
+
+fn load(env: Env, _info: Term) -> bool {
+    log::install_panic_hook();
+    // Resource types: each module registers its own (the job queue's
+    // module adds its line here).
+    workers::load(env) && membership::load(env)
+}
+
+rustler::init!("couch_workers_nif", load = load);

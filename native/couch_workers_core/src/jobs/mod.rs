@@ -1,16 +1,80 @@
-//! The job queue (being built: see the README's status table).
+//! The job queue: jobs of type T are taken by workers of type T.
+//!
+//! ## Data model
+//!
+//! (Keys are tuples under the store's prefix; see `keyspace.rs`. Values
+//! are documented and versioned in `record.rs`.)
+//!
+//! ```text
+//! ("couch_workers", "jobs", JobType, JobId)                  = (1, State, Worker|nil, Priority, Attempts, Token|nil, CancelRequested, VS, Info, Result|nil)
+//! ("couch_workers", "pending", JobType, Priority, VS, JobId) = ""
+//! ("couch_workers", "active", WorkerType, Worker, JobId)     = (1, AcceptVS)
+//! ("couch_workers", "counts", JobType, "pending")           = little-endian i64 (atomic adds)
+//! ("couch_workers", "jobs_vs", JobType)                      = 10-byte VS of the last time a job became pending
+//! ("couch_workers", "orphans", WorkerType, Worker)           = (RemovalVS,)
+//! ("couch_workers", "orphans_vs")                            = 10-byte VS of the last orphan marker
+//! ```
+//!
+//! * `pending` orders the queue: lower priority first, then commit order
+//!   (the versionstamp), then the order within one commit (its user
+//!   version: the order of one `add_many`). While a job is pending its
+//!   record's VS equals its pending key's VS.
+//! * A job's `VS` changes at every write of its record, so a later change
+//!   compares greater; subscribers compare it.
+//! * The accept token is 16 random bytes, new at every accept. A handle
+//!   (`Fence`) is accepted by `update`/`finish` only while the record is
+//!   running with that token: once the job has left the worker (finish,
+//!   cancel, remove, failover) the handle is refused, also after the same
+//!   worker accepted the job again.
+//! * `counts` is exact: every set or clear of a pending key adds ±1 in the
+//!   same transaction.
+//!
+//! ## Transitions
+//!
+//! ```text
+//! add ──► pending ──accept──► running ──finish──► finished
+//!           │  ▲                 │  │
+//!    cancel │  └──failover/──────┘  └─update with cancel requested──► canceled
+//!           ▼      release
+//!        canceled                (failover of a job with a cancel request: canceled)
+//! remove: from any state, the record and its index keys go.
+//! ```
+//!
+//! ## Modules
+//!
+//! * [`record`]: the stored values and their format versions;
+//! * [`ops`]: the transactional operations over `&Tx` (the only code that
+//!   writes job keys);
+//! * [`dispatcher`]: the per-(node, type) accept dispatcher (no thundering
+//!   herd: one watch per node and type, one transaction per round);
+//! * [`subscription`]: job watchers shared per (node, job);
+//! * [`sweeper`]: finishes the failover of workers removed with more
+//!   running jobs than one transaction may move;
+//! * [`service`]: the node-level API the NIF calls.
+
+pub mod dispatcher;
+pub mod job;
+pub mod ops;
+pub mod record;
+mod runner;
+pub mod service;
+pub mod subscription;
+mod sweeper;
+
+pub use dispatcher::{AcceptReply, ReplyFn};
+pub use job::{AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobState, JobVs, NewJob};
+pub use service::{JobService, JobStats};
+pub use subscription::{JobSubscription, OnJobEvent};
 
 use crate::keyspace::Keyspace;
-use crate::store::{RangeRequest, StoreError, Tx};
+use crate::store::{StoreError, Tx};
 
 /// Sends every job that `worker` of `worker_type` is running back to
-/// pending, in the caller's transaction. Returns how many.
+/// pending (attempts kept: they count accepts), in the caller's
+/// transaction: the one that removes (or re-registers) the worker. Returns
+/// how many jobs it moved now; a worker with more running jobs than one
+/// transaction may move leaves the rest to the sweeper (see
+/// [`ops::requeue_worker_jobs`]).
 pub async fn requeue_worker_jobs(tx: &Tx, ks: &Keyspace, worker_type: &[u8], worker: &[u8]) -> Result<usize, StoreError> {
-    let (begin, end) = ks.active_range(worker_type, worker);
-    let active = tx.get_range(&RangeRequest::new(begin, end).limit(1)).await?;
-    if active.is_empty() {
-        Ok(0)
-    } else {
-        Err(StoreError::Invalid("job queue not built yet".into()))
-    }
+    ops::requeue_worker_jobs(tx, ks, worker_type, worker).await
 }

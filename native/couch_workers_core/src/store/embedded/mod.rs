@@ -1,1 +1,227 @@
-//! placeholder
+//! The embedded store: SQLite in WAL mode on local disk, with
+//! FoundationDB's transaction model (see [`crate::store`]).
+//!
+//! One file, `<dir>/couch_workers.sqlite` (with SQLite's `-wal` and `-shm`
+//! beside it, and `couch_workers.wait`, a 16-byte hint for fair locking). Every OS process on the host
+//! (each Erlang node) that opens the same directory shares one
+//! serializable database: SQLite serializes writers across processes with
+//! its file locks, WAL readers never block, and versions come from one
+//! clock shared by every process of a boot ([`clock`]).
+//!
+//! | module | job |
+//! | --- | --- |
+//! | `mod.rs` | [`EmbeddedOptions`], [`EmbeddedStore`]: opening, closing, [`Database`] |
+//! | `schema.rs` | the file's tables, connection settings, setup, SQLite error mapping |
+//! | `clock.rs` | the version clock (`base + CLOCK_MONOTONIC`) |
+//! | `fair.rs` | fair sharing of the write lock between processes |
+//! | `transaction.rs` | [`Transaction`](crate::store::Transaction): write and read modes |
+//! | `ops.rs` | versionstamp parameters and ADD, as pure functions |
+//! | `watch.rs` | watch registry and the `cw-embed-watch` thread |
+//! | `pool.rs` | pooled read connections |
+//!
+//! Durability: `synchronous=NORMAL` (the default) makes every commit a
+//! write into the WAL without fsync. It survives the crash or `kill -9` of
+//! any process (the data is in the OS page cache); a power failure or OS
+//! crash may lose the last commits, never corrupt the file. `Full` fsyncs
+//! every commit.
+//!
+//! WAL checkpoints: SQLite's automatic checkpoint (PASSIVE, every 1000
+//! pages of WAL, run by the commit that crosses it). Measured against
+//! PASSIVE checkpoints from a background thread with the automatic ones
+//! off: the automatic ones commit faster (36.5k vs 30.5k empty-ish commits
+//! per second, one task) and keep the WAL at ~4 MB, while under a steady
+//! stream of commits the background checkpoint never catches up with the
+//! end of the WAL, so SQLite never restarts it: it grew to 500 MB in 2 s.
+//! The price is one slower commit every ~400 (the checkpoint's fsync, a few
+//! ms).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::Connection;
+
+use super::{Database, StoreError, Tx, TxOptions};
+
+mod clock;
+mod fair;
+mod ops;
+mod pool;
+mod schema;
+mod transaction;
+mod watch;
+
+use clock::Clock;
+use fair::WaitSignal;
+use pool::ReadPool;
+use transaction::EmbeddedTransaction;
+use watch::WatchHub;
+
+pub use schema::FILE_NAME;
+
+/// SQLite's `synchronous` setting for every connection of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// No fsync per commit: survives a process crash; the last commits may
+    /// be lost on power failure.
+    #[default]
+    Normal,
+    /// fsync per commit: also survives a power failure; slower commits.
+    Full,
+}
+
+/// How to open an embedded store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbeddedOptions {
+    /// The store's directory (created if missing); the file is
+    /// `dir/couch_workers.sqlite`.
+    pub dir: PathBuf,
+    /// Durability of commits (default [`Synchronous::Normal`]).
+    pub synchronous: Synchronous,
+    /// How often the watcher thread polls for commits of other processes
+    /// while watches are pending (default 1 ms). Commits through this store
+    /// wake it at once.
+    pub watch_poll: Duration,
+    /// Idle read connections kept for read-mode transactions (default 4).
+    pub read_pool: usize,
+    /// A transaction older than this fails with `TooOld` (default 5 s,
+    /// FoundationDB's limit; lower it only in tests).
+    pub max_transaction_age: Duration,
+}
+
+impl EmbeddedOptions {
+    /// The defaults, for a store in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        EmbeddedOptions {
+            dir: dir.into(),
+            synchronous: Synchronous::Normal,
+            watch_poll: Duration::from_millis(1),
+            read_pool: 4,
+            max_transaction_age: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the store's transactions share.
+pub(crate) struct Shared {
+    pub(crate) clock: Clock,
+    pub(crate) max_age: Duration,
+    /// The write connection behind the in-process writer lock.
+    pub(crate) writer: Arc<tokio::sync::Mutex<Connection>>,
+    pub(crate) readers: ReadPool,
+    pub(crate) watches: Arc<WatchHub>,
+    pub(crate) fair: WaitSignal,
+    closed: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
+/// An open embedded store. Dropping the last handle closes it.
+pub struct EmbeddedStore {
+    shared: Arc<Shared>,
+    opts: EmbeddedOptions,
+    path: PathBuf,
+    /// The watcher thread, joined by `close`.
+    watcher: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore").field("path", &self.path).field("opts", &self.opts).finish()
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if needed) the store in `opts.dir` and starts its
+    /// watcher thread. Blocks briefly (file setup); other processes may
+    /// open the same directory at the same time.
+    pub fn open(opts: EmbeddedOptions) -> Result<Arc<EmbeddedStore>, StoreError> {
+        let (writer, clock) = schema::open_store_file(&opts)?;
+        let path = opts.dir.join(FILE_NAME);
+        let watch_conn = schema::open_connection(&path, &opts)?;
+        let hub = Arc::new(WatchHub::default());
+        let watcher = watch::spawn_watcher(hub.clone(), watch_conn, opts.watch_poll)
+            .map_err(|e| StoreError::Io(format!("cannot start the watcher thread: {e}")))?;
+        let shared = Arc::new(Shared {
+            clock,
+            max_age: opts.max_transaction_age,
+            writer: Arc::new(tokio::sync::Mutex::new(writer)),
+            readers: ReadPool::new(path.clone(), opts.clone()),
+            watches: hub,
+            fair: WaitSignal::open(&opts.dir),
+            closed: AtomicBool::new(false),
+        });
+        Ok(Arc::new(EmbeddedStore { shared, opts, path, watcher: Mutex::new(Some(watcher)) }))
+    }
+
+    /// The SQLite file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The options the store was opened with.
+    pub fn options(&self) -> &EmbeddedOptions {
+        &self.opts
+    }
+
+    /// Watches registered and not yet fired, failed or dropped-and-swept.
+    pub fn pending_watches(&self) -> usize {
+        self.shared.watches.pending()
+    }
+
+    /// The store's clock now: what a transaction's read version would be
+    /// with no newer commit.
+    pub fn clock_now(&self) -> u64 {
+        self.shared.clock.now()
+    }
+}
+
+#[async_trait]
+impl Database for EmbeddedStore {
+    async fn create_transaction(&self, opts: &TxOptions) -> Result<Tx, StoreError> {
+        let tx = EmbeddedTransaction::begin(self.shared.clone(), opts).await?;
+        Ok(Arc::new(tx))
+    }
+
+    fn prefix(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn durability(&self) -> String {
+        match self.opts.synchronous {
+            Synchronous::Normal => "sqlite WAL, synchronous=NORMAL (survives a process crash; \
+                                    the last commits may be lost on power failure)"
+                .into(),
+            Synchronous::Full => "sqlite WAL, synchronous=FULL (survives a process crash and power failure)".into(),
+        }
+    }
+
+    fn close(&self) {
+        if self.shared.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.shared.watches.close();
+        let watcher = self.watcher.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(handle) = watcher {
+            let _ = handle.join();
+        }
+        self.shared.readers.clear();
+    }
+}
+
+impl Drop for EmbeddedStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

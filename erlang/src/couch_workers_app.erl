@@ -1,0 +1,116 @@
+%% @doc The couch_workers application.
+%%
+%% Start: the supervision tree first (so that the events process already
+%% forwards the Rust side's log events), then the node (the NIF opens the
+%% store and starts the reaper). Stop: the tree stops first, in reverse
+%% order, so `couch_workers_local' unregisters its workers while the node
+%% still runs; then `stop/1' stops the node (every heartbeat, watcher and
+%% the reaper end, the store closes) and waits for it.
+-module(couch_workers_app).
+
+-behaviour(application).
+
+-export([start/2, prep_stop/1, stop/1]).
+-export([node_config/0, call_timeout/0]).
+
+-include_lib("kernel/include/logger.hrl").
+
+%% Beyond the store's own budget: how long app start/stop wait for the node.
+-define(NODE_TIMEOUT_MS, 30000).
+
+-spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
+start(_Type, _Args) ->
+    case couch_workers_sup:start_link() of
+        {ok, Sup} ->
+            case start_node() of
+                ok ->
+                    {ok, Sup};
+                {error, Reason} ->
+                    stop_sup(Sup),
+                    {error, {node_start_failed, Reason}}
+            end;
+        {error, _} = Error ->
+            Error
+    end.
+
+-spec prep_stop(term()) -> term().
+prep_stop(State) ->
+    ?LOG_INFO(#{what => couch_workers_stopping}),
+    State.
+
+-spec stop(term()) -> ok.
+stop(_State) ->
+    Ref = make_ref(),
+    case couch_workers_nif:stop(Ref) of
+        ok ->
+            case couch_workers_nif:wait(Ref, ?NODE_TIMEOUT_MS) of
+                ok -> ?LOG_INFO(#{what => couch_workers_node_stopped});
+                Error -> ?LOG_ERROR(#{what => couch_workers_node_stop_failed, reason => Error})
+            end;
+        {error, Reason} ->
+            ?LOG_WARNING(#{what => couch_workers_node_not_running, reason => Reason})
+    end,
+    ok.
+
+%% @doc The map given to the NIF's `start/2', from the application env.
+-spec node_config() -> map().
+node_config() ->
+    #{
+        store => store(env(store, {embedded, "couch_workers_data"})),
+        runtime_threads => env(runtime_threads, 2),
+        reaper_max_interval_ms => env(reaper_max_interval_ms, 500),
+        tx_timeout_ms => env(tx_timeout_ms, 5000)
+    }.
+
+%% @doc How long an API call waits for an answer that needs the store: the
+%% store's transaction budget plus a margin.
+-spec call_timeout() -> pos_integer().
+call_timeout() ->
+    case env(tx_timeout_ms, 5000) of
+        N when is_integer(N), N > 0 -> N + 5000;
+        _ -> 10000
+    end.
+
+start_node() ->
+    Config = node_config(),
+    Ref = make_ref(),
+    case couch_workers_nif:start(Ref, Config) of
+        ok ->
+            case couch_workers_nif:wait(Ref, ?NODE_TIMEOUT_MS) of
+                ok ->
+                    ?LOG_INFO(#{what => couch_workers_node_started, config => Config}),
+                    ok;
+                {error, Reason} ->
+                    ?LOG_ERROR(#{what => couch_workers_node_start_failed, reason => Reason, config => Config}),
+                    {error, Reason}
+            end;
+        {error, Reason} ->
+            ?LOG_ERROR(#{what => couch_workers_node_start_failed, reason => Reason, config => Config}),
+            {error, Reason}
+    end.
+
+stop_sup(Sup) ->
+    MRef = erlang:monitor(process, Sup),
+    unlink(Sup),
+    exit(Sup, shutdown),
+    receive
+        {'DOWN', MRef, process, Sup, _} -> ok
+    end.
+
+env(Key, Default) ->
+    application:get_env(couch_workers, Key, Default).
+
+%% Paths go to the NIF as absolute binaries.
+store({embedded, Dir}) -> {embedded, path(Dir)};
+store({fdb, ClusterFile}) -> {fdb, path(ClusterFile)};
+store(Other) -> Other.
+
+path(P) when is_binary(P); is_list(P) ->
+    try unicode:characters_to_binary(filename:absname(P)) of
+        Bin when is_binary(Bin) -> Bin;
+        _ -> P
+    catch
+        _:_ -> P
+    end;
+path(P) ->
+    P.

@@ -1,0 +1,312 @@
+%% @doc Membership subscriptions of this node.
+%%
+%% Owns the ETS table `couch_workers_membership' (`{Type, VS, Workers}',
+%% read directly by `couch_workers:get_workers/1') and the subscriptions.
+%% One NIF watcher runs per worker type that has subscribers on this node:
+%% started by the type's first subscription, stopped by its last
+%% unsubscribe (and then the type's ETS entry goes). The watcher sends
+%% `{couch_workers_membership_changed, Tag, Type, VS, Workers}' here, with
+%% a fresh `Tag' per watcher so that a late message of a stopped watcher
+%% is recognized and dropped; this server updates ETS and fans out.
+%%
+%% Deliveries to one subscription carry strictly increasing versionstamps
+%% and none is repeated. A new subscription gets the current membership at
+%% once when the type's watcher has delivered it already (from ETS), else
+%% with the watcher's first delivery.
+%%
+%% With `Module = nil' a delivery is the message
+%% `{couch_workers_membership, Type, Workers, VS, Ref}' to the owner; with
+%% a module it is a call of `Module:couch_workers_membership_update/4' in
+%% a process of the subscription's own, so a slow or crashing callback
+%% harms nobody (crashes are caught and logged). The owner is monitored:
+%% its exit ends the subscription.
+-module(couch_workers_global).
+
+-behaviour(gen_server).
+
+-export([start_link/0, subscribe/3, unsubscribe/1, get_workers/1]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
+
+-include_lib("kernel/include/logger.hrl").
+
+-define(TAB, couch_workers_membership).
+
+-record(sub, {
+    ref :: reference(),
+    type :: binary(),
+    pid :: pid(),
+    mon :: reference(),
+    module :: nil | module(),
+    %% the callback process (module subscriptions only)
+    proc :: undefined | pid(),
+    %% versionstamp of the last delivery
+    last_vs = undefined :: undefined | binary()
+}).
+
+-record(watch, {
+    tag :: reference(),
+    res :: reference(),
+    subs = #{} :: #{reference() => true}
+}).
+
+-record(st, {
+    subs = #{} :: #{reference() => #sub{}},
+    watches = #{} :: #{binary() => #watch{}},
+    %% watcher tag => type
+    tags = #{} :: #{reference() => binary()},
+    %% owner monitor => subscription ref
+    mons = #{} :: #{reference() => reference()},
+    %% callback process => subscription ref
+    procs = #{} :: #{pid() => reference()}
+}).
+
+%% ---- API -----------------------------------------------------------------
+
+-spec start_link() -> {ok, pid()} | ignore | {error, term()}.
+start_link() ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+-spec subscribe(binary(), nil | module(), pid()) -> reference() | {error, term()}.
+subscribe(Type, Module, Pid) ->
+    call({subscribe, Type, Module, Pid}).
+
+-spec unsubscribe(term()) -> ok.
+unsubscribe(Ref) ->
+    _ = call({unsubscribe, Ref}),
+    ok.
+
+-spec get_workers(binary()) -> {ok, binary(), map()} | {error, not_found}.
+get_workers(Type) ->
+    try ets:lookup(?TAB, Type) of
+        [{Type, VS, Workers}] -> {ok, VS, Workers};
+        [] -> {error, not_found}
+    catch
+        error:badarg -> {error, not_found}
+    end.
+
+call(Msg) ->
+    try
+        gen_server:call(?MODULE, Msg, couch_workers_app:call_timeout())
+    catch
+        exit:{timeout, _} -> {error, timeout};
+        exit:{noproc, _} -> {error, not_started};
+        exit:{shutdown, _} -> {error, not_started};
+        exit:{normal, _} -> {error, not_started}
+    end.
+
+%% ---- gen_server ----------------------------------------------------------
+
+-spec init([]) -> {ok, #st{}}.
+init([]) ->
+    process_flag(trap_exit, true),
+    ?TAB = ets:new(?TAB, [named_table, protected, set, {read_concurrency, true}]),
+    {ok, #st{}}.
+
+-spec handle_call(term(), gen_server:from(), #st{}) -> {reply, term(), #st{}}.
+handle_call({subscribe, Type, Module, Pid}, _From, St) ->
+    case ensure_watch(Type, St) of
+        {ok, St1} ->
+            Ref = make_ref(),
+            Mon = erlang:monitor(process, Pid),
+            Proc = start_proc(Module),
+            Sub0 = #sub{ref = Ref, type = Type, pid = Pid, mon = Mon, module = Module, proc = Proc},
+            Sub =
+                case ets:lookup(?TAB, Type) of
+                    [{Type, VS, Workers}] -> deliver(Sub0, VS, Workers);
+                    [] -> Sub0
+                end,
+            #watch{subs = Subs} = W = maps:get(Type, St1#st.watches),
+            St2 = St1#st{
+                subs = maps:put(Ref, Sub, St1#st.subs),
+                watches = maps:put(Type, W#watch{subs = maps:put(Ref, true, Subs)}, St1#st.watches),
+                mons = maps:put(Mon, Ref, St1#st.mons),
+                procs = add_proc(Proc, Ref, St1#st.procs)
+            },
+            ?LOG_DEBUG(#{what => membership_subscribed, type => Type, module => Module, pid => Pid}),
+            {reply, Ref, St2};
+        {error, _} = Error ->
+            {reply, Error, St}
+    end;
+handle_call({unsubscribe, Ref}, {Caller, _}, St) ->
+    case maps:find(Ref, St#st.subs) of
+        {ok, Sub} ->
+            ?LOG_DEBUG(#{what => membership_unsubscribed, type => Sub#sub.type, ref => Ref}),
+            {reply, ok, remove_sub(Sub, Caller, St)};
+        error ->
+            {reply, ok, St}
+    end;
+handle_call(Msg, _From, St) ->
+    ?LOG_WARNING(#{what => unknown_call, server => ?MODULE, msg => Msg}),
+    {reply, {error, {bad_call, Msg}}, St}.
+
+-spec handle_cast(term(), #st{}) -> {noreply, #st{}}.
+handle_cast(Msg, St) ->
+    ?LOG_WARNING(#{what => unknown_cast, server => ?MODULE, msg => Msg}),
+    {noreply, St}.
+
+-spec handle_info(term(), #st{}) -> {noreply, #st{}}.
+handle_info({couch_workers_membership_changed, Tag, Type, VS, Workers}, St) ->
+    case maps:find(Tag, St#st.tags) of
+        {ok, Type} ->
+            {noreply, membership_changed(Type, VS, Workers, St)};
+        _ ->
+            %% From a watcher stopped since (the message was on its way).
+            ?LOG_DEBUG(#{what => stale_membership_message, type => Type}),
+            {noreply, St}
+    end;
+handle_info({'DOWN', Mon, process, _Pid, _Reason}, St) ->
+    case maps:find(Mon, St#st.mons) of
+        {ok, Ref} ->
+            #sub{} = Sub = maps:get(Ref, St#st.subs),
+            ?LOG_DEBUG(#{what => membership_owner_down, type => Sub#sub.type, ref => Ref}),
+            {noreply, remove_sub(Sub, none, St)};
+        error ->
+            {noreply, St}
+    end;
+handle_info({'EXIT', Proc, Reason}, St) ->
+    case maps:take(Proc, St#st.procs) of
+        {Ref, Procs} ->
+            %% The callback process died although it catches every crash
+            %% of the callback (someone killed it): the subscription goes
+            %% on with a new one.
+            #sub{module = Module} = Sub = maps:get(Ref, St#st.subs),
+            ?LOG_WARNING(#{what => membership_callback_process_died, module => Module, reason => Reason}),
+            New = start_proc(Module),
+            {noreply, St#st{
+                subs = maps:put(Ref, Sub#sub{proc = New}, St#st.subs),
+                procs = maps:put(New, Ref, Procs)
+            }};
+        error ->
+            {noreply, St}
+    end;
+handle_info(Msg, St) ->
+    ?LOG_WARNING(#{what => unknown_info, server => ?MODULE, msg => Msg}),
+    {noreply, St}.
+
+-spec terminate(term(), #st{}) -> ok.
+terminate(_Reason, St) ->
+    maps:foreach(fun(_Type, #watch{res = Res}) -> couch_workers_nif:membership_unwatch(Res) end, St#st.watches),
+    ok.
+
+%% ---- internal ------------------------------------------------------------
+
+ensure_watch(Type, St) ->
+    case maps:is_key(Type, St#st.watches) of
+        true ->
+            {ok, St};
+        false ->
+            Tag = make_ref(),
+            case couch_workers_nif:membership_watch(Type, Tag) of
+                {ok, Res} ->
+                    ?LOG_DEBUG(#{what => membership_watch_started, type => Type}),
+                    W = #watch{tag = Tag, res = Res},
+                    {ok, St#st{
+                        watches = maps:put(Type, W, St#st.watches),
+                        tags = maps:put(Tag, Type, St#st.tags)
+                    }};
+                {error, _} = Error ->
+                    Error
+            end
+    end.
+
+membership_changed(Type, VS, Workers, St) ->
+    Newer =
+        case ets:lookup(?TAB, Type) of
+            [{Type, Old, _}] -> VS > Old;
+            [] -> true
+        end,
+    case Newer of
+        false ->
+            St;
+        true ->
+            true = ets:insert(?TAB, {Type, VS, Workers}),
+            #watch{subs = Refs} = maps:get(Type, St#st.watches),
+            Subs = maps:fold(
+                fun(Ref, true, Acc) -> maps:update_with(Ref, fun(S) -> deliver(S, VS, Workers) end, Acc) end,
+                St#st.subs,
+                Refs
+            ),
+            St#st{subs = Subs}
+    end.
+
+%% Delivers unless the subscription has seen this versionstamp or a later one.
+deliver(#sub{last_vs = Last} = Sub, VS, _Workers) when Last =/= undefined, VS =< Last ->
+    Sub;
+deliver(#sub{ref = Ref, type = Type, module = nil, pid = Pid} = Sub, VS, Workers) ->
+    Pid ! {couch_workers_membership, Type, Workers, VS, Ref},
+    Sub#sub{last_vs = VS};
+deliver(#sub{ref = Ref, type = Type, proc = Proc} = Sub, VS, Workers) ->
+    Proc ! {couch_workers_deliver, Type, Workers, VS, Ref},
+    Sub#sub{last_vs = VS}.
+
+remove_sub(#sub{ref = Ref, type = Type, mon = Mon, proc = Proc}, Caller, St) ->
+    erlang:demonitor(Mon, [flush]),
+    stop_proc(Proc, Caller),
+    St1 = St#st{
+        subs = maps:remove(Ref, St#st.subs),
+        mons = maps:remove(Mon, St#st.mons),
+        procs = maps:remove(Proc, St#st.procs)
+    },
+    #watch{tag = Tag, res = Res, subs = Refs0} = W = maps:get(Type, St1#st.watches),
+    Refs = maps:remove(Ref, Refs0),
+    case map_size(Refs) of
+        0 ->
+            ok = couch_workers_nif:membership_unwatch(Res),
+            ets:delete(?TAB, Type),
+            ?LOG_DEBUG(#{what => membership_watch_stopped, type => Type}),
+            St1#st{watches = maps:remove(Type, St1#st.watches), tags = maps:remove(Tag, St1#st.tags)};
+        _ ->
+            St1#st{watches = maps:put(Type, W#watch{subs = Refs}, St1#st.watches)}
+    end.
+
+add_proc(undefined, _Ref, Procs) -> Procs;
+add_proc(Proc, Ref, Procs) -> maps:put(Proc, Ref, Procs).
+
+%% ---- callback processes --------------------------------------------------
+
+start_proc(nil) ->
+    undefined;
+start_proc(Module) ->
+    spawn_link(fun() -> callback_loop(Module) end).
+
+%% Stops a callback process so that no delivery runs after the caller's
+%% unsubscribe returns. The process itself may be the caller (a callback
+%% that unsubscribes): it is told to stop before its next delivery.
+stop_proc(undefined, _Caller) ->
+    ok;
+stop_proc(Proc, Proc) ->
+    unlink(Proc),
+    Proc ! couch_workers_stop,
+    ok;
+stop_proc(Proc, _Caller) ->
+    MRef = erlang:monitor(process, Proc),
+    unlink(Proc),
+    exit(Proc, kill),
+    receive
+        {'DOWN', MRef, process, Proc, _} -> ok
+    end.
+
+callback_loop(Module) ->
+    receive
+        {couch_workers_deliver, Type, Workers, VS, Ref} ->
+            receive
+                couch_workers_stop -> exit(normal)
+            after 0 -> ok
+            end,
+            try
+                Module:couch_workers_membership_update(Type, Workers, VS, Ref)
+            catch
+                Class:Reason:Stack ->
+                    ?LOG_ERROR(#{
+                        what => membership_callback_crashed,
+                        module => Module,
+                        type => Type,
+                        class => Class,
+                        reason => Reason,
+                        stacktrace => Stack
+                    })
+            end,
+            callback_loop(Module);
+        couch_workers_stop ->
+            ok
+    end.

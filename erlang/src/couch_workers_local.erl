@@ -1,0 +1,270 @@
+%% @doc The workers registered on this node.
+%%
+%% Owns the ETS table `couch_workers_local':
+%%
+%% ```
+%% {{Type, Id}, Ref}                              the registration of (Type, Id)
+%% {Ref, Type, Id, Pid, Registration, MonRef}    Registration: the NIF resource
+%% '''
+%%
+%% The resource keeps the worker registered (and heartbeating); when it is
+%% garbage collected the Rust side removes the worker, so a crash of this
+%% server (its table goes with it) leaves no worker behind.
+%%
+%% The server never waits for the store: it calls the NIF with a fresh
+%% reference, keeps the caller's `From', and answers with
+%% `gen_server:reply/2' when `{NifRef, Result}' arrives. Operations on one
+%% `(Type, Id)' are serialized: a second register while the first is in
+%% flight waits for (and returns) the same `Ref'; a register while an
+%% unregister of the same key is in flight starts after it, so that the
+%% late removal can never delete the new registration.
+-module(couch_workers_local).
+
+-behaviour(gen_server).
+
+-export([start_link/0, register_worker/4, unregister_worker/1]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
+
+-include_lib("kernel/include/logger.hrl").
+
+-define(TAB, couch_workers_local).
+%% How long terminate waits for the unregistrations to be written.
+-define(TERMINATE_WAIT_MS, 10000).
+
+-type key() :: {binary(), binary()}.
+
+-record(st, {
+    %% NifRef => {register, Key, Ref, Pid} | {unregister, Key, Ref}
+    pending = #{} :: #{reference() => tuple()},
+    %% Key => {register, NifRef, [From]} | {unregister, NifRef, [From], [{From, Opts, Pid}]}
+    busy = #{} :: #{key() => tuple()},
+    %% Ref => Key, while its unregister is in flight
+    unregistering = #{} :: #{reference() => key()},
+    %% MonRef => Ref
+    monitors = #{} :: #{reference() => reference()}
+}).
+
+%% ---- API -----------------------------------------------------------------
+
+-spec start_link() -> {ok, pid()} | ignore | {error, term()}.
+start_link() ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+-spec register_worker(binary(), binary(), map(), pid()) -> reference() | {error, term()}.
+register_worker(Type, Id, Opts, Pid) ->
+    call({register, Type, Id, Opts, Pid}).
+
+-spec unregister_worker(term()) -> ok | {error, timeout}.
+unregister_worker(Ref) ->
+    case call({unregister, Ref}) of
+        ok -> ok;
+        {error, Reason} when Reason =/= timeout -> ok;
+        {error, timeout} = Error -> Error
+    end.
+
+call(Msg) ->
+    try
+        gen_server:call(?MODULE, Msg, couch_workers_app:call_timeout())
+    catch
+        exit:{timeout, _} -> {error, timeout};
+        exit:{noproc, _} -> {error, not_started};
+        exit:{shutdown, _} -> {error, not_started};
+        exit:{normal, _} -> {error, not_started}
+    end.
+
+%% ---- gen_server ----------------------------------------------------------
+
+-spec init([]) -> {ok, #st{}}.
+init([]) ->
+    process_flag(trap_exit, true),
+    ?TAB = ets:new(?TAB, [named_table, protected, set, {read_concurrency, true}]),
+    {ok, #st{}}.
+
+-spec handle_call(term(), gen_server:from(), #st{}) ->
+    {reply, term(), #st{}} | {noreply, #st{}}.
+handle_call({register, Type, Id, Opts, Pid}, From, St) ->
+    {noreply, do_register({Type, Id}, Opts, Pid, From, St)};
+handle_call({unregister, Ref}, From, St) ->
+    case ets:lookup(?TAB, Ref) of
+        [{Ref, Type, Id, _Pid, Reg, Mon}] ->
+            erlang:demonitor(Mon, [flush]),
+            St1 = St#st{monitors = maps:remove(Mon, St#st.monitors)},
+            {noreply, start_unregister({Type, Id}, Ref, Reg, [From], St1)};
+        [] ->
+            case maps:find(Ref, St#st.unregistering) of
+                {ok, Key} ->
+                    %% Already on its way out: answer when it is written.
+                    {unregister, N, Froms, Queue} = maps:get(Key, St#st.busy),
+                    Busy = maps:put(Key, {unregister, N, [From | Froms], Queue}, St#st.busy),
+                    {noreply, St#st{busy = Busy}};
+                error ->
+                    {reply, ok, St}
+            end
+    end;
+handle_call(Msg, _From, St) ->
+    ?LOG_WARNING(#{what => unknown_call, server => ?MODULE, msg => Msg}),
+    {reply, {error, {bad_call, Msg}}, St}.
+
+-spec handle_cast(term(), #st{}) -> {noreply, #st{}}.
+handle_cast(Msg, St) ->
+    ?LOG_WARNING(#{what => unknown_cast, server => ?MODULE, msg => Msg}),
+    {noreply, St}.
+
+-spec handle_info(term(), #st{}) -> {noreply, #st{}}.
+handle_info({NifRef, Result}, St) when is_reference(NifRef) ->
+    case maps:take(NifRef, St#st.pending) of
+        {Op, Pending} ->
+            {noreply, nif_result(Op, Result, St#st{pending = Pending})};
+        error ->
+            %% A reply for a request this server no longer knows (it was
+            %% restarted, or the request was abandoned): a registration in
+            %% it is garbage collected, which removes the worker.
+            ?LOG_NOTICE(#{what => unexpected_nif_reply, server => ?MODULE, result => Result}),
+            {noreply, St}
+    end;
+handle_info({'DOWN', Mon, process, Pid, Reason}, St) ->
+    case maps:take(Mon, St#st.monitors) of
+        {Ref, Monitors} ->
+            St1 = St#st{monitors = Monitors},
+            case ets:lookup(?TAB, Ref) of
+                [{Ref, Type, Id, Pid, Reg, Mon}] ->
+                    ?LOG_DEBUG(#{what => worker_owner_down, type => Type, id => Id, pid => Pid, reason => Reason}),
+                    {noreply, start_unregister({Type, Id}, Ref, Reg, [], St1)};
+                _ ->
+                    {noreply, St1}
+            end;
+        error ->
+            {noreply, St}
+    end;
+handle_info({'EXIT', _Pid, _Reason}, St) ->
+    %% Trapped only so that terminate/2 runs on shutdown; the parent's
+    %% EXIT is handled by gen_server itself.
+    {noreply, St};
+handle_info(Msg, St) ->
+    ?LOG_WARNING(#{what => unknown_info, server => ?MODULE, msg => Msg}),
+    {noreply, St}.
+
+-spec terminate(term(), #st{}) -> ok.
+terminate(Reason, St) ->
+    %% Unregister every worker before the node stops, and wait for the
+    %% writes (and for unregisters already in flight).
+    Regs = ets:select(?TAB, [{{'$1', '$2', '$3', '_', '$4', '_'}, [{is_reference, '$1'}], [{{'$1', '$2', '$3', '$4'}}]}]),
+    NifRefs = lists:foldl(
+        fun({_Ref, _Type, _Id, Reg}, Acc) ->
+            NifRef = make_ref(),
+            case couch_workers_nif:worker_unregister(NifRef, Reg) of
+                ok -> [NifRef | Acc];
+                {error, _} -> Acc
+            end
+        end,
+        [N || {N, {unregister, _, _}} <- maps:to_list(St#st.pending)],
+        Regs
+    ),
+    Deadline = erlang:monotonic_time(millisecond) + ?TERMINATE_WAIT_MS,
+    Left = wait_all(NifRefs, Deadline),
+    ?LOG_INFO(#{
+        what => couch_workers_local_stopped,
+        reason => Reason,
+        unregistered => length(Regs),
+        unanswered => length(Left)
+    }),
+    ok.
+
+%% ---- internal ------------------------------------------------------------
+
+do_register(Key, Opts, Pid, From, St) ->
+    case ets:lookup(?TAB, Key) of
+        [{Key, Ref}] ->
+            gen_server:reply(From, Ref),
+            St;
+        [] ->
+            case maps:find(Key, St#st.busy) of
+                {ok, {register, N, Froms}} ->
+                    St#st{busy = maps:put(Key, {register, N, [From | Froms]}, St#st.busy)};
+                {ok, {unregister, N, Froms, Queue}} ->
+                    Busy = maps:put(Key, {unregister, N, Froms, Queue ++ [{From, Opts, Pid}]}, St#st.busy),
+                    St#st{busy = Busy};
+                error ->
+                    start_register(Key, Opts, Pid, From, St)
+            end
+    end.
+
+start_register({Type, Id} = Key, Opts, Pid, From, St) ->
+    NifRef = make_ref(),
+    try couch_workers_nif:worker_register(NifRef, Type, Id, Opts) of
+        ok ->
+            Ref = make_ref(),
+            St#st{
+                pending = maps:put(NifRef, {register, Key, Ref, Pid}, St#st.pending),
+                busy = maps:put(Key, {register, NifRef, [From]}, St#st.busy)
+            };
+        {error, _} = Error ->
+            gen_server:reply(From, Error),
+            St
+    catch
+        error:badarg ->
+            gen_server:reply(From, {error, badarg}),
+            St
+    end.
+
+start_unregister(Key, Ref, Reg, Froms, St) ->
+    ets:delete(?TAB, Ref),
+    ets:delete(?TAB, Key),
+    NifRef = make_ref(),
+    case couch_workers_nif:worker_unregister(NifRef, Reg) of
+        ok ->
+            St#st{
+                pending = maps:put(NifRef, {unregister, Key, Ref}, St#st.pending),
+                busy = maps:put(Key, {unregister, NifRef, Froms, []}, St#st.busy),
+                unregistering = maps:put(Ref, Key, St#st.unregistering)
+            };
+        {error, Reason} ->
+            %% The node is not running: nothing of the worker is left here.
+            ?LOG_DEBUG(#{what => worker_unregister_skipped, key => Key, reason => Reason}),
+            [gen_server:reply(F, ok) || F <- Froms],
+            St
+    end.
+
+nif_result({register, {Type, Id} = Key, Ref, Pid}, Result, St) ->
+    {register, _, Froms} = maps:get(Key, St#st.busy),
+    St1 = St#st{busy = maps:remove(Key, St#st.busy)},
+    case Result of
+        {ok, Reg} ->
+            Mon = erlang:monitor(process, Pid),
+            true = ets:insert(?TAB, [{Key, Ref}, {Ref, Type, Id, Pid, Reg, Mon}]),
+            ?LOG_DEBUG(#{what => worker_registered, type => Type, id => Id, pid => Pid}),
+            [gen_server:reply(F, Ref) || F <- Froms],
+            St1#st{monitors = maps:put(Mon, Ref, St1#st.monitors)};
+        {error, Reason} = Error ->
+            ?LOG_DEBUG(#{what => worker_register_failed, type => Type, id => Id, reason => Reason}),
+            [gen_server:reply(F, Error) || F <- Froms],
+            St1;
+        Other ->
+            ?LOG_ERROR(#{what => worker_register_bad_reply, type => Type, id => Id, reply => Other}),
+            [gen_server:reply(F, {error, Other}) || F <- Froms],
+            St1
+    end;
+nif_result({unregister, {Type, Id} = Key, Ref}, Result, St) ->
+    {unregister, _, Froms, Queue} = maps:get(Key, St#st.busy),
+    case Result of
+        ok -> ?LOG_DEBUG(#{what => worker_unregistered, type => Type, id => Id});
+        _ -> ?LOG_WARNING(#{what => worker_unregister_failed, type => Type, id => Id, reason => Result})
+    end,
+    [gen_server:reply(F, ok) || F <- Froms],
+    St1 = St#st{
+        busy = maps:remove(Key, St#st.busy),
+        unregistering = maps:remove(Ref, St#st.unregistering)
+    },
+    %% Registers that waited for this unregister, in order.
+    lists:foldl(fun({From, Opts, Pid}, S) -> do_register(Key, Opts, Pid, From, S) end, St1, Queue).
+
+wait_all([], _Deadline) ->
+    [];
+wait_all(NifRefs, Deadline) ->
+    Timeout = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    receive
+        {NifRef, _} when is_reference(NifRef) ->
+            wait_all(lists:delete(NifRef, NifRefs), Deadline)
+    after Timeout ->
+        NifRefs
+    end.

@@ -1,0 +1,131 @@
+%% @doc The NIF stubs of couch_workers (Rust crate `couch_workers_nif`).
+%%
+%% Quick NIFs answer at once. NIFs that touch the store take a reference
+%% made by the caller, return `ok' at once (or `{error, Reason}' when
+%% nothing was started) and later send exactly one `{Ref, Result}' to the
+%% calling process; `wait/2' waits for it (as erlfdb's `wait/2'). A panic
+%% in Rust answers `{Ref, {error, {panic, Message}}}'.
+%%
+%% ```
+%% start(Ref, Config)               -> ok | {error, _}  then {Ref, ok | {error, Name}}
+%% stop(Ref)                        -> ok | {error, not_started | starting | stopping}  then {Ref, ok}
+%% stats()                          -> #{running, heartbeats, watchers, reapers, registrations, watches, runtime_threads}
+%% set_log_pid(Pid | undefined)     -> ok      log events: {couch_workers_log, Level, What, Fields}
+%% worker_register(Ref, Type, Id, Opts) -> ok | {error, _}  then {Ref, {ok, Registration} | {error, Name}}
+%% worker_unregister(Ref, Registration) -> ok | {error, not_started}  then {Ref, ok | {error, Name}}
+%% membership_watch(Type, Tag)      -> {ok, Watch} | {error, Name}
+%%     then {couch_workers_membership_changed, Tag, Type, VS, Workers} on the first read and every change
+%% membership_unwatch(Watch)        -> ok
+%% test_panic(Ref)                  -> ok  then {Ref, {error, {panic, Msg}}}
+%% '''
+%%
+%% The library is loaded once, from `priv/libcouch_workers_nif.so'. It
+%% has no upgrade callback, so loading this module again fails instead of
+%% loading a second copy of the library (its runtime and node are global
+%% to the VM).
+-module(couch_workers_nif).
+
+-on_load(init/0).
+
+-export([
+    start/2,
+    stop/1,
+    stats/0,
+    set_log_pid/1,
+    test_panic/1,
+    worker_register/4,
+    worker_unregister/2,
+    membership_watch/2,
+    membership_unwatch/1
+]).
+%% (The job queue's NIFs go in a section of their own below.)
+
+-export([wait/2, lib_path/0]).
+
+-include_lib("kernel/include/logger.hrl").
+
+-define(LIB, "libcouch_workers_nif").
+
+-type registration() :: reference().
+-type watch() :: reference().
+-export_type([registration/0, watch/0]).
+
+-spec init() -> ok | {error, term()}.
+init() ->
+    Path = lib_path(),
+    case filelib:is_regular(Path ++ ".so") of
+        false ->
+            ?LOG_ERROR(#{
+                what => nif_library_missing,
+                path => Path ++ ".so",
+                hint => "build it with `rebar3 compile` (runs scripts/build-nif.sh)"
+            }),
+            {error, {nif_library_missing, Path ++ ".so"}};
+        true ->
+            case erlang:load_nif(Path, 0) of
+                ok ->
+                    ok;
+                {error, Reason} = Error ->
+                    ?LOG_ERROR(#{what => nif_load_failed, path => Path, reason => Reason}),
+                    Error
+            end
+    end.
+
+%% @doc The library's path without the extension (as `erlang:load_nif/2'
+%% wants it).
+-spec lib_path() -> file:filename().
+lib_path() ->
+    Priv =
+        case code:priv_dir(couch_workers) of
+            {error, bad_name} ->
+                %% Not on the code path as an application (a bare -pa of
+                %% the ebin directory): priv is its sibling.
+                Ebin = filename:dirname(code:which(?MODULE)),
+                filename:join(filename:dirname(Ebin), "priv");
+            Dir ->
+                Dir
+        end,
+    filename:join(Priv, ?LIB).
+
+%% @doc Waits for the `{Ref, Result}' answer of an asynchronous NIF.
+-spec wait(reference(), timeout()) -> term().
+wait(Ref, Timeout) ->
+    receive
+        {Ref, Result} -> Result
+    after Timeout -> {error, timeout}
+    end.
+
+%% ---- lifecycle -----------------------------------------------------------
+
+-spec start(reference(), map()) -> ok | {error, term()}.
+start(_Ref, _Config) -> erlang:nif_error(nif_not_loaded).
+
+-spec stop(reference()) -> ok | {error, atom()}.
+stop(_Ref) -> erlang:nif_error(nif_not_loaded).
+
+-spec stats() -> #{atom() => term()}.
+stats() -> erlang:nif_error(nif_not_loaded).
+
+-spec set_log_pid(pid() | undefined) -> ok.
+set_log_pid(_Pid) -> erlang:nif_error(nif_not_loaded).
+
+-spec test_panic(reference()) -> ok | {error, atom()}.
+test_panic(_Ref) -> erlang:nif_error(nif_not_loaded).
+
+%% ---- workers -------------------------------------------------------------
+
+-spec worker_register(reference(), binary(), binary(), map()) -> ok | {error, atom()}.
+worker_register(_Ref, _Type, _Id, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+-spec worker_unregister(reference(), registration()) -> ok | {error, atom()}.
+worker_unregister(_Ref, _Registration) -> erlang:nif_error(nif_not_loaded).
+
+%% ---- membership ----------------------------------------------------------
+
+-spec membership_watch(binary(), term()) -> {ok, watch()} | {error, atom()}.
+membership_watch(_Type, _Tag) -> erlang:nif_error(nif_not_loaded).
+
+-spec membership_unwatch(watch()) -> ok.
+membership_unwatch(_Watch) -> erlang:nif_error(nif_not_loaded).
+
+%% ---- jobs (issue 4) ------------------------------------------------------

@@ -1,0 +1,38 @@
+%% @doc The couch_workers supervisor.
+%%
+%% Order matters: the events process starts first and stops last, so that
+%% log events of the others are forwarded; `couch_workers_local' stops
+%% first, unregistering its workers while the node runs (the application
+%% stops the node after the tree, in `couch_workers_app:stop/1').
+-module(couch_workers_sup).
+
+-behaviour(supervisor).
+
+-export([start_link/0]).
+-export([init/1]).
+
+-spec start_link() -> {ok, pid()} | ignore | {error, term()}.
+start_link() ->
+    supervisor:start_link({local, ?MODULE}, ?MODULE, []).
+
+-spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
+init([]) ->
+    Flags = #{strategy => one_for_one, intensity => 10, period => 10},
+    Children = [
+        worker(couch_workers_events, 5000),
+        worker(couch_workers_global, 5000),
+        %% Unregistering every worker takes a store transaction each.
+        worker(couch_workers_local, 30000)
+        %% (The job queue's server goes here.)
+    ],
+    {ok, {Flags, Children}}.
+
+worker(Module, Shutdown) ->
+    #{
+        id => Module,
+        start => {Module, start_link, []},
+        restart => permanent,
+        shutdown => Shutdown,
+        type => worker,
+        modules => [Module]
+    }.

@@ -1,0 +1,411 @@
+//! The accept dispatcher: one per (node, job type) while acceptors wait.
+//!
+//! couch_jobs has every waiting acceptor hold its own watch on the type's
+//! pending key and retry its own accept transaction when it fires: one
+//! added job wakes every acceptor in the cluster (a thundering herd), all
+//! of them race for it, all but one conflict and retry. To dodge the
+//! conflicts it takes a *random* job among the first 1024 pending ones,
+//! which gives up first-in-first-out order, and its accept loop restarts
+//! the full timeout after each wake-up.
+//!
+//! Here a node has at most one waiting store watch per job type, whatever
+//! the number of acceptors:
+//!
+//! * acceptors that wait (timeout > 0) join the dispatcher's FIFO of
+//!   waiters (worker id, deadline, reply);
+//! * when a waiter arrives or the type's `jobs_vs` watch fires, the
+//!   dispatcher runs one accept round ([`ops::accept`]): one transaction
+//!   takes up to one job per waiter, in queue order, for up to
+//!   [`ROUND_MAX_WAITERS`] waiters, and re-arms the watch in the same
+//!   transaction if waiters are left (no add can slip between the read and
+//!   the watch);
+//! * a waiter whose deadline passes gets `not_found`; an accept with
+//!   timeout 0 never comes here (one transaction, no dispatcher);
+//! * when no waiter is left the dispatcher exits (it is started again on
+//!   demand), and it stops with the node (a child of the node's token),
+//!   answering its waiters `store_closed`.
+//!
+//! Across nodes, dispatchers that take the same job conflict and one
+//! retries: contention grows with the number of nodes, not of acceptors,
+//! and jobs keep their order.
+//!
+//! A waiter that goes away must not lose a job. The dispatcher asks each
+//! waiter whether it still waits ([`AcceptReply::is_waiting`]) right
+//! before the round that could take a job for it, and skips it if not.
+//! That cannot be airtight (it may go between the check and the commit),
+//! so a delivery that fails ([`AcceptReply::deliver`] returns false)
+//! releases the job: back to pending exactly as on failover, in its own
+//! transaction, if that accept still holds it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::job::JobHandle;
+use super::ops::{self, Take};
+use super::runner::{commit_vs, run_committed};
+use super::service::{Live, Shared};
+use crate::error::Error;
+use crate::log::{Event, Level};
+use crate::services::{jittered, sleep_or_cancel};
+use crate::store::{run, StoreError, Watch};
+
+/// Most waiters served by one accept round (one transaction).
+pub const ROUND_MAX_WAITERS: usize = 100;
+
+/// How often waiters are checked for having gone away while nothing else
+/// happens (so that a dispatcher whose acceptors all left stops watching).
+const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Where the outcome of an accept goes. The NIF implements it with a
+/// message to the calling process; [`oneshot::Sender`] implements it for
+/// Rust callers. Both methods are called on the runtime and must not
+/// block.
+pub trait AcceptReply: Send + 'static {
+    /// Whether the acceptor still waits. Asked right before a job could be
+    /// taken for it: a waiter that no longer waits is dropped unanswered.
+    fn is_waiting(&self) -> bool {
+        true
+    }
+
+    /// Delivers the outcome. Returns false if the acceptor is gone (the
+    /// message could not be sent): a job it carried goes back to pending.
+    fn deliver(self: Box<Self>, outcome: Result<JobHandle, Error>) -> bool;
+}
+
+impl AcceptReply for oneshot::Sender<Result<JobHandle, Error>> {
+    fn is_waiting(&self) -> bool {
+        !self.is_closed()
+    }
+
+    fn deliver(self: Box<Self>, outcome: Result<JobHandle, Error>) -> bool {
+        (*self).send(outcome).is_ok()
+    }
+}
+
+/// An [`AcceptReply`] from a closure that returns whether it delivered.
+pub struct ReplyFn<F>(pub F);
+
+impl<F> AcceptReply for ReplyFn<F>
+where
+    F: FnOnce(Result<JobHandle, Error>) -> bool + Send + 'static,
+{
+    fn deliver(self: Box<Self>, outcome: Result<JobHandle, Error>) -> bool {
+        (self.0)(outcome)
+    }
+}
+
+/// One waiting acceptor.
+pub(crate) struct Waiter {
+    pub worker: Vec<u8>,
+    pub deadline: Instant,
+    pub reply: Box<dyn AcceptReply>,
+}
+
+/// The live dispatchers of a node, by job type. Sending a waiter and a
+/// dispatcher's decision to exit both happen under this lock, so a waiter
+/// is never handed to a dispatcher that is leaving.
+#[derive(Default)]
+pub(crate) struct Dispatchers {
+    map: Mutex<HashMap<Vec<u8>, Entry>>,
+    next_id: AtomicU64,
+    /// Waiters queued or held by dispatchers (stats).
+    pub waiting: Arc<AtomicU64>,
+}
+
+struct Entry {
+    id: u64,
+    sender: mpsc::UnboundedSender<Waiter>,
+}
+
+impl Dispatchers {
+    /// Hands `waiter` to the type's dispatcher, starting one if none runs.
+    pub fn submit(&self, shared: &Arc<Shared>, job_type: &[u8], waiter: Waiter) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let waiter = match map.get(job_type) {
+            Some(entry) => match entry.sender.send(waiter) {
+                Ok(()) => return,
+                // It exited without removing itself (a panic): replace it.
+                Err(mpsc::error::SendError(waiter)) => waiter,
+            },
+            None => waiter,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (sender, receiver) = mpsc::unbounded_channel();
+        // The receiver is alive: this cannot fail.
+        let _ = sender.send(waiter);
+        map.insert(job_type.to_vec(), Entry { id, sender });
+        let dispatcher = Dispatcher {
+            shared: shared.clone(),
+            job_type: job_type.to_vec(),
+            id,
+            receiver,
+            cancel: shared.cancel.child_token(),
+            waiters: VecDeque::new(),
+        };
+        shared.spawn(dispatcher.run());
+    }
+}
+
+enum Wake {
+    Nothing,
+    Waiter(Waiter),
+    Watch(Result<(), StoreError>),
+}
+
+/// Waits for the watch if there is one, forever if not.
+async fn wait_armed(watch: &mut Option<Watch>) -> Result<(), StoreError> {
+    match watch {
+        Some(w) => w.await,
+        None => std::future::pending().await,
+    }
+}
+
+struct Dispatcher {
+    shared: Arc<Shared>,
+    job_type: Vec<u8>,
+    id: u64,
+    receiver: mpsc::UnboundedReceiver<Waiter>,
+    cancel: CancellationToken,
+    waiters: VecDeque<Waiter>,
+}
+
+impl Dispatcher {
+    async fn run(mut self) {
+        let _live = Live::new(&self.shared.counts.dispatchers);
+        let mut watch: Option<Watch> = None;
+        let mut need_round = true;
+        let mut failures: u32 = 0;
+        loop {
+            if self.cancel.is_cancelled() {
+                self.close();
+                return;
+            }
+            while let Ok(w) = self.receiver.try_recv() {
+                self.push(w);
+                need_round = true;
+            }
+            self.prune();
+            if self.waiters.is_empty() {
+                if self.try_exit() {
+                    return;
+                }
+                continue;
+            }
+            if need_round {
+                match self.round().await {
+                    Ok((more, w)) => {
+                        failures = 0;
+                        need_round = more;
+                        watch = w;
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        watch = None;
+                        if matches!(e, StoreError::Closed) || self.cancel.is_cancelled() {
+                            self.close();
+                            return;
+                        }
+                        self.shared.log.log(
+                            Event::new(Level::Warning, "job_accept_round_failed")
+                                .with("type", &self.job_type)
+                                .with("reason", e.to_string())
+                                .with("failures", u64::from(failures)),
+                        );
+                        let pause = jittered(Duration::from_millis(20u64 << failures.min(6)), 0.5);
+                        if !sleep_or_cancel(pause, &self.cancel).await {
+                            self.close();
+                            return;
+                        }
+                    }
+                }
+                continue;
+            }
+            let now = Instant::now();
+            let wake = self.waiters.iter().map(|w| w.deadline).min().unwrap_or(now).min(now + PRUNE_INTERVAL);
+            let mut armed = watch.take();
+            let woke = tokio::select! {
+                _ = self.cancel.cancelled() => Wake::Nothing,
+                w = self.receiver.recv() => w.map_or(Wake::Nothing, Wake::Waiter),
+                fired = wait_armed(&mut armed) => Wake::Watch(fired),
+                _ = tokio::time::sleep_until(wake) => Wake::Nothing,
+            };
+            match woke {
+                Wake::Nothing => watch = armed,
+                Wake::Waiter(w) => {
+                    watch = armed;
+                    self.push(w);
+                    need_round = true;
+                }
+                Wake::Watch(fired) => {
+                    need_round = true;
+                    if let Err(e) = fired {
+                        if !matches!(e, StoreError::Closed) {
+                            // A failed watch: pause, then a round re-arms it.
+                            let _ = sleep_or_cancel(Duration::from_millis(50), &self.cancel).await;
+                        }
+                    }
+                }
+            }
+            // Waiters but no watch (the last round found none left, then
+            // one came back): a round arms one.
+            if watch.is_none() {
+                need_round = true;
+            }
+        }
+    }
+
+    fn push(&mut self, w: Waiter) {
+        self.waiters.push_back(w);
+    }
+
+    /// Drops waiters that went away and answers expired ones `not_found`.
+    fn prune(&mut self) {
+        let now = Instant::now();
+        let before = self.waiters.len();
+        let mut kept = VecDeque::with_capacity(before);
+        for w in self.waiters.drain(..) {
+            if !w.reply.is_waiting() {
+                continue;
+            }
+            if w.deadline <= now {
+                let _ = w.reply.deliver(Err(Error::NotFound));
+                continue;
+            }
+            kept.push_back(w);
+        }
+        self.shared.dispatchers.waiting.fetch_sub((before - kept.len()) as u64, Ordering::Relaxed);
+        self.waiters = kept;
+    }
+
+    /// Answers every waiter `store_closed` (the node stops).
+    fn close(&mut self) {
+        let mut map = self.shared.dispatchers.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.get(&self.job_type).is_some_and(|e| e.id == self.id) {
+            map.remove(&self.job_type);
+        }
+        drop(map);
+        self.receiver.close();
+        while let Ok(w) = self.receiver.try_recv() {
+            self.waiters.push_back(w);
+        }
+        let n = self.waiters.len() as u64;
+        for w in self.waiters.drain(..) {
+            let _ = w.reply.deliver(Err(Error::Store(StoreError::Closed)));
+        }
+        self.shared.dispatchers.waiting.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Leaves if no waiter arrived meanwhile (decided under the registry
+    /// lock, which every sender holds while sending).
+    fn try_exit(&mut self) -> bool {
+        let mut map = self.shared.dispatchers.map.lock().unwrap_or_else(|e| e.into_inner());
+        match self.receiver.try_recv() {
+            Ok(w) => {
+                drop(map);
+                self.push(w);
+                false
+            }
+            Err(_) => {
+                if map.get(&self.job_type).is_some_and(|e| e.id == self.id) {
+                    map.remove(&self.job_type);
+                }
+                true
+            }
+        }
+    }
+
+    /// One accept round for the first waiters. Returns whether another
+    /// round is due at once, and the watch armed for the waiters left.
+    async fn round(&mut self) -> Result<(bool, Option<Watch>), StoreError> {
+        let n = self.waiters.len().min(ROUND_MAX_WAITERS);
+        let batch: Vec<Waiter> = self.waiters.drain(..n).collect();
+        let workers: Vec<Vec<u8>> = batch.iter().map(|w| w.worker.clone()).collect();
+        let rest = self.waiters.len();
+        let shared = &self.shared;
+        let ks = &shared.ks;
+        let job_type = &self.job_type;
+        let w = &workers;
+        let outcome = run_committed(shared.db.as_ref(), shared.write, |tx| async move {
+            let round = ops::accept(&tx, ks, job_type, w).await?;
+            let left = rest > 0 || round.takes.iter().any(|t| matches!(t, Take::NoJob));
+            let watch = if left { Some(ops::pending_watch(&tx, ks, job_type).await?) } else { None };
+            Ok((round, watch))
+        })
+        .await;
+        let ((round, watch), info) = match outcome {
+            Ok(done) => done,
+            Err(e) => {
+                // Nothing was taken: the batch waits on, in front.
+                for w in batch.into_iter().rev() {
+                    self.waiters.push_front(w);
+                }
+                return Err(e);
+            }
+        };
+        let mut left = Vec::new();
+        let mut answered = 0u64;
+        for (waiter, take) in batch.into_iter().zip(round.takes) {
+            match take {
+                Take::NoJob => left.push(waiter),
+                Take::NotRegistered => {
+                    answered += 1;
+                    let _ = waiter.reply.deliver(Err(Error::NotFound));
+                }
+                Take::Job(mut handle) => {
+                    answered += 1;
+                    match commit_vs(&info) {
+                        Ok(stamp) => super::record::complete_vs(&mut handle.job.vs, &stamp),
+                        Err(e) => {
+                            // Cannot happen (the round wrote versionstamped
+                            // values); give the job back rather than hand
+                            // out a handle without a valid vs.
+                            let _ = waiter.reply.deliver(Err(Error::Store(e)));
+                            self.shared.release(handle).await;
+                            continue;
+                        }
+                    }
+                    let fallback = handle.clone();
+                    if !waiter.reply.deliver(Ok(handle)) {
+                        self.shared.release(fallback).await;
+                    }
+                }
+            }
+        }
+        self.shared.dispatchers.waiting.fetch_sub(answered, Ordering::Relaxed);
+        for w in left.into_iter().rev() {
+            self.waiters.push_front(w);
+        }
+        Ok((round.more, watch))
+    }
+}
+
+impl Shared {
+    /// Gives back a job whose delivery failed (see the module comment).
+    pub(crate) async fn release(&self, handle: JobHandle) {
+        let fence = handle.fence();
+        let ks = &self.ks;
+        let f = &fence;
+        let released = run(self.db.as_ref(), self.write, |tx| async move { ops::release(&tx, ks, f).await }).await;
+        match released {
+            Ok(true) => self.log.log(
+                Event::new(Level::Info, "job_released")
+                    .with("type", &fence.job_type)
+                    .with("id", &fence.job_id)
+                    .with("worker", &fence.worker),
+            ),
+            Ok(false) => {}
+            Err(e) => self.log.log(
+                Event::new(Level::Warning, "job_release_failed")
+                    .with("type", &fence.job_type)
+                    .with("id", &fence.job_id)
+                    .with("reason", e.to_string()),
+            ),
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! Job subscriptions: one store watch per (node, job), shared by every
+//! subscriber of that job on the node.
+//!
+//! A job watcher reads the record and arms a watch on the job's key in the
+//! same transaction, so no change can slip between the read and the
+//! watch; when the watch fires it reads again (a watch may fire
+//! spuriously, and several changes may coalesce into one firing). Each
+//! subscriber remembers the VS it last saw and is told only of a greater
+//! one, so it never sees a change twice or out of order. When the record
+//! is gone the subscribers get `Removed`, which ends their subscription.
+//!
+//! `subscribe` reads the job itself (the answer must not wait for the
+//! watcher) and then joins the watcher; if the watcher has already seen a
+//! newer version, the subscriber gets that one as its current job, and
+//! otherwise the watcher's next read catches it up. couch_jobs reads the
+//! job in one transaction and starts watching in another, and its
+//! notifier compares states, not versions: a change between the two is
+//! missed, and a change that comes back to the same state is not seen.
+//!
+//! Callbacks run under the watcher's lock: after `unsubscribe` returns no
+//! callback of that subscription runs. They must not block, and must not
+//! subscribe or unsubscribe (that would deadlock): the NIF sends a
+//! message.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::job::{Job, JobEvent, JobVs};
+use super::ops;
+use super::service::{Live, Shared};
+use crate::error::Error;
+use crate::log::{Event, Level};
+use crate::services::sleep_or_cancel;
+use crate::store::{run, StoreError, Watch};
+
+/// Called with each change of a subscribed job; must not block.
+pub type OnJobEvent = Box<dyn Fn(JobEvent) + Send + Sync>;
+
+type JobKey = (Vec<u8>, Vec<u8>);
+
+/// The job watchers of a node, by (type, id). Lock order: this map, then a
+/// watcher's state.
+#[derive(Default)]
+pub(crate) struct Watchers {
+    map: Mutex<HashMap<JobKey, Arc<JobWatcher>>>,
+    next_sub: std::sync::atomic::AtomicU64,
+}
+
+pub(crate) struct JobWatcher {
+    key: JobKey,
+    cancel: CancellationToken,
+    state: Mutex<WatcherState>,
+}
+
+#[derive(Default)]
+struct WatcherState {
+    /// The job as the watcher last read it.
+    last: Option<Job>,
+    subscribers: HashMap<u64, Subscriber>,
+}
+
+struct Subscriber {
+    seen: JobVs,
+    on_event: OnJobEvent,
+}
+
+/// A live subscription; dropping it (or [`JobSubscription::cancel`])
+/// ends it.
+pub struct JobSubscription {
+    shared: Weak<Shared>,
+    watcher: Arc<JobWatcher>,
+    id: u64,
+}
+
+impl JobSubscription {
+    /// Ends the subscription: no callback of it runs after this returns.
+    pub fn cancel(&self) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.watchers.unsubscribe(&self.watcher, self.id);
+        } else {
+            // The service is gone; its watchers with it.
+            self.watcher.lock().subscribers.remove(&self.id);
+        }
+    }
+}
+
+impl Drop for JobSubscription {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+impl JobWatcher {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WatcherState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Watchers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<JobKey, Arc<JobWatcher>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Subscribes to a job read as `current`; returns the job the
+    /// subscriber starts from (`current`, or a newer one the watcher has)
+    /// and its subscription.
+    pub fn subscribe(&self, shared: &Arc<Shared>, current: Job, on_event: OnJobEvent) -> (Job, JobSubscription) {
+        let key = (current.job_type.clone(), current.id.clone());
+        let id = self.next_sub.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut map = self.lock();
+        let watcher = match map.get(&key) {
+            Some(w) => w.clone(),
+            None => {
+                let watcher = Arc::new(JobWatcher {
+                    key: key.clone(),
+                    cancel: shared.cancel.child_token(),
+                    state: Mutex::new(WatcherState::default()),
+                });
+                map.insert(key, watcher.clone());
+                shared.spawn(watch_job(Arc::downgrade(shared), watcher.clone()));
+                watcher
+            }
+        };
+        let mut state = watcher.lock();
+        let start = match &state.last {
+            Some(newer) if newer.vs > current.vs => newer.clone(),
+            _ => current,
+        };
+        state.subscribers.insert(id, Subscriber { seen: start.vs, on_event });
+        drop(state);
+        drop(map);
+        (start, JobSubscription { shared: Arc::downgrade(shared), watcher, id })
+    }
+
+    fn unsubscribe(&self, watcher: &Arc<JobWatcher>, id: u64) {
+        let mut map = self.lock();
+        let mut state = watcher.lock();
+        if state.subscribers.remove(&id).is_some() && state.subscribers.is_empty() {
+            if map.get(&watcher.key).is_some_and(|w| Arc::ptr_eq(w, watcher)) {
+                map.remove(&watcher.key);
+            }
+            watcher.cancel.cancel();
+        }
+    }
+}
+
+/// The watcher task of one job.
+async fn watch_job(shared: Weak<Shared>, watcher: Arc<JobWatcher>) {
+    let Some(live) = shared.upgrade().map(|s| Live::new(&s.counts.job_watchers)) else { return };
+    let _live = live;
+    let mut failures: u32 = 0;
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        let (job_type, id) = (&watcher.key.0, &watcher.key.1);
+        let ks = &s.ks;
+        let read = run(s.db.as_ref(), s.read, |tx| async move {
+            let job = ops::get(&tx, ks, job_type, id).await?;
+            let watch: Watch = tx.watch(&ks.job(job_type, id));
+            Ok((job, watch))
+        });
+        let outcome = tokio::select! {
+            _ = watcher.cancel.cancelled() => return,
+            outcome = read => outcome,
+        };
+        let watch = match outcome {
+            Ok((Some(job), watch)) => {
+                failures = 0;
+                let mut state = watcher.lock();
+                for sub in state.subscribers.values_mut() {
+                    if job.vs > sub.seen {
+                        sub.seen = job.vs;
+                        (sub.on_event)(JobEvent::Changed(job.clone()));
+                    }
+                }
+                state.last = Some(job);
+                watch
+            }
+            Ok((None, _)) => {
+                // Removed: tell everyone, and leave (under the map lock, so
+                // a new subscriber starts a new watcher).
+                let mut map = s.watchers.lock();
+                if map.get(&watcher.key).is_some_and(|w| Arc::ptr_eq(w, &watcher)) {
+                    map.remove(&watcher.key);
+                }
+                let mut state = watcher.lock();
+                for (_, sub) in state.subscribers.drain() {
+                    (sub.on_event)(JobEvent::Removed);
+                }
+                state.last = None;
+                watcher.cancel.cancel();
+                return;
+            }
+            Err(e) => {
+                if matches!(e, StoreError::Closed) || watcher.cancel.is_cancelled() {
+                    return;
+                }
+                failures += 1;
+                s.log.log(
+                    Event::new(Level::Warning, "job_watch_read_failed")
+                        .with("type", job_type)
+                        .with("id", id)
+                        .with("reason", e.to_string()),
+                );
+                let backoff = Duration::from_millis(50u64 << failures.min(5));
+                drop(s);
+                if !sleep_or_cancel(backoff, &watcher.cancel).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        drop(s);
+        tokio::select! {
+            _ = watcher.cancel.cancelled() => return,
+            fired = watch => {
+                if let Err(e) = fired {
+                    if matches!(e, StoreError::Closed) {
+                        return;
+                    }
+                    if !sleep_or_cancel(Duration::from_millis(100), &watcher.cancel).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reads the current job for `subscribe`: `not_found` if it does not
+/// exist.
+pub(crate) async fn read_current(shared: &Shared, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {
+    ops::check_job_key(&shared.ks, job_type, id)?;
+    let ks = &shared.ks;
+    run(shared.db.as_ref(), shared.read, |tx| async move { ops::get(&tx, ks, job_type, id).await })
+        .await?
+        .ok_or(Error::NotFound)
+}

@@ -1,0 +1,117 @@
+//! Fair sharing of SQLite's write lock between processes.
+//!
+//! SQLite's lock is no queue: a process that waits polls for it, and a
+//! process that writes back to back takes it again microseconds after
+//! releasing it, so under a sustained burst of one node the others can wait
+//! for seconds (measured: three processes of 150 increments each ran one
+//! after the other). That would starve heartbeats of other nodes.
+//!
+//! So a writer that finds the lock taken by another process leaves a
+//! signal in a small side file, `<dir>/couch_workers.wait`: its store's
+//! random id and the time (the shared monotonic clock). A process about to
+//! take the lock looks at the signal (one 16-byte `pread`); if another store
+//! has waited within the last few milliseconds and this one has not stepped
+//! aside for [`QUANTUM`], it sleeps [`STEP_ASIDE`] first, which the waiter,
+//! polling every millisecond or so, uses to take the lock. The effect is
+//! time slices of at least [`QUANTUM`] under contention, and nothing at all
+//! without it. The signal is a hint: a torn or stale one costs at most one
+//! short sleep, and a dead waiter's signal expires after [`FRESH_US`].
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::clock::monotonic_us;
+
+/// The side file, next to the database.
+pub(crate) const WAIT_FILE: &str = "couch_workers.wait";
+
+/// A signal older than this (µs) is ignored: its waiter is gone or served.
+const FRESH_US: u64 = 3_000;
+/// A process steps aside at most once per quantum.
+pub(crate) const QUANTUM: Duration = Duration::from_millis(5);
+/// How long it steps aside.
+pub(crate) const STEP_ASIDE: Duration = Duration::from_millis(2);
+
+pub(crate) struct WaitSignal {
+    /// `None` when the file cannot be opened: no fairness, nothing else lost.
+    file: Option<File>,
+    /// This store's id (two stores of one process are two contenders).
+    id: u64,
+    last_step_aside: AtomicU64,
+}
+
+impl WaitSignal {
+    pub(crate) fn open(dir: &Path) -> Self {
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(WAIT_FILE)).ok();
+        let id = loop {
+            let id = rand::random::<u64>();
+            if id != 0 {
+                break id;
+            }
+        };
+        WaitSignal { file, id, last_step_aside: AtomicU64::new(0) }
+    }
+
+    /// A writer of this store found the lock taken by another process.
+    pub(crate) fn signal_waiting(&self) {
+        if let Some(file) = &self.file {
+            let mut buf = [0u8; 16];
+            buf[..8].copy_from_slice(&self.id.to_le_bytes());
+            buf[8..].copy_from_slice(&monotonic_us().to_le_bytes());
+            let _ = file.write_at(&buf, 0);
+        }
+    }
+
+    /// Whether to step aside before taking the lock: another store waited
+    /// recently and this one has not stepped aside within a quantum.
+    pub(crate) fn should_step_aside(&self) -> bool {
+        let Some(file) = &self.file else { return false };
+        let mut buf = [0u8; 16];
+        if file.read_exact_at(&mut buf, 0).is_err() {
+            return false;
+        }
+        let mut id = [0u8; 8];
+        let mut at = [0u8; 8];
+        id.copy_from_slice(&buf[..8]);
+        at.copy_from_slice(&buf[8..]);
+        let (id, at) = (u64::from_le_bytes(id), u64::from_le_bytes(at));
+        let now = monotonic_us();
+        if id == 0 || id == self.id || now.saturating_sub(at) > FRESH_US {
+            return false;
+        }
+        let last = self.last_step_aside.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < QUANTUM.as_micros() as u64 {
+            return false;
+        }
+        self.last_step_aside.store(now, Ordering::Relaxed);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_aside_for_others_once_per_quantum() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let a = WaitSignal::open(dir.path());
+        let b = WaitSignal::open(dir.path());
+        assert!(!a.should_step_aside(), "no signal yet");
+        a.signal_waiting();
+        assert!(!a.should_step_aside(), "its own signal");
+        assert!(b.should_step_aside(), "another store waits");
+        b.signal_waiting();
+        a.signal_waiting();
+        assert!(!b.should_step_aside(), "within the quantum");
+        std::thread::sleep(QUANTUM);
+        a.signal_waiting();
+        assert!(b.should_step_aside(), "next quantum");
+        std::thread::sleep(Duration::from_micros(FRESH_US + 1_000));
+        std::thread::sleep(QUANTUM);
+        assert!(!b.should_step_aside(), "a stale signal");
+    }
+}

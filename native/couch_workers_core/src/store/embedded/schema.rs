@@ -1,0 +1,214 @@
+//! The SQLite file: its tables, the settings of every connection, the
+//! one-time setup of a store, and the mapping of SQLite errors.
+//!
+//! ```text
+//! kv(key BLOB PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID
+//!     the key space: FDB's ordered byte keys (SQLite orders BLOBs by memcmp,
+//!     then length: FoundationDB's order)
+//! meta(name TEXT PRIMARY KEY, value) WITHOUT ROWID
+//!     'format'        = 1 (the layout of this file)
+//!     'last_version'  = the last commit version (INTEGER)
+//!     'boot_id'       = the host boot the clock base belongs to (TEXT)
+//!     'clock_base'    = the clock base of that boot, µs (INTEGER)
+//! ```
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{ffi, Connection, OpenFlags, OptionalExtension};
+
+use super::clock::{boot_id, Clock};
+use super::{EmbeddedOptions, Synchronous};
+use crate::store::StoreError;
+
+/// The file every process of the store opens, inside the store's directory.
+pub const FILE_NAME: &str = "couch_workers.sqlite";
+
+/// The layout of the file written by this code.
+const FORMAT: i64 = 1;
+
+pub(crate) const SQL_GET: &str = "SELECT value FROM kv WHERE key = ?1";
+pub(crate) const SQL_SET: &str =
+    "INSERT INTO kv(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value";
+pub(crate) const SQL_CLEAR: &str = "DELETE FROM kv WHERE key = ?1";
+pub(crate) const SQL_CLEAR_RANGE: &str = "DELETE FROM kv WHERE key >= ?1 AND key < ?2";
+pub(crate) const SQL_RANGE_FWD: &str =
+    "SELECT key, value FROM kv WHERE key >= ?1 AND key < ?2 ORDER BY key ASC LIMIT ?3";
+pub(crate) const SQL_RANGE_REV: &str =
+    "SELECT key, value FROM kv WHERE key >= ?1 AND key < ?2 ORDER BY key DESC LIMIT ?3";
+const SQL_META_GET: &str = "SELECT value FROM meta WHERE name = ?1";
+const SQL_META_SET: &str =
+    "INSERT INTO meta(name, value) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET value = excluded.value";
+/// A write that changes nothing: makes a read-mode transaction take
+/// SQLite's write lock (or fail at once if its snapshot is stale).
+pub(crate) const SQL_TAKE_WRITE_LOCK: &str = "UPDATE meta SET value = value WHERE name = 'last_version'";
+
+/// How long the one-time setup of [`open_store_file`] waits for other
+/// processes doing the same (it runs once per open, off the hot path).
+const SETUP_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The WAL is truncated back to this size when it is reset.
+const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
+
+/// Opens one connection with the settings every connection of the store
+/// uses. `busy_timeout` is 0: a locked database is reported at once
+/// (SQLITE_BUSY) and the caller backs off asynchronously instead of
+/// blocking a thread inside SQLite.
+pub(crate) fn open_connection(path: &Path, opts: &EmbeddedOptions) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|e| io_error(&format!("cannot open {}", path.display()), &e))?;
+    configure(&conn, opts).map_err(|e| io_error(&format!("cannot configure {}", path.display()), &e))?;
+    Ok(conn)
+}
+
+fn configure(conn: &Connection, opts: &EmbeddedOptions) -> rusqlite::Result<()> {
+    conn.busy_timeout(Duration::ZERO)?;
+    // Per connection: every connection may commit.
+    let sync = match opts.synchronous {
+        Synchronous::Normal => "NORMAL",
+        Synchronous::Full => "FULL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    // SQLite's default, stated: the commit that grows the WAL past 1000
+    // pages runs a PASSIVE checkpoint (see the module doc of `embedded`).
+    conn.pragma_update(None, "wal_autocheckpoint", 1000)?;
+    conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)?;
+    conn.set_prepared_statement_cache_capacity(32);
+    Ok(())
+}
+
+/// Creates the directory and the file if missing, switches the file to WAL,
+/// creates the tables, and starts this boot's clock if no process has yet.
+/// Returns the setup connection (to become the store's writer) and the
+/// clock. Other processes may run this at the same moment: it waits for
+/// them (a blocking busy timeout, acceptable once per open).
+pub(crate) fn open_store_file(opts: &EmbeddedOptions) -> Result<(Connection, Clock), StoreError> {
+    std::fs::create_dir_all(&opts.dir).map_err(|e| {
+        StoreError::Io(format!("cannot create the store directory {}: {e}", opts.dir.display()))
+    })?;
+    let path = opts.dir.join(FILE_NAME);
+    let conn = open_connection(&path, opts)?;
+    let setup = |conn: &Connection| -> rusqlite::Result<Result<Clock, StoreError>> {
+        conn.busy_timeout(SETUP_BUSY_TIMEOUT)?;
+        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Ok(Err(StoreError::Io(format!(
+                "{}: cannot switch to WAL mode (journal_mode is {mode}); is the file system local?",
+                path.display()
+            ))));
+        }
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let result = init_in_transaction(conn);
+        match result {
+            Ok(Ok(clock)) => {
+                conn.execute_batch("COMMIT")?;
+                conn.busy_timeout(Duration::ZERO)?;
+                Ok(Ok(clock))
+            }
+            other => {
+                let _ = conn.execute_batch("ROLLBACK");
+                other
+            }
+        }
+    };
+    match setup(&conn) {
+        Ok(Ok(clock)) => Ok((conn, clock)),
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(io_error(&format!("cannot set up the store in {}", path.display()), &e)),
+    }
+}
+
+fn init_in_transaction(conn: &Connection) -> rusqlite::Result<Result<Clock, StoreError>> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value) WITHOUT ROWID;",
+    )?;
+    match meta_i64(conn, "format")? {
+        None => meta_set(conn, "format", &FORMAT)?,
+        Some(FORMAT) => {}
+        Some(other) => {
+            return Ok(Err(StoreError::Io(format!(
+                "the store file has format {other}; this couch_workers reads format {FORMAT}"
+            ))))
+        }
+    }
+    let last = last_version(conn)?;
+    if meta_i64(conn, "last_version")?.is_none() {
+        meta_set(conn, "last_version", &0i64)?;
+    }
+    let current_boot = boot_id();
+    let stored_boot: Option<String> = conn
+        .query_row(SQL_META_GET, ["boot_id"], |row| row.get::<_, Option<String>>(0))
+        .optional()?
+        .flatten();
+    let stored_base = meta_i64(conn, "clock_base")?;
+    let base = match stored_base {
+        Some(base) if stored_boot.as_deref() == Some(current_boot.as_str()) => base,
+        _ => {
+            let base = Clock::base_for_new_boot(last);
+            meta_set(conn, "boot_id", &current_boot)?;
+            meta_set(conn, "clock_base", &base)?;
+            base
+        }
+    };
+    Ok(Ok(Clock::new(base)))
+}
+
+fn meta_i64(conn: &Connection, name: &str) -> rusqlite::Result<Option<i64>> {
+    Ok(conn
+        .prepare_cached(SQL_META_GET)?
+        .query_row([name], |row| row.get::<_, Option<i64>>(0))
+        .optional()?
+        .flatten())
+}
+
+fn meta_set(conn: &Connection, name: &str, value: &dyn rusqlite::ToSql) -> rusqlite::Result<()> {
+    conn.prepare_cached(SQL_META_SET)?.execute(rusqlite::params![name, value])?;
+    Ok(())
+}
+
+/// The last commit version, as this connection's transaction sees it.
+pub(crate) fn last_version(conn: &Connection) -> rusqlite::Result<u64> {
+    Ok(meta_i64(conn, "last_version")?.map(|v| u64::try_from(v).unwrap_or(0)).unwrap_or(0))
+}
+
+/// Stores a new last commit version (inside the committing transaction).
+pub(crate) fn set_last_version(conn: &Connection, version: u64) -> rusqlite::Result<()> {
+    let v = i64::try_from(version).unwrap_or(i64::MAX);
+    meta_set(conn, "last_version", &v)
+}
+
+/// `PRAGMA data_version`: changes whenever another connection commits.
+pub(crate) fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row("PRAGMA data_version", [], |row| row.get(0))
+}
+
+/// Whether SQLite answered "locked by someone else" (SQLITE_BUSY and its
+/// extended codes, BUSY_SNAPSHOT included; SQLITE_LOCKED).
+pub(crate) fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e.sqlite_error_code(), Some(ffi::ErrorCode::DatabaseBusy | ffi::ErrorCode::DatabaseLocked))
+}
+
+/// Maps an SQLite error met while running a transaction.
+pub(crate) fn store_error(what: &str, e: &rusqlite::Error) -> StoreError {
+    if is_busy(e) {
+        StoreError::Busy
+    } else {
+        io_error(what, e)
+    }
+}
+
+/// An [`StoreError::Io`] with a message that names the likely cause.
+pub(crate) fn io_error(what: &str, e: &rusqlite::Error) -> StoreError {
+    let hint = match e.sqlite_error_code() {
+        Some(ffi::ErrorCode::DiskFull) => " (disk full)",
+        Some(ffi::ErrorCode::ReadOnly) => " (the store's file or directory is read-only)",
+        Some(ffi::ErrorCode::CannotOpen) => " (cannot open the file: missing directory or no permission)",
+        Some(ffi::ErrorCode::PermissionDenied) => " (permission denied)",
+        Some(ffi::ErrorCode::DatabaseCorrupt) => " (the store's file is corrupt)",
+        Some(ffi::ErrorCode::NotADatabase) => " (not an SQLite file)",
+        _ => "",
+    };
+    StoreError::Io(format!("{what}: {e}{hint}"))
+}

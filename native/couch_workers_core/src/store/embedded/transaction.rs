@@ -1,0 +1,599 @@
+//! One transaction of the embedded store.
+//!
+//! * Write mode (`TxOptions.writes`): the store's in-process writer lock (a
+//!   tokio mutex: waiting tasks queue without blocking threads), then
+//!   `BEGIN IMMEDIATE` on the store's write connection. SQLITE_BUSY (another
+//!   process writes) is retried after an asynchronous jittered sleep until
+//!   the transaction's timeout, then [`StoreError::Busy`]; `fair.rs` keeps
+//!   a process that writes back to back from starving the others. Holding SQLite's
+//!   one write lock for its whole life, the transaction cannot conflict:
+//!   reads and writes go straight to SQLite, which gives read-your-writes.
+//! * Read mode: `BEGIN DEFERRED` on a pooled read connection, whose WAL
+//!   snapshot is taken at once (as FDB takes a read version). A write makes
+//!   SQLite upgrade the transaction to a writer; that fails (SQLITE_BUSY or
+//!   SQLITE_BUSY_SNAPSHOT) when another connection writes or has committed
+//!   since the snapshot, and the transaction then fails with
+//!   [`StoreError::Conflict`] (retryable; its `on_error` waits for this
+//!   process's writers before the retry). Callers that write should pass
+//!   `TxOptions::write()`.
+//!
+//! Snapshot reads and `add_read_conflict_key` change nothing here: a
+//! writer is alone, so nothing can commit between its reads and its commit;
+//! a read-mode transaction that writes conflicts with *every* commit since
+//! its snapshot (stricter than FDB's per-key conflicts, never looser).
+//!
+//! Writes return nothing, as in FDB: a limit violation or an SQLite error
+//! becomes the transaction's error, rolls it back at once (freeing the
+//! write lock), and is returned by every later read and by `commit`.
+//!
+//! Versions: the read version is fixed when the transaction starts:
+//! `max(last_version in its snapshot, clock)`, the clock read first. The
+//! commit version is fixed under the write lock when first needed (the
+//! first versionstamped operation, else the commit) as
+//! `max(last_version + 1, clock + 1)` and stored as `last_version` in the
+//! same SQLite transaction, so commit versions strictly increase across
+//! every process. As in FDB, a commit's version exceeds the read version of
+//! every transaction that started after it committed. Unlike FDB, a
+//! transaction that started while another was committing may get a read
+//! version above that commit's version without seeing it (the window is
+//! from the version being fixed to COMMIT: microseconds, or the rest of the
+//! transaction after a versionstamped operation). Anything it then writes
+//! conflicts (read mode) or waits for the lock (write mode), so this only
+//! matters to read-only decisions.
+//!
+//! Writers of one process are serialized, awaits included: a closure that
+//! holds a write transaction should not wait on anything slow, and must
+//! never open a second write transaction (it would wait for itself until
+//! its timeout, then fail with `Busy`).
+//!
+//! The SQLite calls run inline on the calling (tokio worker) thread: they
+//! take microseconds, far less than a hop to a blocking pool would, and
+//! they never wait for a lock (busy_timeout is 0). No std mutex is held
+//! across an await.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension};
+use tokio::sync::OwnedMutexGuard;
+
+use super::fair::STEP_ASIDE;
+use super::ops;
+use super::schema::{self, SQL_CLEAR, SQL_CLEAR_RANGE, SQL_GET, SQL_RANGE_FWD, SQL_RANGE_REV, SQL_SET};
+use super::watch::{watch_channel, WatchSender};
+use super::Shared;
+use crate::store::retry::backoff;
+use crate::store::{
+    CommitInfo, KeyValue, RangeRequest, StoreError, Transaction, TxOptions, Watch, MAX_KEY_SIZE,
+    MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE,
+};
+
+/// The longest sleep between two attempts to take SQLite's write lock from
+/// another process: short, so that this process notices the lock free
+/// while the holder steps aside (see `fair.rs`); the holder's transactions
+/// last tens of microseconds.
+const MAX_LOCK_BACKOFF: Duration = Duration::from_millis(1);
+
+/// How long an upgrade conflict waits for this process's queued writers.
+const UPGRADE_WAIT: Duration = Duration::from_millis(100);
+
+/// The connection a transaction runs on.
+enum Slot {
+    /// The store's write connection, held through the writer lock.
+    Writer(OwnedMutexGuard<Connection>),
+    /// A pooled read connection.
+    Reader(Connection),
+    /// Committed, rolled back or failed: the connection went back.
+    Released,
+}
+
+impl Slot {
+    fn conn(&self) -> Result<&Connection, StoreError> {
+        match self {
+            Slot::Writer(guard) => Ok(guard),
+            Slot::Reader(conn) => Ok(conn),
+            Slot::Released => Err(StoreError::Invalid("the transaction has already finished".into())),
+        }
+    }
+}
+
+/// What a writing transaction knows about its commit.
+#[derive(Default)]
+struct CommitState {
+    /// The commit version, fixed (and stored as `last_version`) when first
+    /// needed: by a versionstamped operation or at commit.
+    version: Option<u64>,
+    /// A versionstamped operation was used.
+    stamped: bool,
+}
+
+struct TxState {
+    slot: Slot,
+    /// Holds SQLite's write lock: from the start in write mode, after the
+    /// first write in read mode.
+    locked: bool,
+    /// Something was written (so the commit gets a version).
+    wrote: bool,
+    written_bytes: usize,
+    commit: CommitState,
+    /// The first error; everything after it returns it.
+    error: Option<StoreError>,
+    /// Watches to arm at commit.
+    watches: Vec<(Vec<u8>, WatchSender)>,
+    /// `commit` or `on_error` ran.
+    finished: bool,
+}
+
+pub(crate) struct EmbeddedTransaction {
+    shared: Arc<Shared>,
+    writes_hint: bool,
+    created: Instant,
+    read_version: u64,
+    state: Mutex<TxState>,
+}
+
+/// Jittered sleep before the next attempt to take SQLite's write lock.
+fn lock_backoff(attempt: u32) -> Duration {
+    use rand::Rng;
+    let ceiling = (250u64 << attempt.min(2)).min(MAX_LOCK_BACKOFF.as_micros() as u64);
+    Duration::from_micros(rand::rng().random_range(ceiling / 2..=ceiling))
+}
+
+fn limit_param(limit: usize) -> i64 {
+    if limit == 0 {
+        -1
+    } else {
+        i64::try_from(limit).unwrap_or(i64::MAX)
+    }
+}
+
+impl EmbeddedTransaction {
+    /// Starts a transaction (see the module doc for the two modes).
+    pub(crate) async fn begin(shared: Arc<Shared>, opts: &TxOptions) -> Result<Self, StoreError> {
+        if shared.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        if opts.writes {
+            Self::begin_write(shared, opts.timeout).await
+        } else {
+            Self::begin_read(shared)
+        }
+    }
+
+    async fn begin_write(shared: Arc<Shared>, timeout: Duration) -> Result<Self, StoreError> {
+        let started = Instant::now();
+        let guard = tokio::time::timeout(timeout, shared.writer.clone().lock_owned())
+            .await
+            .map_err(|_| StoreError::Busy)?;
+        if false && shared.fair.should_step_aside() {
+            // Another process has been waiting for the lock: let it in.
+            tokio::time::sleep(STEP_ASIDE).await;
+        }
+        let mut attempt = 0u32;
+        loop {
+            if shared.is_closed() {
+                return Err(StoreError::Closed);
+            }
+            match guard.execute_batch("BEGIN IMMEDIATE") {
+                Ok(()) => break,
+                Err(e) if schema::is_busy(&e) => {
+                    // Another process writes. Keep this process's writer
+                    // lock meanwhile: the other local writers stay queued
+                    // in order instead of all polling SQLite.
+                    shared.fair.signal_waiting();
+                    attempt += 1;
+                    if started.elapsed() >= timeout {
+                        return Err(StoreError::Busy);
+                    }
+                    tokio::time::sleep(lock_backoff(attempt)).await;
+                }
+                Err(e) => return Err(schema::store_error("cannot begin a write transaction", &e)),
+            }
+        }
+        // No await from here on: the transaction owns the open SQLite
+        // transaction before anything can cancel this future.
+        Self::start(shared, Slot::Writer(guard), true, true)
+    }
+
+    fn begin_read(shared: Arc<Shared>) -> Result<Self, StoreError> {
+        let conn = shared.readers.take()?;
+        if let Err(e) = conn.execute_batch("BEGIN DEFERRED") {
+            return Err(schema::store_error("cannot begin a read transaction", &e));
+        }
+        Self::start(shared, Slot::Reader(conn), false, false)
+    }
+
+    /// Takes the snapshot (reading `last_version` starts SQLite's read
+    /// transaction) and fixes the read version.
+    fn start(shared: Arc<Shared>, slot: Slot, writes_hint: bool, locked: bool) -> Result<Self, StoreError> {
+        // The clock is read before the snapshot is taken.
+        let clock_now = shared.clock.now();
+        let mut state = TxState {
+            slot,
+            locked,
+            wrote: false,
+            written_bytes: 0,
+            commit: CommitState::default(),
+            error: None,
+            watches: Vec::new(),
+            finished: false,
+        };
+        let last = match state.slot.conn().and_then(|c| {
+            schema::last_version(c).map_err(|e| schema::store_error("cannot read the last version", &e))
+        }) {
+            Ok(last) => last,
+            Err(e) => {
+                release(&shared, &mut state);
+                return Err(e);
+            }
+        };
+        Ok(EmbeddedTransaction {
+            shared,
+            writes_hint,
+            created: Instant::now(),
+            read_version: last.max(clock_now),
+            state: Mutex::new(state),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TxState> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records `err` as the transaction's error (if it is the first), rolls
+    /// back, gives the connection back and fails the pending watches.
+    fn fail(&self, st: &mut TxState, err: StoreError) {
+        if st.error.is_none() {
+            st.error = Some(err.clone());
+        }
+        release(&self.shared, st);
+        for (_, tx) in st.watches.drain(..) {
+            let _ = tx.send(Err(err.clone()));
+        }
+    }
+
+    /// The checks before any operation: a recorded error, finished, age.
+    fn usable(&self, st: &mut TxState) -> Result<(), StoreError> {
+        if let Some(e) = &st.error {
+            return Err(e.clone());
+        }
+        if st.finished {
+            return Err(StoreError::Invalid("the transaction has already finished".into()));
+        }
+        if self.created.elapsed() > self.shared.max_age {
+            self.fail(st, StoreError::TooOld);
+            return Err(StoreError::TooOld);
+        }
+        Ok(())
+    }
+
+    fn read<T>(&self, what: &str, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let mut st = self.lock();
+        self.usable(&mut st)?;
+        let result = st.slot.conn().and_then(|conn| f(conn).map_err(|e| schema::store_error(what, &e)));
+        result.inspect_err(|e| self.fail(&mut st, e.clone()))
+    }
+
+    /// Runs one write: checks, counts `bytes` against the transaction size
+    /// limit, takes SQLite's write lock in read mode, then `f`.
+    fn write(
+        &self,
+        bytes: usize,
+        f: impl FnOnce(&Connection, &mut CommitState) -> Result<(), StoreError>,
+    ) {
+        let mut st = self.lock();
+        if self.usable(&mut st).is_err() {
+            return;
+        }
+        let result = self.write_locked(&mut st, bytes, f);
+        match result {
+            Ok(()) => st.wrote = true,
+            Err(e) => self.fail(&mut st, e),
+        }
+    }
+
+    fn write_locked(
+        &self,
+        st: &mut TxState,
+        bytes: usize,
+        f: impl FnOnce(&Connection, &mut CommitState) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        st.written_bytes = st.written_bytes.saturating_add(bytes);
+        if st.written_bytes > MAX_TRANSACTION_SIZE {
+            return Err(StoreError::TransactionTooLarge);
+        }
+        let conn = st.slot.conn()?;
+        if !st.locked {
+            // Read mode: this write upgrades the SQLite transaction, which
+            // fails when another connection writes or has committed since
+            // this transaction's snapshot.
+            match conn.execute(schema::SQL_TAKE_WRITE_LOCK, []) {
+                Ok(_) => st.locked = true,
+                Err(e) if schema::is_busy(&e) => return Err(StoreError::Conflict),
+                Err(e) => return Err(schema::store_error("cannot write", &e)),
+            }
+        }
+        f(conn, &mut st.commit)
+    }
+
+    /// The commit version: fixed under the write lock when first needed.
+    fn version(&self, conn: &Connection, commit: &mut CommitState) -> Result<u64, StoreError> {
+        if let Some(v) = commit.version {
+            return Ok(v);
+        }
+        let fix = || -> rusqlite::Result<u64> {
+            let last = schema::last_version(conn)?;
+            let v = last.saturating_add(1).max(self.shared.clock.now().saturating_add(1));
+            schema::set_last_version(conn, v)?;
+            Ok(v)
+        };
+        let v = fix().map_err(|e| schema::store_error("cannot fix the commit version", &e))?;
+        commit.version = Some(v);
+        Ok(v)
+    }
+
+    fn put(conn: &Connection, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        conn.prepare_cached(SQL_SET)
+            .and_then(|mut s| s.execute(rusqlite::params![key, value]))
+            .map(|_| ())
+            .map_err(|e| schema::store_error("cannot write", &e))
+    }
+
+    fn check_sizes(key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        if key.len() > MAX_KEY_SIZE {
+            return Err(StoreError::KeyTooLarge);
+        }
+        if value.len() > MAX_VALUE_SIZE {
+            return Err(StoreError::ValueTooLarge);
+        }
+        Ok(())
+    }
+
+    fn set_versionstamped(&self, key: &[u8], value: &[u8], stamp_key: bool) {
+        self.write(key.len() + value.len(), |conn, commit| {
+            let param = if stamp_key { key } else { value };
+            let (bytes, offset) = ops::split_versionstamp_param(param)?;
+            let (k, v) = if stamp_key { (bytes, value) } else { (key, bytes) };
+            Self::check_sizes(k, v)?;
+            let stamp = ops::versionstamp(self.version(conn, commit)?);
+            commit.stamped = true;
+            let filled = ops::fill_versionstamp(bytes, offset, &stamp);
+            if stamp_key {
+                Self::put(conn, &filled, value)
+            } else {
+                Self::put(conn, key, &filled)
+            }
+        });
+    }
+}
+
+/// Rolls back whatever is open and gives the connection back (the write
+/// connection by dropping the writer lock guard).
+fn release(shared: &Shared, st: &mut TxState) {
+    match std::mem::replace(&mut st.slot, Slot::Released) {
+        Slot::Writer(guard) => {
+            if !guard.is_autocommit() {
+                let _ = guard.execute_batch("ROLLBACK");
+            }
+        }
+        Slot::Reader(conn) => {
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            shared.readers.put(conn);
+        }
+        Slot::Released => {}
+    }
+}
+
+impl Drop for EmbeddedTransaction {
+    fn drop(&mut self) {
+        // Not committed: roll back. Pending watches see their sender
+        // dropped and resolve with an error.
+        let st = self.state.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        release(&self.shared, st);
+    }
+}
+
+#[async_trait]
+impl Transaction for EmbeddedTransaction {
+    async fn get(&self, key: &[u8], _snapshot: bool) -> Result<Option<Vec<u8>>, StoreError> {
+        self.read("cannot read", |conn| {
+            conn.prepare_cached(SQL_GET)?.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional()
+        })
+    }
+
+    async fn get_range(&self, range: &RangeRequest) -> Result<Vec<KeyValue>, StoreError> {
+        self.read("cannot read a range", |conn| {
+            if range.begin >= range.end {
+                return Ok(Vec::new());
+            }
+            let sql = if range.reverse { SQL_RANGE_REV } else { SQL_RANGE_FWD };
+            let mut stmt = conn.prepare_cached(sql)?;
+            let rows = stmt.query_map(
+                rusqlite::params![range.begin, range.end, limit_param(range.limit)],
+                |row| Ok((row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?)),
+            )?;
+            rows.collect()
+        })
+    }
+
+    async fn read_version(&self) -> Result<u64, StoreError> {
+        let mut st = self.lock();
+        self.usable(&mut st)?;
+        Ok(self.read_version)
+    }
+
+    fn set(&self, key: &[u8], value: &[u8]) {
+        self.write(key.len() + value.len(), |conn, _| {
+            Self::check_sizes(key, value)?;
+            Self::put(conn, key, value)
+        });
+    }
+
+    fn clear(&self, key: &[u8]) {
+        self.write(key.len(), |conn, _| {
+            if key.len() > MAX_KEY_SIZE {
+                return Err(StoreError::KeyTooLarge);
+            }
+            conn.prepare_cached(SQL_CLEAR)
+                .and_then(|mut s| s.execute([key]))
+                .map(|_| ())
+                .map_err(|e| schema::store_error("cannot clear", &e))
+        });
+    }
+
+    fn clear_range(&self, begin: &[u8], end: &[u8]) {
+        self.write(begin.len() + end.len(), |conn, _| {
+            // FDB allows one byte more for range ends (strinc of a full key).
+            if begin.len() > MAX_KEY_SIZE + 1 || end.len() > MAX_KEY_SIZE + 1 {
+                return Err(StoreError::KeyTooLarge);
+            }
+            if begin > end {
+                return Err(StoreError::Invalid("inverted range in clear_range".into()));
+            }
+            conn.prepare_cached(SQL_CLEAR_RANGE)
+                .and_then(|mut s| s.execute([begin, end]))
+                .map(|_| ())
+                .map_err(|e| schema::store_error("cannot clear a range", &e))
+        });
+    }
+
+    fn atomic_add(&self, key: &[u8], delta: i64) {
+        self.write(key.len() + 8, |conn, _| {
+            if key.len() > MAX_KEY_SIZE {
+                return Err(StoreError::KeyTooLarge);
+            }
+            let existing = conn
+                .prepare_cached(SQL_GET)
+                .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
+                .map_err(|e| schema::store_error("cannot read for atomic_add", &e))?;
+            Self::put(conn, key, &ops::add_le_i64(existing.as_deref(), delta))
+        });
+    }
+
+    fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
+        self.set_versionstamped(key, value, true);
+    }
+
+    fn set_versionstamped_value(&self, key: &[u8], value: &[u8]) {
+        self.set_versionstamped(key, value, false);
+    }
+
+    fn add_read_conflict_key(&self, _key: &[u8]) {
+        // Nothing to do: see the module doc (a writer cannot conflict; a
+        // read-mode transaction that writes conflicts with every commit).
+    }
+
+    fn watch(&self, key: &[u8]) -> Watch {
+        let (tx, watch) = watch_channel();
+        let mut st = self.lock();
+        match self.usable(&mut st) {
+            Ok(()) => st.watches.push((key.to_vec(), tx)),
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+        watch
+    }
+
+    async fn commit(&self) -> Result<CommitInfo, StoreError> {
+        let mut armed = Vec::new();
+        let info = {
+            let mut st = self.lock();
+            if let Err(e) = self.usable(&mut st) {
+                self.fail(&mut st, e.clone());
+                st.finished = true;
+                return Err(e);
+            }
+            let result = self.commit_locked(&mut st, &mut armed);
+            st.finished = true;
+            match result {
+                Ok(info) => {
+                    release(&self.shared, &mut st);
+                    info
+                }
+                Err(e) => {
+                    self.fail(&mut st, e.clone());
+                    for (_, _, tx) in armed {
+                        let _ = tx.send(Err(e.clone()));
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        if info.version.is_some() {
+            self.shared.watches.notify_commit();
+        }
+        for (key, value, tx) in armed {
+            self.shared.watches.register(key, value, tx);
+        }
+        Ok(info)
+    }
+
+    async fn on_error(&self, err: StoreError) -> Result<(), StoreError> {
+        let upgrade_conflict = {
+            let mut st = self.lock();
+            self.fail(&mut st, err.clone());
+            st.finished = true;
+            err == StoreError::Conflict && !self.writes_hint
+        };
+        if !err.is_retryable() {
+            return Err(err);
+        }
+        if upgrade_conflict {
+            // A read-mode transaction lost its upgrade, most likely to a
+            // writer: let this process's queued writers go first.
+            let _ = tokio::time::timeout(UPGRADE_WAIT, self.shared.writer.clone().lock_owned()).await;
+        }
+        tokio::time::sleep(backoff(1)).await;
+        Ok(())
+    }
+}
+
+/// A watch to arm: key, the value the transaction saw, its sender.
+type Armed = (Vec<u8>, Option<Vec<u8>>, WatchSender);
+
+impl EmbeddedTransaction {
+    /// Reads the watched values, fixes the version, commits. The watches
+    /// go to `armed`, also on failure (the caller fails them).
+    fn commit_locked(&self, st: &mut TxState, armed: &mut Vec<Armed>) -> Result<CommitInfo, StoreError> {
+        let watches = std::mem::take(&mut st.watches);
+        let TxState { slot, wrote, commit, .. } = st;
+        let conn = match slot.conn() {
+            Ok(conn) => conn,
+            Err(e) => {
+                armed.extend(watches.into_iter().map(|(k, tx)| (k, None, tx)));
+                return Err(e);
+            }
+        };
+        // The values the watches were set on: this transaction's view.
+        let mut failure = None;
+        for (key, tx) in watches {
+            let value = if failure.is_some() {
+                None
+            } else {
+                let read = conn
+                    .prepare_cached(SQL_GET)
+                    .and_then(|mut s| s.query_row([&key], |row| row.get::<_, Vec<u8>>(0)).optional());
+                read.unwrap_or_else(|e| {
+                    failure = Some(schema::store_error("cannot read a watched key", &e));
+                    None
+                })
+            };
+            armed.push((key, value, tx));
+        }
+        if let Some(err) = failure {
+            return Err(err);
+        }
+        let info = if *wrote {
+            let version = self.version(conn, commit)?;
+            CommitInfo { version: Some(version), versionstamp: commit.stamped.then(|| ops::versionstamp(version)) }
+        } else {
+            CommitInfo::default()
+        };
+        conn.execute_batch("COMMIT").map_err(|e| schema::store_error("cannot commit", &e))?;
+        Ok(info)
+    }
+}

@@ -1,0 +1,173 @@
+//! The store conformance suite (`src/conformance.rs`) on a live
+//! FoundationDB cluster.
+//!
+//! It needs libfdb_c to link and a cluster to run, neither of which the
+//! project's CI machines have: there, `scripts/check-fdb.sh` only
+//! type-checks this file (`cargo check --tests --features fdb`). On a
+//! machine with both:
+//!
+//! ```sh
+//! FDB_CLUSTER_FILE=/etc/foundationdb/fdb.cluster \
+//!     cargo test -p couch_workers_core --features fdb --test conformance_fdb -- --include-ignored
+//! ```
+//!
+//! The suite's tests are marked `#[ignore]`, so that a plain `cargo test`
+//! reports them as *ignored*, never as passed, and
+//! `fdb_conformance_skipped_without_cluster` prints a loud `SKIPPED:` line
+//! to standard error when `FDB_CLUSTER_FILE` is unset. Run with
+//! `--include-ignored` but without the variable, every suite test fails
+//! with that line: no conformance test ever passes without a cluster.
+//!
+//! Each fresh store is a new directory `("couch_workers_test", <pid>-<random>)`,
+//! removed when the test ends; the `couchdb` directory is never touched.
+//! A second handle (`open_second`) is a second FDB database handle on the
+//! same directory: its own connections and watches, the same network thread
+//! (FoundationDB allows one per process).
+#![cfg(feature = "fdb")]
+
+use std::path::PathBuf;
+use std::sync::Once;
+
+use couch_workers_core::conformance::TestDb;
+use couch_workers_core::store::fdb::{network_status, shutdown_network, FdbStore, NetworkStatus};
+use couch_workers_core::store::{run, Database, TxOptions};
+
+const SKIP: &str = "SKIPPED: FoundationDB conformance tests need FDB_CLUSTER_FILE (the cluster file of a \
+                    test cluster) and libfdb_c; NONE of them ran. See docs/fdb.md.";
+
+/// The directory every test directory lives under.
+const TEST_ROOT: &str = "couch_workers_test";
+
+fn cluster_file() -> Option<PathBuf> {
+    std::env::var_os("FDB_CLUSTER_FILE").filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+fn loud_skip() {
+    let bar = "!".repeat(100);
+    eprintln!("\n{bar}\n{SKIP}\n{bar}\n");
+}
+
+fn require_cluster() -> PathBuf {
+    match cluster_file() {
+        Some(path) => path,
+        None => {
+            loud_skip();
+            panic!("{SKIP}");
+        }
+    }
+}
+
+extern "C" {
+    fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
+}
+
+extern "C" fn stop_network_at_exit() {
+    shutdown_network();
+}
+
+/// libfdb_c's network thread must be stopped before the process exits;
+/// the test harness has no teardown hook, so the C library's `atexit` is.
+fn stop_network_at_process_exit() {
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: registers a plain function; this is a test executable
+        // (never unloaded), so the function outlives every exit handler.
+        let rc = unsafe { atexit(stop_network_at_exit) };
+        assert_eq!(rc, 0, "atexit registration failed");
+    });
+}
+
+/// Keeps a test directory; removes it (and everything in it) on drop.
+struct FdbTestDir {
+    cluster_file: PathBuf,
+    name: String,
+}
+
+impl FdbTestDir {
+    fn new(cluster_file: PathBuf) -> Self {
+        FdbTestDir { cluster_file, name: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()) }
+    }
+
+    fn path(&self) -> [&str; 2] {
+        [TEST_ROOT, &self.name]
+    }
+
+    async fn open(&self) -> std::sync::Arc<FdbStore> {
+        FdbStore::open_at(&self.cluster_file, &self.path())
+            .await
+            .unwrap_or_else(|e| panic!("opening FDB test directory {:?}: {e}", self.path()))
+    }
+}
+
+impl Drop for FdbTestDir {
+    fn drop(&mut self) {
+        // Through a fresh handle (the test may have closed its own), on a
+        // plain thread: drop runs inside the test's runtime, and FDB
+        // futures need no runtime (the network thread completes them).
+        let (cluster_file, name) = (self.cluster_file.clone(), self.name.clone());
+        let removed = std::thread::spawn(move || {
+            futures::executor::block_on(async {
+                let store = FdbStore::open_at(&cluster_file, &[TEST_ROOT, name.as_str()]).await?;
+                store.remove_directory().await
+            })
+        })
+        .join();
+        match removed {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => eprintln!("WARNING: FDB test directory ({TEST_ROOT}, {}) not removed: {e}", self.name),
+            Err(_) => eprintln!("WARNING: FDB test directory ({TEST_ROOT}, {}) not removed: panic", self.name),
+        }
+    }
+}
+
+async fn open_fresh() -> TestDb {
+    let dir = FdbTestDir::new(require_cluster());
+    stop_network_at_process_exit();
+    let store = dir.open().await;
+    TestDb { db: store, guard: Box::new(dir) }
+}
+
+async fn open_second(first: &TestDb) -> TestDb {
+    let dir = first.guard.downcast_ref::<FdbTestDir>().expect("FDB guard is the FdbTestDir");
+    TestDb { db: dir.open().await, guard: Box::new(()) }
+}
+
+/// Without `FDB_CLUSTER_FILE`: prints the loud skip line (and asserts
+/// nothing, as its name says). With it: checks that the cluster answers and
+/// that a test directory opens with a prefix of its own and is removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn fdb_conformance_skipped_without_cluster() {
+    let Some(cluster) = cluster_file() else {
+        loud_skip();
+        return;
+    };
+    stop_network_at_process_exit();
+    let dir = FdbTestDir::new(cluster.clone());
+    let store = dir.open().await;
+    assert_eq!(network_status(), NetworkStatus::Running);
+    assert_eq!(store.kind(), "fdb");
+    let prefix = store.prefix();
+    assert!(!prefix.is_empty() && prefix[0] != 0xff, "directory prefix {prefix:02x?}");
+    let key = [prefix.as_slice(), b"smoke"].concat();
+    let key = &key;
+    run(&*store, TxOptions::write(), |tx| async move {
+        tx.set(key, b"1");
+        Ok(())
+    })
+    .await
+    .expect("write to the test directory");
+    let read = run(&*store, TxOptions::read(), |tx| async move { tx.get(key, false).await }).await;
+    assert_eq!(read, Ok(Some(b"1".to_vec())));
+    // The same path opens the same directory.
+    let again = FdbStore::open_at(&cluster, &dir.path()).await.expect("reopen");
+    assert_eq!(again.prefix(), prefix);
+    assert_eq!(store.remove_directory().await, Ok(true));
+    assert_eq!(store.remove_directory().await, Ok(false));
+    eprintln!("FoundationDB conformance suite: run with `-- --include-ignored` to run it against {cluster:?}");
+}
+
+couch_workers_core::store_conformance_tests!(
+    open_fresh,
+    open_second,
+    attrs: #[ignore = "needs a FoundationDB cluster: FDB_CLUSTER_FILE=... cargo test --features fdb --test conformance_fdb -- --include-ignored"]
+);

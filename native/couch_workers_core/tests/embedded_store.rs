@@ -1,0 +1,312 @@
+//! What the embedded store promises beyond the conformance suite: no
+//! spurious watch fires, dropped watches swept, the version clock across
+//! re-opens and reboots, the age limit, the write lock between handles,
+//! error stickiness, open errors.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore, Synchronous, FILE_NAME};
+use couch_workers_core::store::{run, Database, RangeRequest, StoreError, TxOptions, Watch};
+
+fn open(dir: &std::path::Path) -> Arc<EmbeddedStore> {
+    EmbeddedStore::open(EmbeddedOptions::new(dir)).expect("open")
+}
+
+async fn put(db: &EmbeddedStore, k: &[u8], v: &[u8]) -> u64 {
+    let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
+    tx.set(k, v);
+    tx.commit().await.expect("commit").version.expect("version")
+}
+
+async fn get(db: &EmbeddedStore, k: &[u8]) -> Option<Vec<u8>> {
+    run(db, TxOptions::read(), |tx| async move { tx.get(k, false).await }).await.expect("read")
+}
+
+async fn watch(db: &EmbeddedStore, k: &[u8]) -> Watch {
+    run(db, TxOptions::read(), |tx| async move { Ok(tx.watch(k)) }).await.expect("watch")
+}
+
+async fn fired(w: &mut Watch, within: Duration) -> Option<Result<(), StoreError>> {
+    tokio::time::timeout(within, w).await.ok()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_does_not_fire_without_a_change() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    let b = open(dir.path());
+    put(&a, b"k", b"1").await;
+    let mut w = watch(&a, b"k").await;
+    assert_eq!(fired(&mut w, Duration::from_millis(100)).await, None, "no change, no fire");
+    // Commits of other keys, here and from the other handle.
+    put(&a, b"other", b"x").await;
+    put(&b, b"other", b"y").await;
+    assert_eq!(fired(&mut w, Duration::from_millis(100)).await, None, "other keys changed");
+    // The same value written again: not a change.
+    put(&b, b"k", b"1").await;
+    assert_eq!(fired(&mut w, Duration::from_millis(100)).await, None, "same value rewritten");
+    put(&b, b"k", b"2").await;
+    assert_eq!(fired(&mut w, Duration::from_secs(2)).await, Some(Ok(())));
+    // A watch on a missing key does not fire until it appears.
+    let mut w = watch(&a, b"missing").await;
+    assert_eq!(fired(&mut w, Duration::from_millis(100)).await, None);
+    put(&b, b"missing", b"").await;
+    assert_eq!(fired(&mut w, Duration::from_secs(2)).await, Some(Ok(())), "an empty value is not missing");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_that_saw_an_old_snapshot_fires_at_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    put(&a, b"k", b"1").await;
+    // A read-mode transaction takes its snapshot, then the key changes
+    // before it commits: the watch fires as soon as it is armed.
+    let tx = a.create_transaction(&TxOptions::read()).await.expect("transaction");
+    let mut w = tx.watch(b"k");
+    put(&a, b"k", b"2").await;
+    assert_eq!(tx.get(b"k", false).await, Ok(Some(b"1".to_vec())), "snapshot");
+    assert_eq!(tx.commit().await, Ok(Default::default()));
+    assert_eq!(fired(&mut w, Duration::from_secs(2)).await, Some(Ok(())));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dropped_watches_are_swept() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    put(&a, b"k", b"1").await;
+    let mut watches = Vec::new();
+    for _ in 0..5 {
+        watches.push(watch(&a, b"k").await);
+    }
+    assert_eq!(a.pending_watches(), 5);
+    drop(watches);
+    let started = Instant::now();
+    while a.pending_watches() > 0 {
+        assert!(started.elapsed() < Duration::from_secs(2), "dropped watches still pending");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A fired watch is gone too.
+    let w = watch(&a, b"k").await;
+    put(&a, b"k", b"2").await;
+    assert_eq!(tokio::time::timeout(Duration::from_secs(2), w).await, Ok(Ok(())));
+    assert_eq!(a.pending_watches(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn versions_continue_after_reopen() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    let v1 = put(&a, b"k", b"1").await;
+    a.close();
+    drop(a);
+    let a = open(dir.path());
+    assert_eq!(get(&a, b"k").await, Some(b"1".to_vec()), "data survives a close");
+    let v2 = put(&a, b"k", b"2").await;
+    assert!(v2 > v1, "{v2} > {v1}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn new_boot_restarts_the_clock_above_the_last_version() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    put(&a, b"k", b"1").await;
+    let now = a.clock_now();
+    a.close();
+    drop(a);
+    // Pretend the last boot ran an hour ahead of this clock.
+    let ahead = now + 3_600_000_000;
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(FILE_NAME)).expect("sqlite");
+        conn.execute("UPDATE meta SET value = 'some-earlier-boot' WHERE name = 'boot_id'", []).expect("boot id");
+        conn.execute("UPDATE meta SET value = ?1 WHERE name = 'last_version'", [ahead as i64]).expect("last");
+    }
+    let a = open(dir.path());
+    assert!(a.clock_now() > ahead, "the new boot's clock starts above the last version");
+    let rv = run(&*a, TxOptions::read(), |tx| async move { tx.read_version().await }).await.expect("rv");
+    assert!(rv > ahead);
+    let v = put(&a, b"k", b"2").await;
+    assert!(v > ahead);
+    // A second opener on the same boot keeps the base: one clock.
+    let b = open(dir.path());
+    let (ca, cb) = (a.clock_now(), b.clock_now());
+    assert!(cb >= ca && cb - ca < 1_000_000, "{ca} vs {cb}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn old_transactions_fail_with_too_old_and_release_the_lock() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut opts = EmbeddedOptions::new(dir.path());
+    opts.max_transaction_age = Duration::from_millis(100);
+    let a = EmbeddedStore::open(opts).expect("open");
+    let tx = a.create_transaction(&TxOptions::write()).await.expect("transaction");
+    tx.set(b"k", b"1");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(tx.get(b"k", false).await, Err(StoreError::TooOld));
+    assert!(StoreError::TooOld.is_retryable());
+    // The write lock is free although `tx` is still alive.
+    let started = Instant::now();
+    put(&a, b"k2", b"2").await;
+    assert!(started.elapsed() < Duration::from_millis(100));
+    assert_eq!(tx.commit().await, Err(StoreError::TooOld));
+    assert_eq!(get(&a, b"k").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_write_lock_makes_other_handles_wait_then_busy() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    let b = open(dir.path());
+    let tx = a.create_transaction(&TxOptions::write()).await.expect("transaction");
+    tx.set(b"k", b"a");
+    // Readers never wait for the writer.
+    let started = Instant::now();
+    assert_eq!(get(&b, b"k").await, None);
+    assert_eq!(get(&a, b"k").await, None);
+    assert!(started.elapsed() < Duration::from_millis(50));
+    // A writer on the other handle backs off, then gives up with Busy.
+    let opts = TxOptions { timeout: Duration::from_millis(100), ..TxOptions::write() };
+    let started = Instant::now();
+    assert!(matches!(b.create_transaction(&opts).await, Err(StoreError::Busy)));
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(100) && took < Duration::from_millis(500), "{took:?}");
+    // A writer that starts waiting gets the lock once the holder commits.
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { put(&b, b"k", b"b").await })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let va = tx.commit().await.expect("commit").version.expect("version");
+    let vb = waiter.await.expect("waiter");
+    assert!(vb > va);
+    assert_eq!(get(&a, b"k").await, Some(b"b".to_vec()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writers_of_one_handle_queue_without_conflicts() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    let attempts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let (a, attempts) = (a.clone(), attempts.clone());
+        tasks.push(tokio::spawn(async move {
+            let attempts = &attempts;
+            run(&*a, TxOptions::write(), |tx| async move {
+                attempts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let n = tx.get(b"n", false).await?.map(|v| v[0]).unwrap_or(0);
+                tokio::task::yield_now().await;
+                tx.set(b"n", &[n + 1]);
+                Ok(())
+            })
+            .await
+            .expect("increment")
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    assert_eq!(get(&a, b"n").await, Some(vec![20]));
+    assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 20, "write mode never conflicts");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn read_mode_transaction_that_writes_after_a_commit_conflicts() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    let b = open(dir.path());
+    put(&a, b"k", b"1").await;
+    let tx = a.create_transaction(&TxOptions::read()).await.expect("transaction");
+    assert_eq!(tx.get(b"k", false).await, Ok(Some(b"1".to_vec())));
+    put(&b, b"k", b"2").await;
+    tx.set(b"k", b"3");
+    assert_eq!(tx.get(b"k", false).await, Err(StoreError::Conflict));
+    assert_eq!(tx.commit().await, Err(StoreError::Conflict));
+    assert_eq!(get(&a, b"k").await, Some(b"2".to_vec()));
+    // With no commit in between, the upgrade succeeds; a versionstamp works.
+    let tx = a.create_transaction(&TxOptions::read()).await.expect("transaction");
+    let mut param = vec![0u8; 10];
+    param.extend_from_slice(&0u32.to_le_bytes());
+    tx.set_versionstamped_value(b"vs", &param);
+    let info = tx.commit().await.expect("commit");
+    let stamp = info.versionstamp.expect("stamp");
+    assert_eq!(get(&a, b"vs").await, Some(stamp.to_vec()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_error_sticks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    let tx = a.create_transaction(&TxOptions::write()).await.expect("transaction");
+    tx.set(b"ok", b"1");
+    tx.set(b"big", &vec![0u8; 100_001]);
+    tx.set(&vec![0u8; 10_001], b"x");
+    tx.set(b"later", b"1");
+    assert_eq!(tx.get(b"ok", false).await, Err(StoreError::ValueTooLarge));
+    assert_eq!(tx.get_range(&RangeRequest::new(b"".to_vec(), b"\xff".to_vec())).await, Err(StoreError::ValueTooLarge));
+    assert_eq!(tx.read_version().await, Err(StoreError::ValueTooLarge));
+    assert_eq!(tx.commit().await, Err(StoreError::ValueTooLarge));
+    assert_eq!(get(&a, b"ok").await, None);
+    assert_eq!(get(&a, b"later").await, None);
+    // Inverted range clears are invalid (FDB's inverted_range).
+    let tx = a.create_transaction(&TxOptions::write()).await.expect("transaction");
+    tx.clear_range(b"b", b"a");
+    assert!(matches!(tx.commit().await, Err(StoreError::Invalid(_))));
+    // A second commit is refused.
+    let tx = a.create_transaction(&TxOptions::write()).await.expect("transaction");
+    tx.set(b"once", b"1");
+    tx.commit().await.expect("commit");
+    assert!(matches!(tx.commit().await, Err(StoreError::Invalid(_))));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn descriptive_and_closed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    assert_eq!(a.kind(), "embedded");
+    assert!(a.prefix().is_empty());
+    assert!(a.durability().contains("synchronous=NORMAL"), "{}", a.durability());
+    let mut full = EmbeddedOptions::new(dir.path());
+    full.synchronous = Synchronous::Full;
+    let f = EmbeddedStore::open(full).expect("open FULL");
+    assert!(f.durability().contains("synchronous=FULL"));
+    put(&f, b"k", b"1").await;
+    assert_eq!(get(&a, b"k").await, Some(b"1".to_vec()));
+    a.close();
+    a.close();
+    assert!(matches!(a.create_transaction(&TxOptions::read()).await, Err(StoreError::Closed)));
+    assert!(matches!(a.create_transaction(&TxOptions::write()).await, Err(StoreError::Closed)));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn transactions_open_at_close_finish_and_their_watches_fail() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    let tx = a.create_transaction(&TxOptions::write()).await.expect("transaction");
+    let w = tx.watch(b"k");
+    tx.set(b"k", b"1");
+    a.close();
+    tx.commit().await.expect("a transaction begun before close may commit");
+    assert_eq!(tokio::time::timeout(Duration::from_secs(1), w).await, Ok(Err(StoreError::Closed)));
+    let b = open(dir.path());
+    assert_eq!(get(&b, b"k").await, Some(b"1".to_vec()));
+}
+
+#[test]
+fn open_errors_are_io_errors_naming_the_place() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"not a directory").expect("write");
+    match EmbeddedStore::open(EmbeddedOptions::new(file.join("store"))) {
+        Err(StoreError::Io(msg)) => assert!(msg.contains("a-file"), "{msg}"),
+        other => panic!("expected Io, got {other:?}"),
+    }
+    // Not an SQLite file.
+    let bad = dir.path().join("bad");
+    std::fs::create_dir(&bad).expect("mkdir");
+    std::fs::write(bad.join(FILE_NAME), vec![b'x'; 8192]).expect("write");
+    match EmbeddedStore::open(EmbeddedOptions::new(&bad)) {
+        Err(StoreError::Io(msg)) => assert!(msg.contains(FILE_NAME), "{msg}"),
+        other => panic!("expected Io, got {other:?}"),
+    }
+}

@@ -1,0 +1,55 @@
+//! The embedded store's background thread stops with its store: a live
+//! count that returns to zero. Alone in its test binary, so that no other
+//! test's stores are counted.
+
+use std::time::{Duration, Instant};
+
+use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::Db;
+
+/// Threads of this process named like the store's watcher.
+fn watcher_threads() -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .filter_map(|t| t.ok())
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .filter(|name| name.trim() == "cw-embed-watch")
+        .count()
+}
+
+fn wait_for(count: usize) {
+    let started = Instant::now();
+    while watcher_threads() != count {
+        assert!(started.elapsed() < Duration::from_secs(2), "expected {count} watcher threads, have {}", watcher_threads());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn watcher_threads_stop_with_their_store() {
+    if !std::path::Path::new("/proc/self/task").exists() {
+        panic!("this test reads /proc/self/task (Linux)");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    assert_eq!(watcher_threads(), 0);
+    let a: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
+    let b: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
+    let c: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
+    wait_for(3);
+    a.close();
+    wait_for(2);
+    a.close();
+    drop(a);
+    drop(b);
+    wait_for(1);
+    // A transaction keeps the store's shared state, not its thread.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let tx = c.create_transaction(&couch_workers_core::store::TxOptions::write()).await.expect("tx");
+        drop(c);
+        wait_for(0);
+        tx.set(b"k", b"v");
+        tx.commit().await.expect("commit after the last handle is gone");
+    });
+    wait_for(0);
+}

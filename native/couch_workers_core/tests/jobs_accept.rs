@@ -1,0 +1,238 @@
+//! Accept that waits: pushed by the dispatcher, across nodes (handles on
+//! one store directory), concurrent acceptors, acceptors that go away,
+//! and the dispatcher's life cycle.
+
+mod jobs_common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use couch_workers_core::jobs::{AcceptReply, JobHandle, JobState, ReplyFn};
+use couch_workers_core::store::StoreError;
+use couch_workers_core::Error;
+use jobs_common::*;
+
+const T: &[u8] = b"replicator";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn blocking_accept_is_woken_by_an_add_on_another_node() {
+    let c = Cluster::new();
+    let a = c.node();
+    let b = c.node();
+    let _w = register(&a, T, b"w").await;
+    let jobs = a.jobs().clone();
+    let started = Instant::now();
+    let waiter = tokio::spawn(async move { jobs.accept(T, b"w", Duration::from_secs(10)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "nothing to take yet");
+    assert_eq!(a.jobs().stats().dispatchers, 1);
+    assert_eq!(a.jobs().stats().waiters, 1);
+    b.jobs().add(T, b"j", b"{}", 0).await.unwrap();
+    let h = waiter.await.unwrap().expect("the job added on the other node");
+    assert_eq!(h.job.id, b"j");
+    assert_eq!(h.job.state, JobState::Running);
+    assert!(started.elapsed() < Duration::from_secs(3), "pushed, not at the timeout");
+    assert_eq!(get(b.jobs(), T, b"j").await, h.job);
+    // With no waiter left the dispatcher goes.
+    assert!(eventually(Duration::from_secs(2), || async { a.jobs().stats().dispatchers == 0 }).await);
+    assert_eq!(a.jobs().stats().waiters, 0);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn accept_times_out_with_not_found() {
+    let c = Cluster::new();
+    let node = c.node();
+    let _w = register(&node, T, b"w").await;
+    let started = Instant::now();
+    assert_eq!(node.jobs().accept(T, b"w", Duration::from_millis(300)).await, Err(Error::NotFound));
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(2), "waited {waited:?}");
+    assert!(eventually(Duration::from_secs(2), || async { node.jobs().stats().dispatchers == 0 }).await);
+    // Timeout 0 never starts a dispatcher.
+    assert_eq!(node.jobs().accept(T, b"w", Duration::ZERO).await, Err(Error::NotFound));
+    assert_eq!(node.jobs().stats().dispatchers, 0);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn many_waiters_share_one_dispatcher() {
+    let c = Cluster::new();
+    let node = c.node();
+    let mut regs = Vec::new();
+    let mut waiters = Vec::new();
+    for i in 0..20 {
+        let id = format!("w{i}").into_bytes();
+        regs.push(register(&node, T, &id).await);
+        let jobs = node.jobs().clone();
+        waiters.push(tokio::spawn(async move { jobs.accept(T, &id, Duration::from_secs(10)).await }));
+    }
+    assert!(eventually(Duration::from_secs(2), || async { node.jobs().stats().waiters == 20 }).await);
+    assert_eq!(node.jobs().stats().dispatchers, 1, "one dispatcher per (node, type)");
+    let batch: Vec<_> = (0..20)
+        .map(|i| couch_workers_core::jobs::NewJob { id: format!("j{i}").into_bytes(), info: info(i), priority: 0 })
+        .collect();
+    node.jobs().add_many(T, &batch).await.unwrap();
+    let mut got = HashSet::new();
+    for w in waiters {
+        let h = w.await.unwrap().expect("each waiter gets a job");
+        assert!(got.insert(h.job.id.clone()), "job taken twice");
+    }
+    assert_eq!(got.len(), 20);
+    assert_eq!(node.jobs().pending_count(T).await.unwrap(), 0);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_acceptors_take_each_job_once() {
+    let c = Cluster::new();
+    let nodes = [c.node(), c.node()];
+    let mut regs = Vec::new();
+    for i in 0..5 {
+        let node = &nodes[i % 2];
+        regs.push(register(node, T, format!("w{i}").as_bytes()).await);
+    }
+    let adder = nodes[0].jobs().clone();
+    let add_task = tokio::spawn(async move {
+        for i in 0..25 {
+            adder.add(T, format!("j{i:02}").as_bytes(), &info(i), (i % 3) as i64).await.unwrap();
+            if i % 5 == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let mut acceptors = Vec::new();
+    for i in 0..5 {
+        let jobs = nodes[i % 2].jobs().clone();
+        let worker = format!("w{i}").into_bytes();
+        acceptors.push(tokio::spawn(async move {
+            let mut taken = Vec::new();
+            // Each takes until nothing comes for a while; half of them wait
+            // through the dispatcher, half poll with timeout 0.
+            let timeout = if i % 2 == 0 { Duration::from_millis(700) } else { Duration::ZERO };
+            let mut idle = 0;
+            loop {
+                match jobs.accept(T, &worker, timeout).await {
+                    Ok(h) => {
+                        idle = 0;
+                        jobs.finish(&h.fence(), b"{}").await.unwrap();
+                        taken.push(h.job.id);
+                    }
+                    Err(Error::NotFound) if timeout.is_zero() && idle < 50 => {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(Error::NotFound) => return taken,
+                    Err(e) => panic!("accept: {e}"),
+                }
+            }
+        }));
+    }
+    add_task.await.unwrap();
+    let mut all = Vec::new();
+    for a in acceptors {
+        all.extend(a.await.unwrap());
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!(all.len(), 25, "every job taken: {all:?}");
+    assert_eq!(unique.len(), 25, "no job taken twice");
+    for i in 0..25 {
+        let job = get(nodes[1].jobs(), T, format!("j{i:02}").as_bytes()).await;
+        assert_eq!(job.state, JobState::Finished);
+        assert_eq!(job.attempts, 1);
+    }
+    assert_eq!(nodes[0].jobs().pending_count(T).await.unwrap(), 0);
+    for n in &nodes {
+        n.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acceptor_that_went_away_loses_no_job() {
+    let c = Cluster::new();
+    let node = c.node();
+    let _w = register(&node, T, b"w").await;
+    let jobs = node.jobs().clone();
+    // A future dropped while waiting.
+    let waiting = tokio::spawn(async move { jobs.accept(T, b"w", Duration::from_secs(10)).await });
+    assert!(eventually(Duration::from_secs(2), || async { node.jobs().stats().waiters == 1 }).await);
+    waiting.abort();
+    let _ = waiting.await;
+    add(node.jobs(), T, b"j1", 0).await;
+    // The dropped waiter gets nothing; the job stays pending.
+    assert!(eventually(Duration::from_secs(3), || async { node.jobs().stats().waiters == 0 }).await);
+    assert_eq!(get(node.jobs(), T, b"j1").await.state, JobState::Pending);
+    assert_eq!(node.jobs().pending_count(T).await.unwrap(), 1);
+
+    // A reply that says it waits but cannot deliver: the job is taken,
+    // then given back, as on failover.
+    let delivered = Arc::new(AtomicBool::new(false));
+    let d = delivered.clone();
+    let gone: Box<dyn AcceptReply> = Box::new(ReplyFn(move |outcome: Result<JobHandle, Error>| {
+        d.store(outcome.is_ok(), Ordering::SeqCst);
+        false
+    }));
+    node.jobs().accept_with(T.to_vec(), b"w".to_vec(), Duration::from_secs(5), gone);
+    assert!(eventually(Duration::from_secs(3), || async { delivered.load(Ordering::SeqCst) }).await);
+    assert!(
+        eventually(Duration::from_secs(3), || async { get(node.jobs(), T, b"j1").await.state == JobState::Pending }).await,
+        "released back to pending"
+    );
+    let j = get(node.jobs(), T, b"j1").await;
+    assert_eq!(j.worker, None);
+    assert_eq!(j.attempts, 1, "the accept happened; attempts count accepts");
+    assert_eq!(node.jobs().pending_count(T).await.unwrap(), 1);
+    assert_eq!(active_keys(&node, T, b"w").await, 0);
+    // The same with timeout 0 (no dispatcher).
+    let d = delivered.clone();
+    d.store(false, Ordering::SeqCst);
+    node.jobs().accept_with(
+        T.to_vec(),
+        b"w".to_vec(),
+        Duration::ZERO,
+        Box::new(ReplyFn(move |o: Result<JobHandle, Error>| {
+            d.store(o.is_ok(), Ordering::SeqCst);
+            false
+        })),
+    );
+    assert!(eventually(Duration::from_secs(3), || async { delivered.load(Ordering::SeqCst) }).await);
+    assert!(eventually(Duration::from_secs(3), || async { get(node.jobs(), T, b"j1").await.state == JobState::Pending }).await);
+    let h = accept_now(node.jobs(), T, b"w").await;
+    assert_eq!(h.job.attempts, 3);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waiter_of_a_removed_worker_gets_not_found() {
+    let c = Cluster::new();
+    let node = c.node();
+    let reg = register(&node, T, b"w").await;
+    let jobs = node.jobs().clone();
+    let waiting = tokio::spawn(async move { jobs.accept(T, b"w", Duration::from_secs(10)).await });
+    assert!(eventually(Duration::from_secs(2), || async { node.jobs().stats().waiters == 1 }).await);
+    node.unregister_worker(&reg).await.unwrap();
+    add(node.jobs(), T, b"j", 0).await;
+    assert_eq!(waiting.await.unwrap(), Err(Error::NotFound));
+    assert_eq!(get(node.jobs(), T, b"j").await.state, JobState::Pending);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_stop_answers_waiters_and_stops_tasks() {
+    let c = Cluster::new();
+    let node = c.node();
+    let _w = register(&node, T, b"w").await;
+    let jobs = node.jobs().clone();
+    let waiting = tokio::spawn(async move { jobs.accept(T, b"w", Duration::from_secs(30)).await });
+    assert!(eventually(Duration::from_secs(2), || async { node.jobs().stats().waiters == 1 }).await);
+    assert_eq!(node.jobs().stats().sweepers, 1);
+    node.stop().await;
+    assert_eq!(waiting.await.unwrap(), Err(Error::Store(StoreError::Closed)));
+    let stats = node.jobs().stats();
+    assert_eq!((stats.dispatchers, stats.waiters, stats.job_watchers, stats.sweepers), (0, 0, 0, 0));
+    assert_eq!(node.jobs().add(T, b"x", b"{}", 0).await, Err(Error::Store(StoreError::Closed)));
+    assert_eq!(node.jobs().accept(T, b"w", Duration::from_secs(1)).await, Err(Error::Store(StoreError::Closed)));
+}

@@ -1,0 +1,131 @@
+//! Helpers shared by the `jobs_*` test files: nodes on a temporary
+//! embedded store (several "nodes" = several handles on one directory, as
+//! several Erlang nodes on one host), workers, raw reads.
+
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use couch_workers_core::jobs::{Fence, Job, JobEvent, JobHandle, JobService, JobState, OnJobEvent};
+use couch_workers_core::keyspace::Keyspace;
+use couch_workers_core::log::Discard;
+use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::{run, Db, RangeRequest, TxOptions};
+use couch_workers_core::workers::WorkerSpec;
+use couch_workers_core::{Node, Registration, Settings};
+use tokio::sync::mpsc;
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub fn new() -> Self {
+        Cluster { dir: tempfile::tempdir().expect("temp dir") }
+    }
+
+    /// A node: its own store handle on the shared directory.
+    pub fn node(&self) -> Arc<Node> {
+        let db: Db = EmbeddedStore::open(EmbeddedOptions::new(self.dir.path())).expect("open store");
+        Node::with_db(db, Settings::default(), Arc::new(Discard))
+    }
+}
+
+pub fn spec(worker_type: &[u8], id: &[u8]) -> WorkerSpec {
+    WorkerSpec { worker_type: worker_type.to_vec(), id: id.to_vec(), options_json: b"{}".to_vec(), timeout_s: 15 }
+}
+
+pub async fn register(node: &Arc<Node>, worker_type: &[u8], id: &[u8]) -> Registration {
+    node.register_worker(spec(worker_type, id)).await.expect("register")
+}
+
+pub fn info(n: usize) -> Vec<u8> {
+    format!("{{\"n\":{n}}}").into_bytes()
+}
+
+pub async fn add(jobs: &JobService, t: &[u8], id: &[u8], priority: i64) {
+    jobs.add(t, id, &info(0), priority).await.expect("add");
+}
+
+pub async fn get(jobs: &JobService, t: &[u8], id: &[u8]) -> Job {
+    jobs.get(t, id).await.expect("get")
+}
+
+pub async fn accept_now(jobs: &JobService, t: &[u8], worker: &[u8]) -> JobHandle {
+    jobs.accept(t, worker, Duration::ZERO).await.expect("a job to accept")
+}
+
+pub fn fence(h: &JobHandle) -> Fence {
+    h.fence()
+}
+
+/// Every key-value pair under a key range of the node's key space.
+pub async fn range(node: &Node, (begin, end): (Vec<u8>, Vec<u8>)) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let r = RangeRequest::new(begin, end);
+    run(node.db().as_ref(), TxOptions::read(), |tx| {
+        let r = r.clone();
+        async move { tx.get_range(&r).await }
+    })
+    .await
+    .expect("range read")
+}
+
+pub async fn raw_get(node: &Node, key: &[u8]) -> Option<Vec<u8>> {
+    run(node.db().as_ref(), TxOptions::read(), |tx| async move { tx.get(key, false).await }).await.expect("read")
+}
+
+pub async fn active_keys(node: &Node, t: &[u8], worker: &[u8]) -> usize {
+    range(node, node.keyspace().active_range(t, worker)).await.len()
+}
+
+pub async fn pending_keys(node: &Node, t: &[u8]) -> usize {
+    range(node, node.keyspace().pending_range(t)).await.len()
+}
+
+pub fn ks(node: &Node) -> &Keyspace {
+    node.keyspace()
+}
+
+/// A subscription callback feeding a channel.
+pub fn events() -> (OnJobEvent, mpsc::UnboundedReceiver<JobEvent>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let tx = Mutex::new(tx);
+    (Box::new(move |e| {
+        let _ = tx.lock().unwrap().send(e);
+    }), rx)
+}
+
+/// The next event within 5 s.
+pub async fn next_event(rx: &mut mpsc::UnboundedReceiver<JobEvent>) -> JobEvent {
+    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("an event within 5 s").expect("channel open")
+}
+
+/// Events until one shows `state` (skipping intermediate ones).
+pub async fn wait_state(rx: &mut mpsc::UnboundedReceiver<JobEvent>, state: JobState) -> Job {
+    loop {
+        match next_event(rx).await {
+            JobEvent::Changed(job) if job.state == state => return job,
+            JobEvent::Changed(_) => continue,
+            JobEvent::Removed => panic!("removed while waiting for {state:?}"),
+        }
+    }
+}
+
+/// Polls `f` until it holds, for up to `within`.
+pub async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if f().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,212 @@
+//! Lifecycle NIFs: `start/2`, `stop/1`, `stats/0`, `set_log_pid/1`, and
+//! `test_panic/1` (proves that a panic on the runtime still answers).
+//!
+//! ```text
+//! start(Ref, Config) -> ok | {error, already_started | stopping | {badconfig, Key} | runtime_failed}
+//!     then {Ref, ok | {error, Name}}        (Name: the store's error, e.g. store_io)
+//! stop(Ref) -> ok | {error, not_started | starting | stopping}
+//!     then {Ref, ok}                        (after every task of the node ended)
+//! stats() -> #{running, heartbeats, watchers, reapers, registrations, watches, runtime_threads}
+//! set_log_pid(Pid | undefined) -> ok
+//! test_panic(Ref) -> ok | {error, not_started}, then {Ref, {error, {panic, Msg}}}
+//! ```
+//!
+//! `Config` is a map; every key is optional:
+//! `store => {embedded, DirBinary} | {fdb, ClusterFileBinary}`,
+//! `runtime_threads => 1..256`, `reaper_max_interval_ms => pos_integer()`,
+//! `tx_timeout_ms => pos_integer()`.
+
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use couch_workers_core::log::{Event, Level};
+use couch_workers_core::store::embedded::EmbeddedOptions;
+use couch_workers_core::store::StoreConfig;
+use couch_workers_core::{Node, Settings};
+use rustler::{Encoder, Env, Error, LocalPid, NifResult, Term};
+
+use crate::atoms;
+use crate::reply::{self, Replier};
+use crate::runtime::{self, DEFAULT_THREADS, MAX_THREADS};
+use crate::stats;
+use crate::term::{bytes_arg, error_tuple};
+
+/// What `start/2` was given, checked.
+struct Config {
+    store: StoreConfig,
+    threads: usize,
+    settings: Settings,
+}
+
+/// `{error, {badconfig, Key}}`.
+fn badconfig<'a>(env: Env<'a>, key: rustler::Atom) -> Term<'a> {
+    (atoms::error(), (atoms::badconfig(), key)).encode(env)
+}
+
+fn decode_config<'a>(env: Env<'a>, term: Term<'a>) -> Result<Config, Term<'a>> {
+    if !term.is_map() {
+        return Err(badconfig(env, atoms::store()));
+    }
+    let store = match term.map_get(atoms::store()) {
+        Err(_) => StoreConfig::Embedded(EmbeddedOptions::new(PathBuf::from("couch_workers_data"))),
+        Ok(t) => match t.decode::<(rustler::Atom, Term)>() {
+            Ok((kind, path)) if kind == atoms::embedded() => {
+                let dir = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
+                StoreConfig::Embedded(EmbeddedOptions::new(dir))
+            }
+            Ok((kind, path)) if kind == atoms::fdb() => {
+                let cluster_file = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
+                StoreConfig::Fdb { cluster_file }
+            }
+            _ => return Err(badconfig(env, atoms::store())),
+        },
+    };
+    let threads = positive(term, atoms::runtime_threads(), DEFAULT_THREADS as u64)
+        .filter(|n| *n as usize <= MAX_THREADS)
+        .ok_or_else(|| badconfig(env, atoms::runtime_threads()))? as usize;
+    let defaults = Settings::default();
+    let reaper_ms = positive(term, atoms::reaper_max_interval_ms(), defaults.reaper_max_interval.as_millis() as u64)
+        .ok_or_else(|| badconfig(env, atoms::reaper_max_interval_ms()))?;
+    let tx_ms = positive(term, atoms::tx_timeout_ms(), defaults.tx_timeout.as_millis() as u64)
+        .ok_or_else(|| badconfig(env, atoms::tx_timeout_ms()))?;
+    let settings = Settings {
+        reaper_max_interval: Duration::from_millis(reaper_ms),
+        tx_timeout: Duration::from_millis(tx_ms),
+        ..defaults
+    };
+    Ok(Config { store, threads, settings })
+}
+
+/// A non-empty binary path.
+fn path_arg(term: Term) -> Option<PathBuf> {
+    let bytes = bytes_arg(term).ok()?;
+    if bytes.is_empty() || bytes.contains(&0) {
+        return None;
+    }
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(bytes)))
+}
+
+/// The positive integer under `key`, `default` when absent, `None` when
+/// it is something else.
+fn positive(map: Term, key: rustler::Atom, default: u64) -> Option<u64> {
+    match map.map_get(key) {
+        Err(_) => Some(default),
+        Ok(v) => v.decode::<u64>().ok().filter(|n| *n > 0),
+    }
+}
+
+#[rustler::nif]
+fn start<'a>(env: Env<'a>, reference: Term<'a>, config: Term<'a>) -> NifResult<Term<'a>> {
+    if !reference.is_ref() {
+        return Err(Error::BadArg);
+    }
+    let config = match decode_config(env, config) {
+        Ok(c) => c,
+        Err(reason) => return Ok(reason),
+    };
+    let (rt, honoured) = match runtime::ensure(config.threads) {
+        Ok(r) => r,
+        Err(why) => {
+            crate::log::emit(Event::new(Level::Error, "runtime_build_failed").with("reason", why));
+            return Ok(error_tuple(env, "runtime_failed"));
+        }
+    };
+    if !honoured {
+        crate::log::emit(
+            Event::new(Level::Notice, "runtime_threads_unchanged")
+                .with("requested", config.threads)
+                .with("running", runtime::threads().unwrap_or(0)),
+        );
+    }
+    let guard = match runtime::begin_start() {
+        Ok(g) => g,
+        Err(e) => return Ok(error_tuple(env, e.name())),
+    };
+    let replier = Replier::new(env, reference);
+    reply::spawn(rt.handle(), replier, async move {
+        match Node::start(&config.store, config.settings, crate::log::logger()).await {
+            Ok(node) => {
+                guard.complete(node);
+                reply::ok()
+            }
+            Err(e) => {
+                drop(guard);
+                crate::log::emit(Event::new(Level::Error, "node_start_failed").with("reason", e.to_string()));
+                reply::error(e.name())
+            }
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+#[rustler::nif]
+fn stop<'a>(env: Env<'a>, reference: Term<'a>) -> NifResult<Term<'a>> {
+    if !reference.is_ref() {
+        return Err(Error::BadArg);
+    }
+    let guard = match runtime::begin_stop() {
+        Ok(g) => g,
+        Err(e) => return Ok(error_tuple(env, e.name())),
+    };
+    let rt = guard.node().runtime().clone();
+    let replier = Replier::new(env, reference);
+    reply::spawn(&rt, replier, async move {
+        guard.node().stop().await;
+        drop(guard);
+        reply::ok()
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+#[rustler::nif]
+fn stats(env: Env) -> NifResult<Term> {
+    let node = runtime::running().ok();
+    let counts = node.as_ref().map(|n| n.stats());
+    let pairs: Vec<(Term, Term)> = vec![
+        (atoms::running().encode(env), node.is_some().encode(env)),
+        (atoms::heartbeats().encode(env), counts.map_or(0, |c| c.heartbeats).encode(env)),
+        (atoms::watchers().encode(env), counts.map_or(0, |c| c.watchers).encode(env)),
+        (atoms::reapers().encode(env), counts.map_or(0, |c| c.reapers).encode(env)),
+        (atoms::registrations().encode(env), stats::get(&stats::REGISTRATIONS).encode(env)),
+        (atoms::watches().encode(env), stats::get(&stats::WATCHES).encode(env)),
+        (
+            atoms::runtime_threads().encode(env),
+            match runtime::threads() {
+                Some(n) => n.encode(env),
+                None => atoms::undefined().encode(env),
+            },
+        ),
+    ];
+    let (keys, values): (Vec<Term>, Vec<Term>) = pairs.into_iter().unzip();
+    Term::map_from_term_arrays(env, &keys, &values)
+}
+
+#[rustler::nif]
+fn set_log_pid<'a>(env: Env<'a>, pid: Term<'a>) -> NifResult<Term<'a>> {
+    if pid == atoms::undefined().encode(env) {
+        crate::log::set_pid(None);
+    } else {
+        let pid: LocalPid = pid.decode()?;
+        crate::log::set_pid(Some(pid));
+    }
+    Ok(atoms::ok().encode(env))
+}
+
+#[rustler::nif]
+fn test_panic<'a>(env: Env<'a>, reference: Term<'a>) -> NifResult<Term<'a>> {
+    if !reference.is_ref() {
+        return Err(Error::BadArg);
+    }
+    let Some(rt) = runtime::handle() else {
+        return Ok(error_tuple(env, "not_started"));
+    };
+    let replier = Replier::new(env, reference);
+    reply::spawn(&rt, replier, async move {
+        if std::hint::black_box(true) {
+            panic!("couch_workers test panic");
+        }
+        reply::ok()
+    });
+    Ok(atoms::ok().encode(env))
+}

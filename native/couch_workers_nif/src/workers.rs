@@ -1,0 +1,142 @@
+//! Worker NIFs.
+//!
+//! ```text
+//! worker_register(Ref, Type, Id, Opts) -> ok | {error, Reason}
+//!     then {Ref, {ok, Registration} | {error, Name}}
+//! worker_unregister(Ref, Registration) -> ok | {error, not_started}
+//!     then {Ref, ok | {error, Name}}
+//! ```
+//!
+//! `Type` and `Id` must be binaries and `Opts` a map (else `badarg`).
+//! Answered at once, nothing written: `{error, invalid_options}` (a term
+//! JSON cannot hold), `{error, value_too_large}` (options over the value
+//! limit), `{error, invalid_timeout}` (`timeout`, under an atom or a binary
+//! key, is not a positive integer), `{error, not_started}`. The store's
+//! answers (`key_too_large`, `invalid_timeout` over a week, store errors)
+//! come in the reply.
+//!
+//! `Registration` is a resource holding the core's `Registration`: the
+//! worker stays registered (and heartbeats) while it lives, and when it is
+//! garbage collected the worker is removed (the core's `Drop`).
+
+use std::sync::{Arc, Weak};
+
+use couch_workers_core::log::{Event, Level};
+use couch_workers_core::store::MAX_VALUE_SIZE;
+use couch_workers_core::workers::WorkerSpec;
+use couch_workers_core::{Node, Registration};
+use rustler::{Encoder, Env, Error, NifResult, Resource, ResourceArc, Term};
+use serde_json::Value;
+
+use crate::atoms;
+use crate::json::{self, JsonError};
+use crate::reply::{self, Replier};
+use crate::runtime;
+use crate::stats::{self, Live};
+use crate::term::{bytes_arg, error_tuple};
+
+/// Health timeout when the options name none, seconds.
+pub const DEFAULT_TIMEOUT_S: u64 = 15;
+
+pub struct RegistrationResource {
+    /// The node that registered it: after a restart of the application a
+    /// leftover handle must not touch the new node.
+    node: Weak<Node>,
+    reg: Registration,
+    _live: Live,
+}
+
+#[rustler::resource_impl(register = false)]
+impl Resource for RegistrationResource {}
+
+pub fn load(env: Env) -> bool {
+    env.register::<RegistrationResource>().is_ok()
+}
+
+/// The health timeout from the options object.
+fn timeout_s(options: &serde_json::Map<String, Value>) -> Option<u64> {
+    match options.get("timeout") {
+        None => Some(DEFAULT_TIMEOUT_S),
+        Some(Value::Number(n)) => n.as_u64().filter(|t| *t > 0),
+        Some(_) => None,
+    }
+}
+
+#[rustler::nif]
+fn worker_register<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    worker_type: Term<'a>,
+    id: Term<'a>,
+    opts: Term<'a>,
+) -> NifResult<Term<'a>> {
+    if !reference.is_ref() {
+        return Err(Error::BadArg);
+    }
+    let worker_type = bytes_arg(worker_type)?.to_vec();
+    let id = bytes_arg(id)?.to_vec();
+    let options = match json::map_to_json(opts, MAX_VALUE_SIZE) {
+        None => return Err(Error::BadArg),
+        Some(Ok(options)) => options,
+        Some(Err(JsonError::TooLarge)) => return Ok(error_tuple(env, "value_too_large")),
+        Some(Err(e)) => {
+            crate::log::emit(
+                Event::new(Level::Debug, "invalid_options")
+                    .with("type", &worker_type)
+                    .with("id", &id)
+                    .with("reason", e.to_string()),
+            );
+            return Ok((atoms::error(), atoms::invalid_options()).encode(env));
+        }
+    };
+    let Some(timeout_s) = timeout_s(&options) else {
+        return Ok((atoms::error(), atoms::invalid_timeout()).encode(env));
+    };
+    let options_json = match serde_json::to_vec(&Value::Object(options)) {
+        Ok(bytes) => bytes,
+        Err(_) => return Ok((atoms::error(), atoms::invalid_options()).encode(env)),
+    };
+    let node = match runtime::running() {
+        Ok(node) => node,
+        Err(e) => return Ok(error_tuple(env, e.name())),
+    };
+    let spec = WorkerSpec { worker_type, id, options_json, timeout_s };
+    let replier = Replier::new(env, reference);
+    let rt = node.runtime().clone();
+    reply::spawn(&rt, replier, async move {
+        match node.register_worker(spec).await {
+            Ok(reg) => reply::ok_with(ResourceArc::new(RegistrationResource {
+                node: Arc::downgrade(&node),
+                reg,
+                _live: Live::new(&stats::REGISTRATIONS),
+            })),
+            Err(e) => reply::error(e.name()),
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+#[rustler::nif]
+fn worker_unregister<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    registration: ResourceArc<RegistrationResource>,
+) -> NifResult<Term<'a>> {
+    if !reference.is_ref() {
+        return Err(Error::BadArg);
+    }
+    let node = match registration.node.upgrade() {
+        Some(node) if !node.is_stopped() => node,
+        // Its node stopped: nothing of it is left to remove.
+        _ => return Ok(error_tuple(env, "not_started")),
+    };
+    let replier = Replier::new(env, reference);
+    let rt = node.runtime().clone();
+    reply::spawn(&rt, replier, async move {
+        match node.unregister_worker(&registration.reg).await {
+            Ok(()) => reply::ok(),
+            Err(e) => reply::error(e.name()),
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Type-checks the FoundationDB store (cargo feature `fdb` of
+# couch_workers_core): cargo check and cargo clippy -D warnings of every
+# target of the core crate (library, unit tests, integration tests with
+# tests/conformance_fdb.rs), then runs the key-space test vectors.
+#
+# FoundationDB's client library (libfdb_c) is not needed: the
+# `foundationdb` crate generates its bindings with bindgen from headers it
+# embeds (feature `embedded-fdb-include`), which needs libclang only, and
+# `cargo check` / `clippy` never link. Running the store needs libfdb_c and
+# a cluster: when FDB_CLUSTER_FILE is set and libfdb_c is installed, this
+# script also runs the live conformance suite (see docs/fdb.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_libclang() {
+    dpkg-query -W -f='${Status}' libclang-dev 2>/dev/null | grep -q 'install ok installed'
+}
+
+if ! have_libclang; then
+    echo "==> installing libclang-dev (bindgen needs it to generate the FDB bindings)"
+    sudo=""
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then
+            sudo="sudo"
+        else
+            echo "check-fdb.sh: libclang-dev is missing and this is not root (no sudo): apt-get install -y libclang-dev" >&2
+            exit 1
+        fi
+    fi
+    # Wait for another apt/dpkg run instead of failing on its lock.
+    apt_opts=(-y -o DPkg::Lock::Timeout=600)
+    $sudo apt-get install "${apt_opts[@]}" libclang-dev || {
+        $sudo apt-get update -o DPkg::Lock::Timeout=600
+        $sudo apt-get install "${apt_opts[@]}" libclang-dev
+    }
+fi
+
+echo "==> cargo check -p couch_workers_core --features fdb --all-targets"
+cargo check -p couch_workers_core --features fdb --all-targets
+
+echo "==> cargo clippy -p couch_workers_core --features fdb --all-targets -- -D warnings"
+cargo clippy -p couch_workers_core --features fdb --all-targets -- -D warnings
+
+echo "==> cargo test -p couch_workers_core --test keyspace_vectors"
+cargo test -p couch_workers_core --test keyspace_vectors
+
+if [ -n "${FDB_CLUSTER_FILE:-}" ]; then
+    if ldconfig -p 2>/dev/null | grep -q 'libfdb_c\.so'; then
+        echo "==> live FoundationDB conformance suite against $FDB_CLUSTER_FILE"
+        cargo test -p couch_workers_core --features fdb --test conformance_fdb -- --include-ignored
+    else
+        echo "check-fdb.sh: FDB_CLUSTER_FILE is set but libfdb_c is not installed: live conformance NOT run" >&2
+        exit 1
+    fi
+else
+    echo "==> SKIPPED: live FoundationDB conformance suite (set FDB_CLUSTER_FILE and install libfdb_c; see docs/fdb.md)" >&2
+fi

@@ -1,0 +1,72 @@
+#!/bin/sh
+# Installs what couch_workers needs on a fresh Debian/Ubuntu machine, and
+# only what is missing: Erlang/OTP (with headers, EUnit and PropEr),
+# rebar3, and libclang (bindgen, for the FoundationDB store's headers).
+# Cargo is expected to be installed already (rustup). Idempotent: a second
+# run installs nothing.
+set -eu
+
+SUDO=
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO=sudo
+    else
+        echo "setup: not root and no sudo: install the packages below by hand" >&2
+    fi
+fi
+
+# package -> why
+need=""
+have_pkg() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+}
+want() {
+    pkg=$1; why=$2
+    if have_pkg "$pkg"; then
+        echo "setup: $pkg is installed ($why)"
+    else
+        echo "setup: $pkg is missing ($why)"
+        need="$need $pkg"
+    fi
+}
+
+if command -v erl >/dev/null 2>&1; then
+    echo "setup: erl found at $(command -v erl)"
+else
+    want erlang-nox "the Erlang VM"
+fi
+# Headers for NIFs, EUnit and PropEr come as separate Debian packages even
+# when erl is present.
+if command -v dpkg-query >/dev/null 2>&1; then
+    want erlang-dev "erl_nif.h"
+    want erlang-eunit "rebar3 eunit"
+    want erlang-proper "property tests"
+    want libclang-dev "bindgen (FoundationDB headers)"
+fi
+if command -v rebar3 >/dev/null 2>&1; then
+    echo "setup: rebar3 found at $(command -v rebar3)"
+else
+    want rebar3 "the build tool"
+fi
+
+if [ -n "$need" ]; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "setup: no apt-get: install$need by hand" >&2
+        exit 1
+    fi
+    echo "setup: apt-get update"
+    $SUDO apt-get update
+    echo "setup: apt-get install -y$need"
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y $need
+else
+    echo "setup: nothing to install"
+fi
+
+if command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo found: $(cargo --version)"
+else
+    echo "setup: cargo is missing: install Rust with rustup (https://rustup.rs)" >&2
+    exit 1
+fi
+echo "setup: done. Next: rebar3 compile && rebar3 eunit"

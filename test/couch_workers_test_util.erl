@@ -1,0 +1,159 @@
+%% @doc Helpers shared by the EUnit suites (not a suite itself).
+-module(couch_workers_test_util).
+
+-include_lib("eunit/include/eunit.hrl").
+
+-export([
+    start_app/0,
+    start_app/1,
+    stop_app/1,
+    tmp_dir/0,
+    unique_type/1,
+    wait_for/2,
+    wait_for/3,
+    recv_membership/2,
+    wait_membership/3,
+    no_membership/2,
+    set_sink/2,
+    clear_sink/1,
+    recv_callback/2,
+    gc_servers/0,
+    settled_stats/1
+]).
+
+%% ---- app lifecycle -------------------------------------------------------
+
+%% Starts couch_workers on a fresh store directory; returns the context
+%% that stop_app/1 takes.
+start_app() ->
+    start_app(#{}).
+
+start_app(Env) ->
+    Dir = tmp_dir(),
+    case application:load(couch_workers) of
+        ok -> ok;
+        {error, {already_loaded, couch_workers}} -> ok
+    end,
+    %% Quiet tests: warnings and worse only (a test that checks logging
+    %% raises the level itself).
+    logger:set_primary_config(level, warning),
+    ok = application:set_env(couch_workers, store, {embedded, Dir}),
+    maps:foreach(fun(K, V) -> ok = application:set_env(couch_workers, K, V) end, Env),
+    {ok, _} = application:ensure_all_started(couch_workers),
+    #{dir => Dir}.
+
+stop_app(#{dir := Dir}) ->
+    ok = application:stop(couch_workers),
+    _ = file:del_dir_r(Dir),
+    ok.
+
+tmp_dir() ->
+    Dir = filename:join(
+        "/tmp",
+        "cw_eunit_" ++ os:getpid() ++ "_" ++ integer_to_list(erlang:unique_integer([positive]))
+    ),
+    ok = filelib:ensure_dir(filename:join(Dir, "x")),
+    Dir.
+
+unique_type(Prefix) ->
+    iolist_to_binary([Prefix, "_", integer_to_list(erlang:unique_integer([positive]))]).
+
+%% ---- waiting -------------------------------------------------------------
+
+%% Polls Fun until it returns true (or a value other than false); fails
+%% the test after Timeout ms.
+wait_for(Fun, Timeout) ->
+    wait_for(Fun, Timeout, 20).
+
+wait_for(Fun, Timeout, Interval) ->
+    Deadline = erlang:monotonic_time(millisecond) + Timeout,
+    wait_loop(Fun, Deadline, Interval).
+
+wait_loop(Fun, Deadline, Interval) ->
+    case Fun() of
+        false ->
+            case erlang:monotonic_time(millisecond) >= Deadline of
+                true -> erlang:error({wait_for_timeout, Fun});
+                false ->
+                    timer:sleep(Interval),
+                    wait_loop(Fun, Deadline, Interval)
+            end;
+        true ->
+            ok;
+        Value ->
+            Value
+    end.
+
+%% The next nil-subscription delivery for Ref: {VS, Workers} or timeout.
+recv_membership(Ref, Timeout) ->
+    receive
+        {couch_workers_membership, _Type, Workers, VS, Ref} -> {VS, Workers}
+    after Timeout -> timeout
+    end.
+
+%% Receives deliveries for Ref until Pred(Workers) holds; checks that the
+%% versionstamps strictly increase. Returns {VS, Workers, AllVSs}.
+wait_membership(Ref, Pred, Timeout) ->
+    Deadline = erlang:monotonic_time(millisecond) + Timeout,
+    wait_membership(Ref, Pred, Deadline, []).
+
+wait_membership(Ref, Pred, Deadline, Seen) ->
+    Left = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    case recv_membership(Ref, Left) of
+        timeout ->
+            erlang:error({membership_timeout, lists:reverse(Seen)});
+        {VS, Workers} ->
+            case Seen of
+                [Prev | _] -> ?assert(VS > Prev);
+                [] -> ok
+            end,
+            case Pred(Workers) of
+                true -> {VS, Workers, lists:reverse([VS | Seen])};
+                false -> wait_membership(Ref, Pred, Deadline, [VS | Seen])
+            end
+    end.
+
+%% Asserts that no delivery for Ref arrives within Timeout ms.
+no_membership(Ref, Timeout) ->
+    ?assertEqual(timeout, recv_membership(Ref, Timeout)).
+
+%% ---- callback modules ----------------------------------------------------
+
+%% The callback modules (couch_workers_test_cb and friends) forward each
+%% call for Type to the pid set here, as {cb, Module, Type, Workers, VS, Ref}.
+set_sink(Type, Pid) ->
+    persistent_term:put({couch_workers_test_sink, Type}, Pid).
+
+clear_sink(Type) ->
+    _ = persistent_term:erase({couch_workers_test_sink, Type}),
+    ok.
+
+recv_callback(Module, Timeout) ->
+    receive
+        {cb, Module, Type, Workers, VS, Ref} -> {Type, Workers, VS, Ref}
+    after Timeout -> timeout
+    end.
+
+%% ---- leaks ---------------------------------------------------------------
+
+%% Garbage collects the servers (and this process) so that dropped NIF
+%% resources are freed.
+gc_servers() ->
+    [erlang:garbage_collect(P) || Name <- [couch_workers_local, couch_workers_global], P <- [whereis(Name)], is_pid(P)],
+    erlang:garbage_collect(),
+    ok.
+
+%% Waits until the stats match Expected (a sub-map), GC-ing the servers
+%% while waiting; returns the stats.
+settled_stats(Expected) ->
+    wait_for(
+        fun() ->
+            gc_servers(),
+            S = couch_workers:stats(),
+            case maps:with(maps:keys(Expected), S) =:= Expected of
+                true -> S;
+                false -> false
+            end
+        end,
+        5000
+    ).
