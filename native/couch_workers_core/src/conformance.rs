@@ -7,7 +7,7 @@
 //!
 //! A store under test provides two async functions:
 //!
-//! ```ignore
+//! ```text
 //! /// A fresh, empty, isolated store. `guard` keeps whatever backs it alive
 //! /// (a temp dir; an FDB test directory, removed on drop).
 //! async fn open_fresh() -> TestDb;
@@ -20,11 +20,19 @@
 //! and expands the suite into one `#[tokio::test(flavor = "multi_thread")]`
 //! per behaviour:
 //!
-//! ```ignore
+//! ```text
 //! couch_workers_core::store_conformance_tests!(open_fresh, open_second);
 //! // or, with attributes put on every generated test:
 //! couch_workers_core::store_conformance_tests!(open_fresh, open_second, attrs: #[ignore = "needs FDB"]);
 //! ```
+//!
+//! The generated tests need `tokio` (with `macros` and `rt-multi-thread`)
+//! among the test crate's dependencies. A store that is not always there
+//! (FoundationDB) should not make its tests pass without asserting
+//! anything: put them behind `attrs: #[ignore = "..."]` and run them with
+//! `-- --ignored` where the store exists (and/or gate the file on a cargo
+//! feature), so that a machine without it shows them as ignored, not
+//! passed.
 //!
 //! `open_second` finds the store of `first` through `first.guard` (downcast
 //! it to the guard type your `open_fresh` put there) or through

@@ -55,13 +55,11 @@ fn key_n(prefix: &[u8], n: u64) -> Vec<u8> {
 /// One increment: read the counter, write counter + 1 and a log entry for
 /// the old value whose value is `[id] ++ commit versionstamp`.
 async fn increment(db: &EmbeddedStore, id: u8) -> u64 {
-    let tx = loop {
-        // `run` would hide the version; retry by hand (write mode waits
-        // for the lock, it does not conflict).
-        match db.create_transaction(&TxOptions::write()).await {
-            Ok(tx) => break tx,
-            Err(e) => panic!("process {id}: cannot begin: {e}"),
-        }
+    // Not `run`: it would hide the version. Write mode waits for the lock
+    // and never conflicts, so one attempt is enough.
+    let tx = match db.create_transaction(&TxOptions::write()).await {
+        Ok(tx) => tx,
+        Err(e) => panic!("process {id}: cannot begin: {e}"),
     };
     let n = tx
         .get(b"mp/counter", false)
@@ -181,7 +179,7 @@ async fn processes_share_one_serializable_store() {
         .expect("watch");
     let hello = tokio::spawn(async move { (hello.await, wall_us()) });
     let started = Instant::now();
-    let children = [1u8].map(|id| spawn_child("processes_share_one_serializable_store", "increments", dir.path(), id));
+    let children = [1u8, 2].map(|id| spawn_child("processes_share_one_serializable_store", "increments", dir.path(), id));
     let (fired, fired_at) = tokio::time::timeout(Duration::from_secs(10), hello)
         .await
         .expect("the watch fires for another process's commit")
@@ -194,7 +192,7 @@ async fn processes_share_one_serializable_store() {
         })
         .await
         .expect("hellos");
-        if ready.len() == 1 {
+        if ready.len() == 2 {
             break;
         }
         assert!(started.elapsed() < Duration::from_secs(10), "children not ready");
@@ -216,8 +214,8 @@ async fn processes_share_one_serializable_store() {
         .expect("hello written");
     let (counter, writers) = check_log(&db).await;
     // Every process got a fair share of the lock (no one starves while
-    // another writes back to back): at least a third of an equal share,
-    // and the lock changed hands many times.
+    // another writes back to back): at least a seventh of an equal share
+    // (loose: CI machines are noisy), and the lock changed hands many times.
     let shares: Vec<usize> = (0..3u8).map(|id| writers.iter().filter(|&&w| w == id).count()).collect();
     let switches = writers.windows(2).filter(|w| w[0] != w[1]).count();
     eprintln!(
@@ -226,10 +224,10 @@ async fn processes_share_one_serializable_store() {
          cross-process watch latency ~{} us",
         fired_at.saturating_sub(written_at)
     );
-    for (id, share) in shares.iter().enumerate().take(0) {
-        assert!(*share as u64 * 9 >= counter, "process {id} starved: shares {shares:?}");
+    for (id, share) in shares.iter().enumerate() {
+        assert!(*share as u64 * 20 >= counter, "process {id} starved: shares {shares:?}");
     }
-    assert!(switches >= 0, "writers barely interleave: {switches} switches");
+    assert!(switches >= 20, "writers barely interleave: {switches} switches");
     // Versions after every child's commits are still above theirs.
     let last = check_log(&db).await.1.len();
     increment(&db, 0).await;

@@ -61,7 +61,12 @@ async fn accept_times_out_with_not_found() {
 #[tokio::test(flavor = "multi_thread")]
 async fn many_waiters_share_one_dispatcher() {
     let c = Cluster::new();
-    let node = c.node();
+    let (node, store) = c.node_and_store();
+    let idle_watches = {
+        // The sweeper's watch, once it is armed.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        store.pending_watches()
+    };
     let mut regs = Vec::new();
     let mut waiters = Vec::new();
     for i in 0..20 {
@@ -72,6 +77,11 @@ async fn many_waiters_share_one_dispatcher() {
     }
     assert!(eventually(Duration::from_secs(2), || async { node.jobs().stats().waiters == 20 }).await);
     assert_eq!(node.jobs().stats().dispatchers, 1, "one dispatcher per (node, type)");
+    assert!(
+        eventually(Duration::from_secs(2), || async { store.pending_watches() == idle_watches + 1 }).await,
+        "one store watch for 20 waiters, not 20: {} (idle {idle_watches})",
+        store.pending_watches()
+    );
     let batch: Vec<_> = (0..20)
         .map(|i| couch_workers_core::jobs::NewJob { id: format!("j{i}").into_bytes(), info: info(i), priority: 0 })
         .collect();

@@ -16,7 +16,7 @@ use couch_workers_core::jobs::{Fence, JobHandle, JobState, NewJob};
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::{
-    run, CommitInfo, Database, Db, KeyValue, RangeRequest, StoreError, Transaction, Tx, TxOptions, Watch,
+    run, CommitInfo, Db, KeyValue, RangeRequest, StoreError, Transaction, Tx, TxOptions, Watch,
     MAX_TRANSACTION_SIZE,
 };
 use couch_workers_core::workers;

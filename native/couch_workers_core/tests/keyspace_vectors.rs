@@ -77,6 +77,8 @@ const PENDING: &str = "01 70656e64696e67 00";
 const ACTIVE: &str = "01 616374697665 00";
 const COUNTS: &str = "01 636f756e7473 00";
 const JOBS_VS: &str = "01 6a6f62735f7673 00";
+const ORPHANS: &str = "01 6f727068616e73 00";
+const ORPHANS_VS: &str = "01 6f727068616e735f7673 00";
 
 /// A sample directory prefix (what the directory layer could allocate).
 const DIR: &str = "15 0c";
@@ -148,6 +150,14 @@ fn member_and_health_keys() {
 }
 
 #[test]
+fn worker_type_prefix_bytes() {
+    for (ks, p) in both() {
+        same(&ks.worker_type_prefix(b"repl"), &hs(&[p, ROOT, WORKERS, "01 'repl' 00"]));
+        same(&ks.worker_type_prefix(b"a\x00"), &hs(&[p, ROOT, WORKERS, "01 61 00ff 00"]));
+    }
+}
+
+#[test]
 fn worker_type_with_nul_and_empty_worker() {
     // "a\0b": the NUL is escaped as 00 ff; the empty id is 01 00.
     for (ks, p) in both() {
@@ -182,10 +192,7 @@ fn worker_ranges() {
 #[test]
 fn health_value_bytes() {
     // (incomplete VS with user version 0, tstamp, timeout) ++ offset 1 LE.
-    same(
-        &Keyspace::health_value(1_700_000_000, 15),
-        &h("33 ffffffffffffffffffff 0000 18 6553f100 15 0f 01000000"),
-    );
+    same(&Keyspace::health_value(1_700_000_000, 15), &h("33 ffffffffffffffffffff 0000 18 6553f100 15 0f 01000000"));
     same(&Keyspace::health_value(0, 1), &h("33 ffffffffffffffffffff 0000 14 15 01 01000000"));
     same(&Keyspace::health_value(-1, i64::MAX), &h("33 ffffffffffffffffffff 0000 13 fe 1c 7fffffffffffffff 01000000"));
 }
@@ -281,6 +288,36 @@ fn counts_and_jobs_vs_keys() {
     }
 }
 
+// ---- orphans ----------------------------------------------------------------
+
+#[test]
+fn orphan_keys_and_range() {
+    for (ks, p) in both() {
+        same(&ks.orphan(b"repl", b"w1"), &hs(&[p, ROOT, ORPHANS, "01 'repl' 00", "01 'w1' 00"]));
+        same(&ks.orphan(b"", b"\x00"), &hs(&[p, ROOT, ORPHANS, "01 00", "01 00ff 00"]));
+        same(&ks.orphans_vs(), &hs(&[p, ROOT, ORPHANS_VS]));
+        let (b, e) = ks.orphans_range();
+        same(&b, &hs(&[p, ROOT, ORPHANS]));
+        same(&e, &hs(&[p, ROOT, "01 6f727068616e73 01"]));
+        // ("orphans_vs",) shares the bytes "orphans" but is not in the range:
+        // after them comes 5f ('_'), not the terminator 00.
+        let vs = ks.orphans_vs();
+        assert!(!(b <= vs && vs < e));
+    }
+}
+
+#[test]
+fn parse_orphan_round_trips() {
+    for (ks, _) in both() {
+        for (wt, w) in [(&b"repl"[..], &b"w1"[..]), (b"a\x00", b""), (b"orphans", b"orphans_vs")] {
+            assert_eq!(ks.parse_orphan(&ks.orphan(wt, w)), Some((wt.to_vec(), w.to_vec())));
+        }
+        assert_eq!(ks.parse_orphan(&ks.orphans_vs()), None);
+        assert_eq!(ks.parse_orphan(&ks.job(b"repl", b"w1")), None, "a job key is not an orphan marker");
+        assert_eq!(ks.parse_orphan(&ks.jobs_vs(b"repl")), None);
+    }
+}
+
 // ---- ordering ---------------------------------------------------------------
 
 #[test]
@@ -334,10 +371,12 @@ fn pending_range_holds_only_its_type() {
 /// own range for a packed prefix P is `[P ++ 00, P ++ ff)` (erlfdb
 /// `erlfdb_tuple:range/1`, foundationdb-rs `Subspace::range`), which
 /// excludes them; `strinc(P)` does not. The member and health ranges are
-/// safe because a constant element follows the worker type.
+/// safe because a constant element follows the worker type. (The reaper's
+/// `prefix_range(&ks.worker_type_prefix(t)).1` cursor has the same flaw: it
+/// skips the worker types `t ++ "\0" ++ ...`.)
 #[test]
-#[ignore = "keyspace.rs bug: jobs_range/pending_range/active_range use strinc of a prefix that ends in a user \
-            element, so they also cover ids that extend it with a NUL; they need [P++00, P++ff)"]
+#[ignore = "keyspace.rs bug: jobs_range/pending_range/active_range cover ids that extend the given one with a \
+            NUL (strinc of a prefix ending in a user element); they need [P++00, P++ff)"]
 fn user_element_ranges_exclude_longer_names_with_nul() {
     for (ks, _) in both() {
         let inside = |(b, e): (Vec<u8>, Vec<u8>), key: &Vec<u8>| &b <= key && key < &e;
@@ -365,7 +404,9 @@ fn member_ranges_do_not_overlap_between_types() {
 #[test]
 fn worker_types_named_like_subspaces_do_not_collide() {
     for (ks, _) in both() {
-        for name in [&b"jobs"[..], b"pending", b"active", b"counts", b"jobs_vs", b"workers", b"vs"] {
+        for name in
+            [&b"jobs"[..], b"pending", b"active", b"counts", b"jobs_vs", b"workers", b"vs", b"orphans", b"orphans_vs"]
+        {
             let worker_keys = [ks.membership_vs(name), ks.member(name, b"w"), ks.health(name, b"w")];
             for key in &worker_keys {
                 for (begin, end) in [
@@ -373,6 +414,7 @@ fn worker_types_named_like_subspaces_do_not_collide() {
                     ks.jobs_range(name),
                     ks.pending_range(name),
                     ks.active_range(name, b"w"),
+                    ks.orphans_range(),
                 ] {
                     assert!(!(&begin <= key && key < &end), "worker type {name:?} collides with the queue");
                 }
@@ -386,6 +428,8 @@ fn worker_types_named_like_subspaces_do_not_collide() {
                 ks.active(name, b"w", b"j"),
                 ks.pending_count(name),
                 ks.jobs_vs(name),
+                ks.orphan(name, b"w"),
+                ks.orphans_vs(),
             ] {
                 assert_eq!(ks.parse_worker_key(&key), None, "queue key parsed as a worker key");
                 let (begin, end) = ks.all_workers_range();

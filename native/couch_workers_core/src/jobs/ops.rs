@@ -575,11 +575,8 @@ async fn requeue_rows(
             batch.consumed += 1;
             continue;
         };
-        let rec = match values[i].as_deref().map(Record::decode).transpose() {
-            Ok(rec) => rec,
-            Err(_) => None,
-        };
-        match rec {
+        // An unreadable record cannot say this worker runs it: stale.
+        match values[i].as_deref().and_then(|v| Record::decode(v).ok()) {
             Some(mut rec) if rec.state == JobState::Running && rec.worker.as_deref() == Some(worker) => {
                 let cost = rec.stored_len()
                     + 2 * ks.job(worker_type, id).len()

@@ -27,8 +27,14 @@ impl Cluster {
 
     /// A node: its own store handle on the shared directory.
     pub fn node(&self) -> Arc<Node> {
-        let db: Db = EmbeddedStore::open(EmbeddedOptions::new(self.dir.path())).expect("open store");
-        Node::with_db(db, Settings::default(), Arc::new(Discard))
+        self.node_and_store().0
+    }
+
+    /// A node and its store handle (to count the store's watches).
+    pub fn node_and_store(&self) -> (Arc<Node>, Arc<EmbeddedStore>) {
+        let store = EmbeddedStore::open(EmbeddedOptions::new(self.dir.path())).expect("open store");
+        let db: Db = store.clone();
+        (Node::with_db(db, Settings::default(), Arc::new(Discard)), store)
     }
 }
 

@@ -1,10 +1,10 @@
 //! Fair sharing of SQLite's write lock between processes.
 //!
 //! SQLite's lock is no queue: a process that waits polls for it, and a
-//! process that writes back to back takes it again microseconds after
-//! releasing it, so under a sustained burst of one node the others can wait
-//! for seconds (measured: three processes of 150 increments each ran one
-//! after the other). That would starve heartbeats of other nodes.
+//! process whose tasks write back to back hands it from one local writer to
+//! the next without ever letting it go for long. Only the OS scheduler's
+//! preemption then lets other processes in, so under a sustained burst of
+//! one node the heartbeats of the others could wait far too long.
 //!
 //! So a writer that finds the lock taken by another process leaves a
 //! signal in a small side file, `<dir>/couch_workers.wait`: its store's
@@ -16,6 +16,14 @@
 //! time slices of at least [`QUANTUM`] under contention, and nothing at all
 //! without it. The signal is a hint: a torn or stale one costs at most one
 //! short sleep, and a dead waiter's signal expires after [`FRESH_US`].
+//!
+//! Measured with three processes of four writer tasks each, all writing back
+//! to back on a loaded 2-CPU machine (`tests/embedded_multiprocess.rs`, six
+//! runs each): the lock changed hands about twice as often (~120 vs ~55
+//! times in 300 ms), the longest wait for one increment fell from ~50 ms to
+//! ~30 ms (median of runs), and total throughput fell by about a quarter
+//! (the waiter needs up to a timer tick to notice the free lock). Without
+//! contention it costs one 16-byte read per write transaction.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;

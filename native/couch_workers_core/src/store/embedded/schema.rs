@@ -181,7 +181,7 @@ pub(crate) fn set_last_version(conn: &Connection, version: u64) -> rusqlite::Res
 
 /// `PRAGMA data_version`: changes whenever another connection commits.
 pub(crate) fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
-    conn.query_row("PRAGMA data_version", [], |row| row.get(0))
+    conn.prepare_cached("PRAGMA data_version")?.query_row([], |row| row.get(0))
 }
 
 /// Whether SQLite answered "locked by someone else" (SQLITE_BUSY and its

@@ -166,7 +166,7 @@ impl EmbeddedTransaction {
         let guard = tokio::time::timeout(timeout, shared.writer.clone().lock_owned())
             .await
             .map_err(|_| StoreError::Busy)?;
-        if false && shared.fair.should_step_aside() {
+        if shared.fair.should_step_aside() {
             // Another process has been waiting for the lock: let it in.
             tokio::time::sleep(STEP_ASIDE).await;
         }

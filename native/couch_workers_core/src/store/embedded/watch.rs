@@ -12,10 +12,14 @@
 //!   `PRAGMA data_version`, which changes when any other connection, of
 //!   this or another process, has committed. Only then does it read every
 //!   watched key, in one read transaction, and fire the watches whose value
-//!   differs from the registered one.
+//!   differs from the registered one. After [`ACTIVE_FOR`] without any
+//!   change it polls every `watch_poll_idle` instead, until the next change.
 //!
 //! With no watch registered the thread sleeps until one is (no polling at
-//! all). Dropped watch futures are noticed (`Sender::is_closed`) and
+//! all). One poll costs ~4.5 µs (three syscalls: the WAL-index read lock
+//! taken and dropped, an fstat) plus a timed wake-up. Measured CPU of the
+//! thread with one pending watch and no commits: 2.75% of a core polling
+//! every 1 ms; see `tests/embedded_perf.rs` for the idle figure. Dropped watch futures are noticed (`Sender::is_closed`) and
 //! removed. `close` fails every pending watch with [`StoreError::Closed`].
 
 use std::collections::HashMap;
@@ -34,6 +38,18 @@ pub(crate) type WatchSender = oneshot::Sender<Result<(), StoreError>>;
 
 /// How often dropped watch futures are swept out when nothing changes.
 const PURGE_EVERY: Duration = Duration::from_millis(100);
+
+/// How long after the last change the thread keeps polling fast.
+pub(crate) const ACTIVE_FOR: Duration = Duration::from_millis(250);
+
+/// How often the watcher thread polls `PRAGMA data_version`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Polling {
+    /// Within [`ACTIVE_FOR`] of the last change seen.
+    pub(crate) active: Duration,
+    /// After that.
+    pub(crate) idle: Duration,
+}
 
 /// A new watch: the sender the transaction keeps, the future the caller gets.
 pub(crate) fn watch_channel() -> (WatchSender, Watch) {
@@ -121,7 +137,7 @@ impl WatchHub {
 }
 
 /// Starts the watcher thread of a store, on its own connection.
-pub(crate) fn spawn_watcher(hub: Arc<WatchHub>, conn: Connection, poll: Duration) -> std::io::Result<JoinHandle<()>> {
+pub(crate) fn spawn_watcher(hub: Arc<WatchHub>, conn: Connection, poll: Polling) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("cw-embed-watch".into())
         .spawn(move || watcher_loop(&hub, &conn, poll))
@@ -165,10 +181,12 @@ fn wait_for_work(hub: &WatchHub, poll: Duration, last_purge: &mut Instant) -> Wa
     Wake::Check { dirty }
 }
 
-fn watcher_loop(hub: &WatchHub, conn: &Connection, poll: Duration) {
+fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
     let mut last_data_version: Option<i64> = None;
     let mut last_purge = Instant::now();
+    let mut last_change = Instant::now();
     loop {
+        let poll = if last_change.elapsed() < ACTIVE_FOR { polling.active } else { polling.idle.max(polling.active) };
         let dirty = match wait_for_work(hub, poll, &mut last_purge) {
             Wake::Stop => return,
             Wake::Check { dirty } => dirty,
@@ -179,6 +197,7 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, poll: Duration) {
         if !dirty && data_version.is_some() && data_version == last_data_version {
             continue;
         }
+        last_change = Instant::now();
         let (keys, seq_limit) = {
             let st = hub.lock();
             (st.watches.keys().cloned().collect::<Vec<_>>(), st.next_seq)

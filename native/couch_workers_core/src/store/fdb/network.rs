@@ -116,10 +116,11 @@ fn boot() -> Result<Running, String> {
     let thread = std::thread::Builder::new()
         .name("fdb-network".into())
         // SAFETY: `NetworkRunner::run` requires that `NetworkStop::stop` is
-        // called before the process exits; `shutdown_network` does, and the
-        // NIF calls it when the VM unloads the library. (An exit without it
-        // is the case foundationdb-rs documents for `boot()`: the thread
-        // still runs while the process exits.)
+        // called before the process exits: `shutdown_network` does, and is
+        // for the NIF's unload and for test binaries (conformance_fdb.rs
+        // registers it with atexit). An exit without it is the case
+        // foundationdb-rs documents for `boot()`: the network thread still
+        // runs while the process exits.
         .spawn(move || unsafe { runner.run() })
         .map_err(|e| format!("spawning the FoundationDB network thread failed: {e}"))?;
     let stop = ready.wait();
@@ -148,12 +149,14 @@ pub fn shutdown_network() {
             Ok(()) => match thread.join() {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    *state = Lifecycle::Failed(format!("the FoundationDB network thread ended with: {}", map_fdb_error(e)))
+                    *state =
+                        Lifecycle::Failed(format!("the FoundationDB network thread ended with: {}", map_fdb_error(e)))
                 }
                 Err(_) => *state = Lifecycle::Failed("the FoundationDB network thread panicked".into()),
             },
             Err(e) => {
-                *state = Lifecycle::Failed(format!("stopping the FoundationDB client network failed: {}", map_fdb_error(e)))
+                *state =
+                    Lifecycle::Failed(format!("stopping the FoundationDB client network failed: {}", map_fdb_error(e)))
             }
         },
         Lifecycle::Failed(message) => *state = Lifecycle::Failed(message),

@@ -18,9 +18,7 @@ use foundationdb::{FdbError, FdbResult, KeySelector, RangeOption, TransactionCom
 use tokio_util::sync::CancellationToken;
 
 use super::{fdb_code, map_fdb_error};
-use crate::store::{
-    CommitInfo, KeyValue, RangeRequest, StoreError, Transaction, TxOptions, Versionstamp, Watch,
-};
+use crate::store::{CommitInfo, KeyValue, RangeRequest, StoreError, Transaction, TxOptions, Versionstamp, Watch};
 
 enum State {
     /// Usable: reads and writes go to it.
@@ -97,12 +95,18 @@ impl FdbTransaction {
         deferred.get_or_insert(err);
     }
 
-    /// Runs `f` on the open transaction (to start an operation). Reports a
-    /// deferred write error first.
+    /// Runs `f` on the open transaction to start a read. Reports a deferred
+    /// write error first, as FDB reports its own on the next read.
     fn with_tx<T>(&self, f: impl FnOnce(&foundationdb::Transaction) -> T) -> Result<T, StoreError> {
         if let Some(err) = self.take_deferred() {
             return Err(err);
         }
+        self.open_tx(f)
+    }
+
+    /// Runs `f` on the open transaction; leaves a deferred error for the
+    /// next read or the commit.
+    fn open_tx<T>(&self, f: impl FnOnce(&foundationdb::Transaction) -> T) -> Result<T, StoreError> {
         if self.closed.is_cancelled() {
             return Err(StoreError::Closed);
         }
@@ -113,18 +117,10 @@ impl FdbTransaction {
         }
     }
 
-    /// Runs a write on the open transaction; a misuse becomes the next
-    /// read's (or commit's) error.
+    /// Runs a write on the open transaction; a misuse (a write after
+    /// commit) becomes the next read's or the commit's error.
     fn write(&self, f: impl FnOnce(&foundationdb::Transaction)) {
-        let misuse = match &*self.state() {
-            State::Open(tx) => {
-                f(tx);
-                None
-            }
-            State::CommitFailed(_) => Some(StoreError::Invalid("write after a failed commit".into())),
-            State::Gone(why) => Some(StoreError::Invalid(format!("write after {why}"))),
-        };
-        if let Some(err) = misuse {
+        if let Err(err) = self.open_tx(f) {
             self.defer(err);
         }
     }
@@ -208,7 +204,7 @@ impl Transaction for FdbTransaction {
 
     fn watch(&self, key: &[u8]) -> Watch {
         let closed = self.closed.clone();
-        match self.with_tx(|tx| tx.watch(key)) {
+        match self.open_tx(|tx| tx.watch(key)) {
             // The FDB watch future is 'static: it outlives the transaction
             // and is armed by its commit (an uncommitted or failed
             // transaction fails it). Dropping it cancels the watch.
@@ -259,9 +255,7 @@ impl Transaction for FdbTransaction {
             // caller cannot finish its work, and must re-read (as after
             // commit_unknown_result) rather than give up.
             Some(fut) => match wait(&self.closed, fut).await {
-                Ok(bytes) => Some(
-                    Versionstamp::try_from(&bytes[..]).map_err(|_| StoreError::CommitUnknown)?,
-                ),
+                Ok(bytes) => Some(Versionstamp::try_from(&bytes[..]).map_err(|_| StoreError::CommitUnknown)?),
                 Err(StoreError::Closed) => return Err(StoreError::Closed),
                 Err(_) => return Err(StoreError::CommitUnknown),
             },
@@ -282,7 +276,7 @@ impl Transaction for FdbTransaction {
                 Some(code) => wait(&self.closed, tx.on_error(FdbError::from_code(code))).await,
                 // Not an FDB error (the closure's own): nothing for FDB to
                 // decide. A retryable one gets the store's short backoff
-                // on the untouched transaction.
+                // and a reset, as FDB's on_error would do.
                 None => {
                     if !err.is_retryable() {
                         *self.state() = State::Open(tx);
