@@ -42,7 +42,7 @@
 
 use foundationdb_tuple::{pack_with_versionstamp, unpack, Bytes, Subspace, Versionstamp as TupleVersionstamp};
 
-use crate::store::{prefix_range, Versionstamp, VERSIONSTAMP_LEN};
+use crate::store::{Versionstamp, VERSIONSTAMP_LEN};
 
 const ROOT: &[u8] = b"couch_workers";
 const WORKERS: &[u8] = b"workers";
@@ -56,6 +56,19 @@ const ORPHANS_VS: &[u8] = b"orphans_vs";
 const VS: &[u8] = b"vs";
 const MEMBER: &[u8] = b"member";
 const HEALTH: &[u8] = b"health";
+
+/// The keys strictly inside a packed tuple prefix: `prefix ++ 0x00` up to
+/// `prefix ++ 0xff` (foundationdb-rs `Subspace::range`, erlfdb
+/// `erlfdb_tuple:range/1`). Not `strinc(prefix)`: a byte-string element
+/// ends with a 0x00 terminator, so `strinc` of the prefix for id `w` would
+/// also cover the id `w\x00...` (packed `w\x00\xff...`).
+fn tuple_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut begin = prefix.to_vec();
+    begin.push(0x00);
+    let mut end = prefix.to_vec();
+    end.push(0xff);
+    (begin, end)
+}
 
 fn b(bytes: &[u8]) -> Bytes<'_> {
     Bytes::from(bytes)
@@ -108,7 +121,7 @@ impl Keyspace {
 
     /// Every key of couch_workers: `prefix ++ pack(("couch_workers",))`.
     pub fn root_range(&self) -> (Vec<u8>, Vec<u8>) {
-        prefix_range(self.root.bytes())
+        tuple_range(self.root.bytes())
     }
 
     // ---- workers ------------------------------------------------------
@@ -128,9 +141,14 @@ impl Keyspace {
         self.root.pack(&(b(WORKERS), b(worker_type)))
     }
 
+    /// Every key of one worker type.
+    pub fn worker_type_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.worker_type_prefix(worker_type))
+    }
+
     /// Every member key of one worker type.
     pub fn members_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
-        prefix_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(MEMBER))))
+        tuple_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(MEMBER))))
     }
 
     /// `("couch_workers", "workers", WorkerType, "health", Worker)`
@@ -140,12 +158,12 @@ impl Keyspace {
 
     /// Every health key of one worker type.
     pub fn health_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
-        prefix_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(HEALTH))))
+        tuple_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(HEALTH))))
     }
 
     /// Every key of every worker type (the reaper scans it in batches).
     pub fn all_workers_range(&self) -> (Vec<u8>, Vec<u8>) {
-        prefix_range(&self.root.pack(&(b(WORKERS),)))
+        tuple_range(&self.root.pack(&(b(WORKERS),)))
     }
 
     /// Decodes a key under `("couch_workers", "workers")`; `None` for any
@@ -197,7 +215,7 @@ impl Keyspace {
 
     /// Every job record of one type.
     pub fn jobs_range(&self, job_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
-        prefix_range(&self.root.pack(&(b(JOBS), b(job_type))))
+        tuple_range(&self.root.pack(&(b(JOBS), b(job_type))))
     }
 
     /// `("couch_workers", "pending", JobType, Priority, VS, JobId)` with an
@@ -216,7 +234,7 @@ impl Keyspace {
 
     /// Every pending key of one type, in run order.
     pub fn pending_range(&self, job_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
-        prefix_range(&self.root.pack(&(b(PENDING), b(job_type))))
+        tuple_range(&self.root.pack(&(b(PENDING), b(job_type))))
     }
 
     /// Decodes a pending key: `(priority, 12-byte VS, job id)`.
@@ -233,7 +251,7 @@ impl Keyspace {
 
     /// Every active key of one worker.
     pub fn active_range(&self, worker_type: &[u8], worker: &[u8]) -> (Vec<u8>, Vec<u8>) {
-        prefix_range(&self.root.pack(&(b(ACTIVE), b(worker_type), b(worker))))
+        tuple_range(&self.root.pack(&(b(ACTIVE), b(worker_type), b(worker))))
     }
 
     /// Decodes an active key's job id.
@@ -263,7 +281,7 @@ impl Keyspace {
 
     /// Every orphan marker.
     pub fn orphans_range(&self) -> (Vec<u8>, Vec<u8>) {
-        prefix_range(&self.root.pack(&(b(ORPHANS),)))
+        tuple_range(&self.root.pack(&(b(ORPHANS),)))
     }
 
     /// Decodes an orphan marker's key: `(worker type, worker)`.

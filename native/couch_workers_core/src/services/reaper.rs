@@ -22,7 +22,7 @@ use super::{jittered, sleep_or_cancel, LiveGuard, TaskCounts};
 use crate::keyspace::{Keyspace, WorkerKey};
 use crate::liveness::{self, VERSIONS_PER_SECOND};
 use crate::log::{Event, Level, Logger};
-use crate::store::{prefix_range, run, Db, RangeRequest, StoreError, TxOptions};
+use crate::store::{run, Db, RangeRequest, StoreError, TxOptions};
 use crate::workers;
 
 /// Health records read per scan transaction.
@@ -133,7 +133,7 @@ impl Reaper {
             };
             self.scan_type(&worker_type, read, &mut scan).await?;
             // Skip past every key of this type.
-            cursor = prefix_range(&ks.worker_type_prefix(&worker_type)).1;
+            cursor = ks.worker_type_range(&worker_type).1;
         }
         Ok(scan)
     }

@@ -38,7 +38,7 @@ pub mod config;
 mod retry;
 
 pub use config::{open, StoreConfig};
-pub use retry::run;
+pub use retry::{run, run_with_info};
 
 /// FoundationDB's key size limit, in bytes.
 pub const MAX_KEY_SIZE: usize = 10_000;
@@ -188,9 +188,10 @@ impl RangeRequest {
     }
 }
 
-/// `[prefix, strinc(prefix))`: the range of keys that start with `prefix`.
-/// For the tuple layer's packed prefixes `prefix ++ 0x00 .. prefix ++ 0xff`
-/// would do, but `strinc` is right for any byte string.
+/// `[prefix, strinc(prefix))`: every key that starts with the raw bytes
+/// `prefix`. Not for tuple-packed prefixes that end in a user element: a
+/// packed byte string `w` is a byte prefix of the packed `w\x00...`, so
+/// the key space uses the tuple layer's own range (`keyspace::tuple_range`).
 pub fn prefix_range(prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut end = prefix.to_vec();
     while let Some(&last) = end.last() {

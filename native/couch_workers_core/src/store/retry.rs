@@ -9,11 +9,22 @@
 use std::future::Future;
 use std::time::Instant;
 
-use super::{Database, StoreError, Tx, TxOptions};
+use super::{CommitInfo, Database, StoreError, Tx, TxOptions};
 
 /// Runs `f` in a transaction of `db` until it commits, retrying what is
 /// retryable. `f` gets a fresh transaction on every attempt.
-pub async fn run<T, F, Fut>(db: &dyn Database, opts: TxOptions, mut f: F) -> Result<T, StoreError>
+pub async fn run<T, F, Fut>(db: &dyn Database, opts: TxOptions, f: F) -> Result<T, StoreError>
+where
+    F: FnMut(Tx) -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    run_with_info(db, opts, f).await.map(|(value, _)| value)
+}
+
+/// [`run`], also returning what the commit told (its version and
+/// versionstamp): the job queue hands each changed job back with the
+/// versionstamp of the commit that changed it.
+pub async fn run_with_info<T, F, Fut>(db: &dyn Database, opts: TxOptions, mut f: F) -> Result<(T, CommitInfo), StoreError>
 where
     F: FnMut(Tx) -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
@@ -29,7 +40,7 @@ where
                 Err(e) => return Err((None, e)),
             };
             let result = match f(tx.clone()).await {
-                Ok(value) => tx.commit().await.map(|_| value),
+                Ok(value) => tx.commit().await.map(|info| (value, info)),
                 Err(e) => Err(e),
             };
             result.map_err(|e| (Some(tx), e))

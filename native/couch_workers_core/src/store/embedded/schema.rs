@@ -98,6 +98,16 @@ pub(crate) fn open_store_file(opts: &EmbeddedOptions) -> Result<(Connection, Clo
                 path.display()
             ))));
         }
+        // Usually another process (or an earlier run on this boot) has set
+        // everything up: check in a read transaction, which never waits
+        // for the writers of other processes.
+        conn.execute_batch("BEGIN DEFERRED")?;
+        let ready = existing_clock(conn);
+        conn.execute_batch(if ready.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
+        if let Some(clock) = ready? {
+            conn.busy_timeout(Duration::ZERO)?;
+            return Ok(Ok(clock));
+        }
         conn.execute_batch("BEGIN IMMEDIATE")?;
         let result = init_in_transaction(conn);
         match result {
@@ -117,6 +127,26 @@ pub(crate) fn open_store_file(opts: &EmbeddedOptions) -> Result<(Connection, Clo
         Ok(Err(e)) => Err(e),
         Err(e) => Err(io_error(&format!("cannot set up the store in {}", path.display()), &e)),
     }
+}
+
+/// The clock of this boot when the file is fully set up for it.
+fn existing_clock(conn: &Connection) -> rusqlite::Result<Option<Clock>> {
+    let tables: i64 = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('kv', 'meta')",
+        [],
+        |row| row.get(0),
+    )?;
+    if tables != 2 || meta_i64(conn, "format")? != Some(FORMAT) || meta_i64(conn, "last_version")?.is_none() {
+        return Ok(None);
+    }
+    let stored_boot: Option<String> = conn
+        .query_row(SQL_META_GET, ["boot_id"], |row| row.get::<_, Option<String>>(0))
+        .optional()?
+        .flatten();
+    if stored_boot.as_deref() != Some(boot_id().as_str()) {
+        return Ok(None);
+    }
+    Ok(meta_i64(conn, "clock_base")?.map(Clock::new))
 }
 
 fn init_in_transaction(conn: &Connection) -> rusqlite::Result<Result<Clock, StoreError>> {
