@@ -59,7 +59,7 @@ use std::time::{Duration, Instant};
 pub use futures::future::BoxFuture;
 
 use crate::store::{
-    run, CommitInfo, Database, Db, RangeRequest, StoreError, Tx, TxOptions, Versionstamp, MAX_KEY_SIZE,
+    run, run_with_info, CommitInfo, Db, RangeRequest, StoreError, Tx, TxOptions, Versionstamp, MAX_KEY_SIZE,
     MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE, VERSIONSTAMP_LEN,
 };
 
@@ -154,23 +154,17 @@ fn key(db: &Db, name: &[u8]) -> Vec<u8> {
     k
 }
 
-/// Runs `f` (writes only) in a transaction until it commits; returns the
-/// commit's [`CommitInfo`], which [`run`] does not.
-async fn commit_with(db: &dyn Database, opts: TxOptions, f: impl Fn(&Tx)) -> Result<CommitInfo, StoreError> {
-    let started = Instant::now();
-    loop {
-        let tx = db.create_transaction(&opts).await?;
-        f(&tx);
-        match tx.commit().await {
-            Ok(info) => return Ok(info),
-            Err(e) if started.elapsed() < opts.timeout => tx.on_error(e).await?,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
+/// Runs `f` (writes only) in [`run_with_info`]; returns the commit's
+/// [`CommitInfo`].
 async fn write(db: &Db, f: impl Fn(&Tx)) -> CommitInfo {
-    commit_with(&**db, TxOptions::write(), f).await.expect("write transaction commits")
+    let f = &f;
+    let ((), info) = run_with_info(&**db, TxOptions::write(), |tx| async move {
+        f(&tx);
+        Ok(())
+    })
+    .await
+    .expect("write transaction commits");
+    info
 }
 
 async fn put(db: &Db, k: &[u8], v: &[u8]) -> CommitInfo {

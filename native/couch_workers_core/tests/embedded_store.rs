@@ -310,3 +310,22 @@ fn open_errors_are_io_errors_naming_the_place() {
         other => panic!("expected Io, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_after_a_quiet_spell_is_seen_within_the_idle_poll() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = open(dir.path());
+    let b = open(dir.path());
+    put(&a, b"k", b"1").await;
+    let w = watch(&a, b"k").await;
+    let waiter = tokio::spawn(async move { (w.await, Instant::now()) });
+    // Quiet for longer than the watcher's fast-poll window (250 ms).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    put(&b, b"k", b"2").await;
+    let committed = Instant::now();
+    let (result, fired) = tokio::time::timeout(Duration::from_secs(2), waiter).await.expect("fires").expect("task");
+    assert_eq!(result, Ok(()));
+    let latency = fired.saturating_duration_since(committed);
+    // The idle poll is 4 ms; allow for a loaded machine.
+    assert!(latency < Duration::from_millis(100), "{latency:?}");
+}

@@ -2,9 +2,9 @@
 //! FoundationDB's transaction model (see [`crate::store`]).
 //!
 //! One file, `<dir>/couch_workers.sqlite` (with SQLite's `-wal` and `-shm`
-//! beside it, and `couch_workers.wait`, a 16-byte hint for fair locking). Every OS process on the host
-//! (each Erlang node) that opens the same directory shares one
-//! serializable database: SQLite serializes writers across processes with
+//! beside it, and `couch_workers.wait`, a 16-byte hint for fair locking).
+//! Every OS process on the host (each Erlang node) that opens the same
+//! directory shares one serializable database: SQLite serializes writers across processes with
 //! its file locks, WAL readers never block, and versions come from one
 //! clock shared by every process of a boot ([`clock`]).
 //!
@@ -34,6 +34,13 @@
 //! end of the WAL, so SQLite never restarts it: it grew to 500 MB in 2 s.
 //! The price is one slower commit every ~400 (the checkpoint's fsync, a few
 //! ms).
+//!
+//! Figures (release build, a loaded 2-CPU VM, `tests/embedded_perf.rs`):
+//! 28k-31k one-key write transactions per second from one task (27k from
+//! four), 5k with `Synchronous::Full`; a commit by another handle wakes a
+//! watch in ~0.3 ms (median; 1.1 ms at p90); the watcher thread of a store
+//! with pending watches and no commits uses ~1.2% of a core (0% with no
+//! watch).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
