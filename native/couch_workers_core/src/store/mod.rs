@@ -18,8 +18,11 @@
 //!   parameter ends with a 4-byte little-endian offset of a 10-byte
 //!   placeholder, replaced at commit by the commit's versionstamp (8-byte
 //!   big-endian commit version, 2-byte big-endian order within the commit);
-//! * commit versions rise with time at about one million per second and
-//!   strictly increase across every process sharing the store;
+//! * commit versions rise with time at about one million per second; a
+//!   commit's version is greater than that of every commit it can see, and
+//!   versionstamps (version + order within the commit batch) are unique
+//!   across every process sharing the store (on FoundationDB, transactions
+//!   of one batch share a version, never a versionstamp);
 //! * watches that fire after a key's value differs from the value the
 //!   creating transaction saw, also for commits of other processes;
 //! * FoundationDB's limits: keys up to [`MAX_KEY_SIZE`], values up to

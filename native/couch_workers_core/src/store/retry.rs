@@ -60,7 +60,14 @@ where
             // The store's own backoff (FDB's on_error doubles its delay).
             let remaining = opts.timeout.checked_sub(started.elapsed()).ok_or(StoreError::TimedOut)?;
             match tokio::time::timeout(remaining, tx.on_error(err)).await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => {
+                    // Each attempt runs on a fresh transaction, so the
+                    // store's own backoff never grows past its first step;
+                    // the loop adds the growth (FDB doubles its delay too).
+                    if attempts > 1 {
+                        tokio::time::sleep(backoff(attempts - 1)).await;
+                    }
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Err(StoreError::TimedOut),
             }
