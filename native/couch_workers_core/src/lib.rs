@@ -6,6 +6,7 @@
 pub mod store;
 pub mod keyspace;
 pub mod conformance;
+pub mod conformance_keyspace;
 pub mod error;
 pub mod jobs;
 pub mod liveness;

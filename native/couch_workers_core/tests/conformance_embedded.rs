@@ -18,3 +18,9 @@ async fn open_second(first: &TestDb) -> TestDb {
 }
 
 couch_workers_core::store_conformance_tests!(open_fresh, open_second);
+
+/// The key-space conformance suite (`src/conformance_keyspace.rs`):
+/// workers, membership and the job queue on the embedded store.
+mod keyspace {
+    couch_workers_core::keyspace_conformance_tests!(super::open_fresh, super::open_second);
+}

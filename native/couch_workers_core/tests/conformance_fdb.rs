@@ -171,3 +171,15 @@ couch_workers_core::store_conformance_tests!(
     open_second,
     attrs: #[ignore = "needs a FoundationDB cluster: FDB_CLUSTER_FILE=... cargo test --features fdb --test conformance_fdb -- --include-ignored"]
 );
+
+/// The key-space conformance suite (`src/conformance_keyspace.rs`):
+/// workers, membership and the job queue on FoundationDB, gated the same
+/// way (ignored; each test fails with the loud skip line when run without
+/// `FDB_CLUSTER_FILE`).
+mod keyspace {
+    couch_workers_core::keyspace_conformance_tests!(
+        super::open_fresh,
+        super::open_second,
+        attrs: #[ignore = "needs a FoundationDB cluster: FDB_CLUSTER_FILE=... cargo test --features fdb --test conformance_fdb -- --include-ignored"]
+    );
+}
