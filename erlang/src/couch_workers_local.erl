@@ -236,11 +236,11 @@ nif_result({register, {Type, Id} = Key, Ref, Pid}, Result, St) ->
             [gen_server:reply(F, Ref) || F <- Froms],
             St1#st{monitors = maps:put(Mon, Ref, St1#st.monitors)};
         {error, Reason} = Error ->
-            ?LOG_DEBUG(#{what => worker_register_failed, type => Type, id => Id, reason => Reason}),
+            ?LOG_DEBUG(#{what => worker_register_failed, type => short(Type), id => short(Id), reason => Reason}),
             [gen_server:reply(F, Error) || F <- Froms],
             St1;
         Other ->
-            ?LOG_ERROR(#{what => worker_register_bad_reply, type => Type, id => Id, reply => Other}),
+            ?LOG_ERROR(#{what => worker_register_bad_reply, type => short(Type), id => short(Id), reply => Other}),
             [gen_server:reply(F, {error, Other}) || F <- Froms],
             St1
     end;
@@ -257,6 +257,11 @@ nif_result({unregister, {Type, Id} = Key, Ref}, Result, St) ->
     },
     %% Registers that waited for this unregister, in order.
     lists:foldl(fun({From, Opts, Pid}, S) -> do_register(Key, Opts, Pid, From, S) end, St1, Queue).
+
+%% Ids and types in log events, cut to a readable length (keys may be
+%% 10,000 bytes).
+short(<<Head:64/binary, _, _/binary>>) -> <<Head/binary, "...">>;
+short(Bin) -> Bin.
 
 wait_all([], _Deadline) ->
     [];

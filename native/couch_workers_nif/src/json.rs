@@ -164,9 +164,7 @@ impl ToJson {
 
     fn string(&self, term: Term) -> Result<String, JsonError> {
         let bin: Binary = term.decode().map_err(|_| JsonError::Unsupported("bitstring", self.at()))?;
-        std::str::from_utf8(bin.as_slice())
-            .map(str::to_owned)
-            .map_err(|_| JsonError::InvalidUtf8(self.at()))
+        std::str::from_utf8(bin.as_slice()).map(str::to_owned).map_err(|_| JsonError::InvalidUtf8(self.at()))
     }
 
     fn object(&mut self, term: Term, depth: usize) -> Result<Value, JsonError> {

@@ -65,8 +65,8 @@ impl Notifier {
         let tag = env.binary_to_term(&self.tag).map(|(t, _)| t).unwrap_or_else(|| atoms::undefined().encode(env));
         let ids: Vec<Term<'a>> = m.workers.iter().map(|(id, _)| binary(env, id)).collect();
         let options: Vec<Term<'a>> = m.workers.iter().map(|(_, json)| json_bytes_to_term(env, json)).collect();
-        let workers = Term::map_from_term_arrays(env, &ids, &options)
-            .unwrap_or_else(|_| rustler::types::map::map_new(env));
+        let workers =
+            Term::map_from_term_arrays(env, &ids, &options).unwrap_or_else(|_| rustler::types::map::map_new(env));
         (atoms::couch_workers_membership_changed(), tag, binary(env, &m.worker_type), binary(env, &m.vs), workers)
             .encode(env)
     }
@@ -79,7 +79,8 @@ fn membership_watch<'a>(env: Env<'a>, worker_type: Term<'a>, tag: Term<'a>) -> N
         Ok(node) => node,
         Err(e) => return Ok(error_tuple(env, e.name())),
     };
-    let notifier = Notifier { pid: env.pid(), tag: tag.to_binary().as_slice().to_vec(), env: Mutex::new(OwnedEnv::new()) };
+    let notifier =
+        Notifier { pid: env.pid(), tag: tag.to_binary().as_slice().to_vec(), env: Mutex::new(OwnedEnv::new()) };
     let on_update: OnMembership = Box::new(move |membership: Membership| {
         // Called on a runtime thread. A panic here must not end the
         // watcher silently: log it and carry on with the next change.

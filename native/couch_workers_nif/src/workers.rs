@@ -53,6 +53,12 @@ pub fn load(env: Env) -> bool {
     env.register::<RegistrationResource>().is_ok()
 }
 
+/// At most the first 64 bytes of a type or id, for log events (keys may
+/// be 10,000 bytes long).
+fn short(bytes: &[u8]) -> &[u8] {
+    &bytes[..bytes.len().min(64)]
+}
+
 /// The health timeout from the options object.
 fn timeout_s(options: &serde_json::Map<String, Value>) -> Option<u64> {
     match options.get("timeout") {
@@ -82,8 +88,8 @@ fn worker_register<'a>(
         Some(Err(e)) => {
             crate::log::emit(
                 Event::new(Level::Debug, "invalid_options")
-                    .with("type", &worker_type)
-                    .with("id", &id)
+                    .with("type", short(&worker_type))
+                    .with("id", short(&id))
                     .with("reason", e.to_string()),
             );
             return Ok((atoms::error(), atoms::invalid_options()).encode(env));

@@ -38,6 +38,7 @@ pub mod embedded;
 #[cfg(feature = "fdb")]
 pub mod fdb;
 pub mod config;
+pub mod faulty;
 mod retry;
 
 pub use config::{open, StoreConfig};

@@ -42,6 +42,14 @@ impl ReadPool {
         if !conn.is_autocommit() {
             return; // Could not be rolled back: do not reuse it.
         }
+        // Opened while the file could not be opened for writing (SQLite then
+        // falls back to a read-only descriptor: a read-only or immutable
+        // file system): it would refuse every write for as long as it lives,
+        // also after the fault has cleared. Drop it; the next one opened
+        // once the fault is gone can write.
+        if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) {
+            return;
+        }
         let mut idle = self.lock();
         if idle.len() < self.opts.read_pool.max(1) {
             idle.push(conn);

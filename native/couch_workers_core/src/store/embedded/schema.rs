@@ -89,6 +89,18 @@ pub(crate) fn open_store_file(opts: &EmbeddedOptions) -> Result<(Connection, Clo
     })?;
     let path = opts.dir.join(FILE_NAME);
     let conn = open_connection(&path, opts)?;
+    // SQLite falls back to a read-only descriptor when the file cannot be
+    // opened for writing (a read-only mount, an immutable file). A store
+    // opened so could never write, not even once the file system is
+    // writable again (its write connection is opened once, here): refuse
+    // it now, with the reason, rather than run a node whose every write
+    // fails for as long as it runs.
+    if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+        return Err(StoreError::Io(format!(
+            "cannot open {} for writing: the store's file or directory is read-only",
+            path.display()
+        )));
+    }
     let setup = |conn: &Connection| -> rusqlite::Result<Result<Clock, StoreError>> {
         conn.busy_timeout(SETUP_BUSY_TIMEOUT)?;
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
@@ -233,8 +245,11 @@ pub(crate) fn store_error(what: &str, e: &rusqlite::Error) -> StoreError {
 pub(crate) fn io_error(what: &str, e: &rusqlite::Error) -> StoreError {
     let hint = match e.sqlite_error_code() {
         Some(ffi::ErrorCode::DiskFull) => " (disk full)",
+        Some(ffi::ErrorCode::SystemIoFailure) => {
+            " (the store's files could not be written or read: a read-only, immutable or failing file system?)"
+        }
         Some(ffi::ErrorCode::ReadOnly) => " (the store's file or directory is read-only)",
-        Some(ffi::ErrorCode::CannotOpen) => " (cannot open the file: missing directory or no permission)",
+        Some(ffi::ErrorCode::CannotOpen) => " (cannot open the file: missing directory, no permission, or a read-only file system)",
         Some(ffi::ErrorCode::PermissionDenied) => " (permission denied)",
         Some(ffi::ErrorCode::DatabaseCorrupt) => " (the store's file is corrupt)",
         Some(ffi::ErrorCode::NotADatabase) => " (not an SQLite file)",

@@ -1,0 +1,556 @@
+//! Helpers of the `faults_*` tests: a log sink that keeps events, an
+//! invariant check over the whole key space read in one snapshot, real
+//! file-system faults (tmpfs and read-only bind mounts, the immutable
+//! attribute) behind guards that undo them even when a test fails, the
+//! process's resident memory, and a count of panics anywhere in the
+//! process (background tasks included).
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+use couch_workers_core::keyspace::Keyspace;
+use couch_workers_core::log::{Event, Sink, Value};
+use couch_workers_core::store::{run, Database, RangeRequest, TxOptions};
+use foundationdb_tuple::{unpack, Element};
+
+// ---- log --------------------------------------------------------------
+
+/// A sink that keeps every event.
+#[derive(Default)]
+pub struct CaptureLog {
+    events: Mutex<Vec<Event>>,
+}
+
+impl Sink for CaptureLog {
+    fn log(&self, event: Event) {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+    }
+}
+
+impl CaptureLog {
+    pub fn new() -> Arc<CaptureLog> {
+        Arc::new(CaptureLog::default())
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Events named `what` so far.
+    pub fn named(&self, what: &str) -> Vec<Event> {
+        self.events().into_iter().filter(|e| e.what == what).collect()
+    }
+
+    pub fn count(&self, what: &str) -> usize {
+        self.named(what).len()
+    }
+
+    /// Waits up to `within` for the `n`th event named `what`.
+    pub async fn wait_for(&self, what: &str, n: usize, within: Duration) -> Option<Event> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let found = self.named(what);
+            if found.len() >= n {
+                return found.into_iter().nth(n - 1);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A field of an event, as text.
+pub fn field(event: &Event, key: &str) -> Option<String> {
+    event.fields.iter().find(|(k, _)| *k == key).map(|(_, v)| match v {
+        Value::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::Str(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+    })
+}
+
+// ---- panics -----------------------------------------------------------
+
+static PANICS: AtomicUsize = AtomicUsize::new(0);
+static HOOK: Once = Once::new();
+/// The threads libtest runs tests on: a panic there is a failed assertion,
+/// which fails its own test already.
+static TEST_THREADS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Counts every panic of the process from now on outside the test
+/// threads themselves: tokio swallows the panics of spawned tasks, this
+/// sees them. Call it first thing in a test. Keeps the default report.
+pub fn count_panics() {
+    if let Some(name) = std::thread::current().name() {
+        TEST_THREADS.lock().unwrap_or_else(|p| p.into_inner()).push(name.to_string());
+    }
+    HOOK.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let on_test_thread = std::thread::current()
+                .name()
+                .is_some_and(|n| TEST_THREADS.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|t| t == n));
+            if !on_test_thread {
+                PANICS.fetch_add(1, Ordering::SeqCst);
+            }
+            default(info);
+        }));
+    });
+}
+
+pub fn panics() -> usize {
+    PANICS.load(Ordering::SeqCst)
+}
+
+// ---- memory -----------------------------------------------------------
+
+/// Resident set size of this process, bytes (`/proc/self/statm`).
+pub fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096)
+}
+
+pub fn mb(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+// ---- the key space, read whole ----------------------------------------
+
+/// A job record, decoded here independently of the crate's decoder
+/// (`jobs/record.rs` format 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rec {
+    pub state: String,
+    pub worker: Option<Vec<u8>>,
+    pub priority: i64,
+    pub attempts: i64,
+    pub token: Option<Vec<u8>>,
+    pub cancel_requested: bool,
+    pub vs: Vec<u8>,
+}
+
+fn decode_record(value: &[u8]) -> Result<Rec, String> {
+    let e: Vec<Element> = unpack(value).map_err(|e| format!("not a tuple: {e}"))?;
+    if e.len() != 10 || e[0].as_i64() != Some(1) {
+        return Err(format!("not a format-1 record ({} elements)", e.len()));
+    }
+    let bytes = |el: &Element| -> Result<Option<Vec<u8>>, String> {
+        match el {
+            Element::Nil => Ok(None),
+            Element::Bytes(b) => Ok(Some(b.to_vec())),
+            other => Err(format!("expected bytes or nil, got {other:?}")),
+        }
+    };
+    let state = bytes(&e[1])?.ok_or("nil state")?;
+    Ok(Rec {
+        state: String::from_utf8_lossy(&state).into_owned(),
+        worker: bytes(&e[2])?,
+        priority: e[3].as_i64().ok_or("priority")?,
+        attempts: e[4].as_i64().ok_or("attempts")?,
+        token: bytes(&e[5])?,
+        cancel_requested: e[6].as_bool().ok_or("cancel_requested")?,
+        vs: e[7].as_versionstamp().ok_or("vs")?.as_bytes().to_vec(),
+    })
+}
+
+fn elem_bytes(el: &Element) -> Option<Vec<u8>> {
+    el.as_bytes().map(|b| b.to_vec())
+}
+
+/// Everything under `("couch_workers")`, read in one transaction.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// (type, id) → record (or why it does not decode).
+    pub jobs: BTreeMap<(Vec<u8>, Vec<u8>), Result<Rec, String>>,
+    /// (type, id) → the (priority, vs) of each pending key.
+    pub pending: BTreeMap<(Vec<u8>, Vec<u8>), Vec<(i64, Vec<u8>)>>,
+    /// (type, id) → the workers of its active keys.
+    pub active: BTreeMap<(Vec<u8>, Vec<u8>), Vec<Vec<u8>>>,
+    /// type → the pending counter.
+    pub counts: BTreeMap<Vec<u8>, i64>,
+    pub members: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>>,
+    pub health: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>>,
+    pub orphans: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Keys of no known shape.
+    pub unknown: Vec<Vec<u8>>,
+}
+
+pub async fn snapshot(db: &dyn Database, ks: &Keyspace) -> Snapshot {
+    let (begin, end) = ks.root_range();
+    let root_len = begin.len() - 1;
+    let rows = run(db, TxOptions::read(), |tx| {
+        let r = RangeRequest::new(begin.clone(), end.clone());
+        async move { tx.get_range(&r).await }
+    })
+    .await
+    .expect("read the whole key space");
+    let mut s = Snapshot::default();
+    for (key, value) in rows {
+        let Ok(el) = unpack::<Vec<Element>>(&key[root_len..]) else {
+            s.unknown.push(key);
+            continue;
+        };
+        let name = el.first().and_then(elem_bytes).unwrap_or_default();
+        let b = |i: usize| el.get(i).and_then(elem_bytes);
+        match (name.as_slice(), el.len()) {
+            (b"jobs", 3) => {
+                s.jobs.insert((b(1).unwrap_or_default(), b(2).unwrap_or_default()), decode_record(&value));
+            }
+            (b"pending", 5) => {
+                let prio = el[2].as_i64().unwrap_or(i64::MIN);
+                let vs = el[3].as_versionstamp().map(|v| v.as_bytes().to_vec()).unwrap_or_default();
+                s.pending.entry((b(1).unwrap_or_default(), b(4).unwrap_or_default())).or_default().push((prio, vs));
+            }
+            (b"active", 4) => {
+                s.active
+                    .entry((b(1).unwrap_or_default(), b(3).unwrap_or_default()))
+                    .or_default()
+                    .push(b(2).unwrap_or_default());
+            }
+            (b"counts", 3) => {
+                let mut le = [0u8; 8];
+                let n = value.len().min(8);
+                le[..n].copy_from_slice(&value[..n]);
+                s.counts.insert(b(1).unwrap_or_default(), i64::from_le_bytes(le));
+            }
+            (b"workers", 4) if b(2).as_deref() == Some(b"member") => {
+                s.members.entry(b(1).unwrap_or_default()).or_default().insert(b(3).unwrap_or_default());
+            }
+            (b"workers", 4) if b(2).as_deref() == Some(b"health") => {
+                s.health.entry(b(1).unwrap_or_default()).or_default().insert(b(3).unwrap_or_default());
+            }
+            (b"workers", 3) | (b"jobs_vs", 2) | (b"orphans_vs", 1) => {}
+            (b"orphans", 3) => s.orphans.push((b(1).unwrap_or_default(), b(2).unwrap_or_default())),
+            _ => s.unknown.push(key.clone()),
+        }
+    }
+    s
+}
+
+fn show(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+impl Snapshot {
+    /// Every violation of the key space's invariants (empty: all hold).
+    ///
+    /// * every job record decodes and is in exactly one state: pending
+    ///   with exactly one pending key (same priority and VS) and no active
+    ///   key; running with a worker, a token, exactly one active key, for
+    ///   a live member, and no pending key; finished or canceled with
+    ///   neither;
+    /// * every pending key and every active key belongs to such a record;
+    /// * each type's pending counter equals its pending keys and records;
+    /// * member and health records come in pairs; no orphan marker is
+    ///   left; no key of unknown shape.
+    pub fn violations(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        let mut pending_records: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
+        for ((t, id), rec) in &self.jobs {
+            let who = format!("job {}/{}", show(t), show(id));
+            let rec = match rec {
+                Ok(rec) => rec,
+                Err(e) => {
+                    v.push(format!("{who}: undecodable record: {e}"));
+                    continue;
+                }
+            };
+            let pend = self.pending.get(&(t.clone(), id.clone())).cloned().unwrap_or_default();
+            let act = self.active.get(&(t.clone(), id.clone())).cloned().unwrap_or_default();
+            match rec.state.as_str() {
+                "pending" => {
+                    *pending_records.entry(t.clone()).or_default() += 1;
+                    if pend.len() != 1 {
+                        v.push(format!("{who}: pending with {} pending keys", pend.len()));
+                    } else if pend[0] != (rec.priority, rec.vs.clone()) {
+                        v.push(format!("{who}: pending key {:?} does not match the record", pend[0]));
+                    }
+                    if !act.is_empty() || rec.worker.is_some() || rec.token.is_some() {
+                        v.push(format!("{who}: pending but has a worker, token or active key"));
+                    }
+                }
+                "running" => {
+                    let (Some(w), Some(_)) = (&rec.worker, &rec.token) else {
+                        v.push(format!("{who}: running without worker or token"));
+                        continue;
+                    };
+                    if act != vec![w.clone()] {
+                        v.push(format!("{who}: running for {} but active keys for {:?}", show(w), act.iter().map(|a| show(a)).collect::<Vec<_>>()));
+                    }
+                    if !self.members.get(t).is_some_and(|m| m.contains(w)) {
+                        v.push(format!("{who}: running for {}, which is not a member", show(w)));
+                    }
+                    if !pend.is_empty() {
+                        v.push(format!("{who}: running but has a pending key"));
+                    }
+                }
+                "finished" | "canceled" => {
+                    if !pend.is_empty() || !act.is_empty() || rec.worker.is_some() || rec.token.is_some() {
+                        v.push(format!("{who}: {} but still indexed or owned", rec.state));
+                    }
+                }
+                other => v.push(format!("{who}: unknown state {other}")),
+            }
+        }
+        for ((t, id), keys) in &self.pending {
+            if !self.jobs.contains_key(&(t.clone(), id.clone())) {
+                v.push(format!("{} pending key(s) without a record: {}/{}", keys.len(), show(t), show(id)));
+            }
+        }
+        for ((t, id), workers) in &self.active {
+            if !self.jobs.contains_key(&(t.clone(), id.clone())) {
+                v.push(format!("{} active key(s) without a record: {}/{}", workers.len(), show(t), show(id)));
+            }
+        }
+        let mut types: BTreeSet<Vec<u8>> = self.counts.keys().cloned().collect();
+        types.extend(self.jobs.keys().map(|(t, _)| t.clone()));
+        for t in types {
+            let counter = self.counts.get(&t).copied().unwrap_or(0);
+            let keys: i64 = self.pending.iter().filter(|((pt, _), _)| *pt == t).map(|(_, k)| k.len() as i64).sum();
+            let records = pending_records.get(&t).copied().unwrap_or(0);
+            if counter != keys || keys != records {
+                v.push(format!("type {}: pending counter {counter}, pending keys {keys}, pending records {records}", show(&t)));
+            }
+        }
+        let no_set = BTreeSet::new();
+        let mut wtypes: BTreeSet<&Vec<u8>> = self.members.keys().collect();
+        wtypes.extend(self.health.keys());
+        for t in wtypes {
+            let m = self.members.get(t).unwrap_or(&no_set);
+            let h = self.health.get(t).unwrap_or(&no_set);
+            if m != h {
+                v.push(format!("worker type {}: members {} vs health records {}", show(t), m.len(), h.len()));
+            }
+        }
+        if !self.orphans.is_empty() {
+            v.push(format!("{} orphan marker(s) left", self.orphans.len()));
+        }
+        if !self.unknown.is_empty() {
+            v.push(format!("{} key(s) of unknown shape", self.unknown.len()));
+        }
+        v
+    }
+
+    /// Panics with the list of violations, if any.
+    pub fn assert_ok(&self, when: &str) {
+        let v = self.violations();
+        assert!(v.is_empty(), "invariants violated {when}:\n  {}", v.join("\n  "));
+    }
+
+    /// Job counts by state, for one type.
+    pub fn states(&self, job_type: &[u8]) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for ((t, _), rec) in &self.jobs {
+            if t == job_type {
+                let state = rec.as_ref().map(|r| r.state.clone()).unwrap_or_else(|_| "undecodable".into());
+                *out.entry(state).or_default() += 1;
+            }
+        }
+        out
+    }
+
+    pub fn record(&self, job_type: &[u8], id: &[u8]) -> Option<&Rec> {
+        self.jobs.get(&(job_type.to_vec(), id.to_vec())).and_then(|r| r.as_ref().ok())
+    }
+
+    pub fn members_of(&self, worker_type: &[u8]) -> BTreeSet<Vec<u8>> {
+        self.members.get(worker_type).cloned().unwrap_or_default()
+    }
+}
+
+// ---- real file-system faults ------------------------------------------
+
+fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_encoded_bytes()).expect("path without NUL")
+}
+
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// A tmpfs of a given size mounted on a directory; unmounted on drop
+/// (lazily if something still holds a file open).
+pub struct Tmpfs {
+    pub path: PathBuf,
+}
+
+impl Tmpfs {
+    pub fn mount(path: &Path, size_bytes: u64) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(path).map_err(|e| format!("mkdir {}: {e}", path.display()))?;
+        let data = CString::new(format!("size={size_bytes},mode=0755")).expect("no NUL");
+        let fstype = CString::new("tmpfs").expect("no NUL");
+        // SAFETY: valid NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(fstype.as_ptr(), cstr(path).as_ptr(), fstype.as_ptr(), 0, data.as_ptr().cast())
+        };
+        if rc != 0 {
+            return Err(format!("mount -t tmpfs -o size={size_bytes} on {}: {}", path.display(), errno()));
+        }
+        Ok(Tmpfs { path: path.to_path_buf() })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        unmount(&self.path);
+    }
+}
+
+fn unmount(path: &Path) {
+    let p = cstr(path);
+    // SAFETY: a valid path string.
+    if unsafe { libc::umount2(p.as_ptr(), 0) } != 0 {
+        let first = errno();
+        // SAFETY: as above.
+        let rc = unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+        eprintln!(
+            "faults: umount {} failed ({first}); lazy unmount: {}",
+            path.display(),
+            if rc == 0 { "done".to_string() } else { errno().to_string() }
+        );
+    }
+}
+
+/// `source` bind-mounted on `target`; `set_read_only` remounts the bind
+/// read-only or back (a real read-only mount: the kernel answers EROFS).
+pub struct BindMount {
+    pub target: PathBuf,
+}
+
+impl BindMount {
+    pub fn new(source: &Path, target: &Path) -> Result<BindMount, String> {
+        std::fs::create_dir_all(target).map_err(|e| format!("mkdir {}: {e}", target.display()))?;
+        // SAFETY: valid strings; null fstype and data are allowed for a bind.
+        let rc = unsafe {
+            libc::mount(cstr(source).as_ptr(), cstr(target).as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null())
+        };
+        if rc != 0 {
+            return Err(format!("mount --bind {} {}: {}", source.display(), target.display(), errno()));
+        }
+        Ok(BindMount { target: target.to_path_buf() })
+    }
+
+    pub fn set_read_only(&self, ro: bool) -> Result<(), String> {
+        let mut flags = libc::MS_REMOUNT | libc::MS_BIND;
+        if ro {
+            flags |= libc::MS_RDONLY;
+        }
+        // SAFETY: as above.
+        let rc = unsafe { libc::mount(std::ptr::null(), cstr(&self.target).as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
+        if rc != 0 {
+            return Err(format!("remount {} {}: {}", self.target.display(), if ro { "ro" } else { "rw" }, errno()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        unmount(&self.target);
+    }
+}
+
+/// The immutable attribute (`chattr +i`) on some paths: the kernel then
+/// refuses writes to them, root's included, also through files already
+/// open (on ext4, xfs, btrfs; not on tmpfs). Cleared on drop.
+pub struct Immutable {
+    paths: Vec<PathBuf>,
+}
+
+fn chattr(flag: &str, path: &Path) -> Result<(), String> {
+    let out = std::process::Command::new("chattr")
+        .arg(flag)
+        .arg(path)
+        .output()
+        .map_err(|e| format!("cannot run chattr: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("chattr {flag} {}: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+impl Immutable {
+    /// Whether the attribute really stops a write through an open file in
+    /// `dir` (the probe file is removed again).
+    pub fn probe(dir: &Path) -> Result<(), String> {
+        use std::io::Write;
+        let path = dir.join("immutable-probe");
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("probe file: {e}"))?;
+        chattr("+i", &path)?;
+        let refused = file.write_all(b"x").and_then(|()| file.flush()).is_err();
+        let _ = chattr("-i", &path);
+        let _ = std::fs::remove_file(&path);
+        if refused {
+            Ok(())
+        } else {
+            Err(format!("the file system of {} accepts writes to open immutable files", dir.display()))
+        }
+    }
+
+    /// Sets the attribute on every path that exists (clearing it again on
+    /// failure).
+    pub fn set(paths: &[PathBuf]) -> Result<Immutable, String> {
+        let mut done = Immutable { paths: Vec::new() };
+        for p in paths.iter().filter(|p| p.exists()) {
+            chattr("+i", p)?;
+            done.paths.push(p.clone());
+        }
+        Ok(done)
+    }
+
+    /// Clears the attribute now.
+    pub fn clear(&mut self) {
+        for p in self.paths.drain(..) {
+            if let Err(e) = chattr("-i", &p) {
+                eprintln!("faults: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// Writes zeros into `path` until the file system is full; returns the
+/// bytes written.
+pub fn fill(path: &Path) -> u64 {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).expect("filler file");
+    let chunk = vec![0u8; 64 * 1024];
+    let mut written = 0u64;
+    loop {
+        match file.write(&chunk) {
+            Ok(0) => break,
+            Ok(n) => written += n as u64,
+            Err(_) => break,
+        }
+    }
+    // Whatever fits in smaller pieces too.
+    let small = [0u8; 512];
+    while let Ok(n) = file.write(&small) {
+        if n == 0 {
+            break;
+        }
+        written += n as u64;
+    }
+    let _ = file.flush();
+    written
+}
