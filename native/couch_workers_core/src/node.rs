@@ -19,7 +19,7 @@ use crate::log::{Event, Level, Logger};
 use crate::services::heartbeat::HeartbeatTask;
 use crate::services::membership::{MembershipWatcher, OnMembership};
 use crate::services::reaper::Reaper;
-use crate::services::{wall_clock_s, TaskCounts};
+use crate::services::{wall_clock_s, LiveGuard, TaskCounts};
 use crate::store::{self, run, Db, StoreConfig, TxOptions};
 use crate::workers::{self, WorkerSpec};
 
@@ -107,11 +107,11 @@ impl Node {
             ks: node.ks.clone(),
             log: node.log.clone(),
             cancel: node.shutdown.child_token(),
-            counts: node.counts.clone(),
             max_interval: settings.reaper_max_interval,
             tx_options: node.write_options(),
         };
-        node.tasks.spawn_on(reaper.run(), &node.runtime);
+        let live = LiveGuard::new(&node.counts, |c| &c.reapers);
+        node.tasks.spawn_on(reaper.run(live), &node.runtime);
         node
     }
 
@@ -188,6 +188,13 @@ impl Node {
             workers::register(&tx, ks, s, wall_clock_s()).await
         })
         .await?;
+        if self.is_stopped() {
+            // `stop` began while the write was in flight: no heartbeat will
+            // run, so take the worker out again rather than leave it for a
+            // reaper to find.
+            let _ = self.remove_worker(&spec.worker_type, &spec.id).await;
+            return Err(Error::Store(store::StoreError::Closed));
+        }
         let spec = Arc::new(spec);
         let cancel = self.shutdown.child_token();
         let task = HeartbeatTask {
@@ -196,10 +203,10 @@ impl Node {
             spec: spec.clone(),
             log: self.log.clone(),
             cancel: cancel.clone(),
-            counts: self.counts.clone(),
             tx_options: self.write_options(),
         };
-        self.spawn(task.run());
+        let live = LiveGuard::new(&self.counts, |c| &c.heartbeats);
+        self.spawn(task.run(live));
         Ok(Registration { node: Arc::downgrade(self), spec, cancel, removed: AtomicBool::new(false) })
     }
 
@@ -243,10 +250,10 @@ impl Node {
             on_update,
             log: self.log.clone(),
             cancel: cancel.clone(),
-            counts: self.counts.clone(),
             tx_options: self.read_options(),
         };
-        self.spawn(watcher.run());
+        let live = LiveGuard::new(&self.counts, |c| &c.watchers);
+        self.spawn(watcher.run(live));
         Ok(MembershipWatch { cancel })
     }
 }
@@ -261,6 +268,18 @@ pub struct Registration {
 }
 
 impl Registration {
+    /// Removes the worker (see [`Node::unregister_worker`]); `Closed` if
+    /// its node is gone.
+    pub async fn unregister(&self) -> Result<(), Error> {
+        match self.node.upgrade() {
+            Some(node) => node.unregister_worker(self).await,
+            None => {
+                self.cancel.cancel();
+                Err(Error::Store(store::StoreError::Closed))
+            }
+        }
+    }
+
     pub fn spec(&self) -> &WorkerSpec {
         &self.spec
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{jittered, sleep_or_cancel, wall_clock_s, LiveGuard, TaskCounts};
+use super::{jittered, sleep_or_cancel, wall_clock_s, LiveGuard};
 use crate::keyspace::Keyspace;
 use crate::log::{Event, Level, Logger};
 use crate::store::{run, Db, TxOptions};
@@ -23,7 +23,6 @@ pub(crate) struct HeartbeatTask {
     pub spec: Arc<WorkerSpec>,
     pub log: Logger,
     pub cancel: CancellationToken,
-    pub counts: Arc<TaskCounts>,
     pub tx_options: TxOptions,
 }
 
@@ -33,8 +32,10 @@ pub fn period(timeout_s: u64) -> Duration {
 }
 
 impl HeartbeatTask {
-    pub(crate) async fn run(self) {
-        let _live = LiveGuard::new(&self.counts, |c| &c.heartbeats);
+    /// `live` was taken by the spawner, so that the task counts from the
+    /// moment it is spawned, not from its first poll.
+    pub(crate) async fn run(self, live: LiveGuard) {
+        let _live = live;
         let period = period(self.spec.timeout_s);
         let mut failures: u32 = 0;
         loop {

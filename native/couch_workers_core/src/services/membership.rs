@@ -6,12 +6,11 @@
 //! member set bump `vs`, so heartbeats wake no watcher. Every delivery
 //! carries a strictly greater versionstamp than the one before.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{sleep_or_cancel, LiveGuard, TaskCounts};
+use super::{sleep_or_cancel, LiveGuard};
 use crate::keyspace::Keyspace;
 use crate::log::{Event, Level, Logger};
 use crate::store::{run, Db, TxOptions, Watch};
@@ -28,13 +27,14 @@ pub(crate) struct MembershipWatcher {
     pub on_update: OnMembership,
     pub log: Logger,
     pub cancel: CancellationToken,
-    pub counts: Arc<TaskCounts>,
     pub tx_options: TxOptions,
 }
 
 impl MembershipWatcher {
-    pub(crate) async fn run(self) {
-        let _live = LiveGuard::new(&self.counts, |c| &c.watchers);
+    /// `live` was taken by the spawner, so that the task counts from the
+    /// moment it is spawned, not from its first poll.
+    pub(crate) async fn run(self, live: LiveGuard) {
+        let _live = live;
         let mut last_sent: Option<[u8; 10]> = None;
         let mut failures: u32 = 0;
         loop {

@@ -23,13 +23,13 @@ pub struct TaskCounts {
 
 /// Decrements one counter when dropped: a task counts itself live for
 /// exactly as long as its future exists, whichever way it ends.
-pub(crate) struct LiveGuard {
+pub struct LiveGuard {
     counts: Arc<TaskCounts>,
     which: fn(&TaskCounts) -> &AtomicUsize,
 }
 
 impl LiveGuard {
-    pub(crate) fn new(counts: &Arc<TaskCounts>, which: fn(&TaskCounts) -> &AtomicUsize) -> Self {
+    pub fn new(counts: &Arc<TaskCounts>, which: fn(&TaskCounts) -> &AtomicUsize) -> Self {
         which(counts).fetch_add(1, Ordering::SeqCst);
         LiveGuard { counts: counts.clone(), which }
     }

@@ -13,12 +13,11 @@
 //! dead worker goes within milliseconds of its timeout), bounded by
 //! `max_interval` (so new workers are picked up) and jittered.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{jittered, sleep_or_cancel, LiveGuard, TaskCounts};
+use super::{jittered, sleep_or_cancel, LiveGuard};
 use crate::keyspace::{Keyspace, WorkerKey};
 use crate::liveness::{self, VERSIONS_PER_SECOND};
 use crate::log::{Event, Level, Logger};
@@ -33,7 +32,6 @@ pub(crate) struct Reaper {
     pub ks: Keyspace,
     pub log: Logger,
     pub cancel: CancellationToken,
-    pub counts: Arc<TaskCounts>,
     pub max_interval: Duration,
     pub tx_options: TxOptions,
 }
@@ -51,8 +49,10 @@ struct Scan {
 }
 
 impl Reaper {
-    pub(crate) async fn run(self) {
-        let _live = LiveGuard::new(&self.counts, |c| &c.reapers);
+    /// `live` was taken by the spawner, so that the task counts from the
+    /// moment it is spawned, not from its first poll.
+    pub(crate) async fn run(self, live: LiveGuard) {
+        let _live = live;
         loop {
             let wait = match self.scan_and_reap().await {
                 Ok(Some(versions)) => {

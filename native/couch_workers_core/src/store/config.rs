@@ -26,7 +26,7 @@ pub async fn open(config: &StoreConfig) -> Result<Db, StoreError> {
             Ok(store as Db)
         }
         #[cfg(not(feature = "fdb"))]
-        StoreConfig::Fdb { .. } => Err(StoreError::Invalid(
+        StoreConfig::Fdb { .. } => Err(StoreError::NotBuilt(
             "this couch_workers NIF was built without FoundationDB support: \
              install libfdb_c and rebuild with COUCH_WORKERS_FEATURES=fdb (see README, \"FoundationDB\")"
                 .into(),

@@ -114,6 +114,10 @@ pub enum StoreError {
     /// A disk or engine failure (read-only directory, disk full, ...).
     #[error("store I/O error: {0}")]
     Io(String),
+    /// The store asked for is not built into this library (FoundationDB
+    /// without the `fdb` feature); says how to get it.
+    #[error("{0}")]
+    NotBuilt(String),
     /// A FoundationDB error that has no better name here.
     #[error("fdb error {code}: {message}")]
     Fdb { code: i32, message: String, retryable: bool },
@@ -147,6 +151,7 @@ impl StoreError {
             StoreError::Closed => "store_closed",
             StoreError::Invalid(_) => "invalid",
             StoreError::Io(_) => "store_io",
+            StoreError::NotBuilt(_) => "fdb_not_built",
             StoreError::Fdb { .. } => "fdb_error",
         }
     }
