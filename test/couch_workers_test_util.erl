@@ -18,7 +18,13 @@
     clear_sink/1,
     recv_callback/2,
     gc_servers/0,
-    settled_stats/1
+    settled_stats/1,
+    register_worker/2,
+    register_worker/3,
+    recv_job/2,
+    wait_job/3,
+    no_job_msg/2,
+    job_state/2
 ]).
 
 %% ---- app lifecycle -------------------------------------------------------
@@ -139,7 +145,10 @@ recv_callback(Module, Timeout) ->
 %% Garbage collects the servers (and this process) so that dropped NIF
 %% resources are freed.
 gc_servers() ->
-    [erlang:garbage_collect(P) || Name <- [couch_workers_local, couch_workers_global], P <- [whereis(Name)], is_pid(P)],
+    [
+        erlang:garbage_collect(P)
+     || Name <- [couch_workers_local, couch_workers_global, couch_workers_jobs], P <- [whereis(Name)], is_pid(P)
+    ],
     erlang:garbage_collect(),
     ok.
 
@@ -157,3 +166,60 @@ settled_stats(Expected) ->
         end,
         5000
     ).
+
+%% ---- jobs ------------------------------------------------------------------
+
+%% Registers worker Id of Type for the calling process; returns its Ref.
+register_worker(Type, Id) ->
+    register_worker(Type, Id, #{}).
+
+register_worker(Type, Id, Opts) ->
+    Ref = couch_workers:worker_register(Type, Id, Opts, self()),
+    ?assert(is_reference(Ref)),
+    Ref.
+
+%% The next job message for subscription Ref: a job map, `removed', or
+%% `timeout'.
+recv_job(Ref, Timeout) ->
+    receive
+        {couch_workers_job, Ref, Msg} -> Msg
+    after Timeout -> timeout
+    end.
+
+%% Receives job messages for Ref until Pred(Job) holds; checks that their
+%% versionstamps strictly increase. Returns the job.
+wait_job(Ref, Pred, Timeout) ->
+    Deadline = erlang:monotonic_time(millisecond) + Timeout,
+    wait_job(Ref, Pred, Deadline, undefined).
+
+wait_job(Ref, Pred, Deadline, LastVS) ->
+    Left = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    case recv_job(Ref, Left) of
+        timeout ->
+            erlang:error({job_message_timeout, Ref});
+        removed ->
+            case Pred(removed) of
+                true -> removed;
+                false -> erlang:error({job_removed, Ref})
+            end;
+        #{vs := VS} = Job ->
+            case LastVS of
+                undefined -> ok;
+                _ -> ?assert(VS > LastVS)
+            end,
+            case Pred(Job) of
+                true -> Job;
+                false -> wait_job(Ref, Pred, Deadline, VS)
+            end
+    end.
+
+%% Asserts that no job message for Ref arrives within Timeout ms.
+no_job_msg(Ref, Timeout) ->
+    ?assertEqual(timeout, recv_job(Ref, Timeout)).
+
+%% The state of a job, or not_found.
+job_state(Type, Id) ->
+    case couch_workers:job_get(Type, Id) of
+        {ok, #{state := State}} -> State;
+        {error, not_found} -> not_found
+    end.

@@ -1,5 +1,5 @@
-%% @doc couch_workers: workers, their membership, and (issue 4) a job
-%% queue, for CouchDB nodes that share one store. See DESIGN.md, "Erlang
+%% @doc couch_workers: workers, their membership, and a job queue, for
+%% CouchDB nodes that share one store. See DESIGN.md, "Erlang
 %% API", for the contract.
 %%
 %% Every call that returns has finished its write: what it wrote is
@@ -7,7 +7,8 @@
 %% options, a non-pid) raise `badarg'; options that JSON cannot hold are
 %% `{error, invalid_options}', a bad `timeout' `{error, invalid_timeout}',
 %% keys and values over FoundationDB's limits `{error, key_too_large}' and
-%% `{error, value_too_large}'. Unknown or stale references are `ok'.
+%% `{error, value_too_large}'. Unknown or stale references are `ok'
+%% (`job_accept/2': `{error, not_found}').
 -module(couch_workers).
 
 -export([
@@ -19,7 +20,23 @@
     stats/0
 ]).
 
+%% The job queue (implemented in couch_workers_jobs).
+-export([
+    job_add/4,
+    job_add_many/2,
+    job_accept/2,
+    job_update/2,
+    job_finish/2,
+    job_cancel/2,
+    job_remove/2,
+    job_get/2,
+    job_pending_count/1,
+    job_subscribe/3,
+    job_unsubscribe/1
+]).
+
 -export_type([worker_type/0, worker_id/0, workers/0, vs/0]).
+-export_type([job_type/0, job_id/0, job/0, job_handle/0, job_state/0]).
 
 -type worker_type() :: binary().
 -type worker_id() :: binary().
@@ -27,6 +44,44 @@
 -type workers() :: #{worker_id() => map()}.
 %% A versionstamp: opaque; a later one compares greater.
 -type vs() :: binary().
+
+-type job_type() :: binary().
+-type job_id() :: binary().
+-type job_state() :: pending | running | finished | canceled.
+%% A job as `job_get/2' and subscriptions give it. `info' and `result' come
+%% back from JSON with binary keys; `vs' is the versionstamp of its last
+%% change (12 bytes; a later change compares greater); `attempts' counts
+%% accepts; `cancel_requested' says that a cancel waits for the worker's
+%% next `job_update/2'.
+-type job() :: #{
+    type := job_type(),
+    id := job_id(),
+    state := job_state(),
+    worker := worker_id() | null,
+    priority := integer(),
+    info := map(),
+    result := map() | null,
+    attempts := non_neg_integer(),
+    vs := vs(),
+    cancel_requested := boolean()
+}.
+%% What `job_accept/2' and `job_update/2' return: the job and `token', the
+%% 16-byte fencing token of that one accept. `job_update/2' and
+%% `job_finish/2' take it; a map without a valid `type', `id', `worker'
+%% and `token' (a `job()' from `job_get/2', say) raises `badarg'.
+-type job_handle() :: #{
+    type := job_type(),
+    id := job_id(),
+    state := job_state(),
+    worker := worker_id(),
+    priority := integer(),
+    info := map(),
+    result := null,
+    attempts := pos_integer(),
+    vs := vs(),
+    cancel_requested := boolean(),
+    token := <<_:128>>
+}.
 
 %% Called (in a process of the subscription's own) on every membership
 %% change of a subscription made with a module.
@@ -87,10 +142,103 @@ get_workers(WorkerType) ->
 
 %% @doc Live counts of the Rust side: `heartbeats', `watchers', `reapers'
 %% (tasks of the running node), `registrations' and `watches' (live NIF
-%% handles), `running', `runtime_threads'.
+%% handles), `running', `runtime_threads'; of the job queue:
+%% `job_dispatchers', `job_waiters' (acceptors waiting in them),
+%% `job_watchers' (one per subscribed job), `job_sweepers' (tasks of the
+%% node), `job_subscriptions' and `accept_waiters' (live NIF handles).
 -spec stats() -> #{atom() => term()}.
 stats() ->
     couch_workers_nif:stats().
+
+%% ---- jobs ------------------------------------------------------------------
+%%
+%% Shapes (a non-binary type or id, a non-map info, result or options, a
+%% `Job' that is not a handle, a non-pid) raise `badarg'. Values: a
+%% `priority' that is not an integer in the 64-bit range is
+%% `{error, invalid_priority}'; a `timeout' that is not a non-negative
+%% integer `{error, invalid_timeout}'; an info or result JSON cannot hold
+%% `{error, invalid_info}' / `{error, invalid_result}'; ids and types over
+%% 10,000 bytes `{error, key_too_large}'; info or result over 100,000
+%% bytes of JSON `{error, value_too_large}'. Nothing is written then.
+%% Store failures are `{error, Name}'; `{error, timeout}' when no answer
+%% came within the store's budget plus a margin.
+
+%% @doc Adds a pending job. `Opts': `priority' (integer, default 0; lower
+%% runs first; first in, first out within a priority). An id that exists
+%% in any state is `already_exists'.
+-spec job_add(job_type(), job_id(), map(), map()) -> ok | {error, already_exists | term()}.
+job_add(JobType, JobId, Info, Opts) ->
+    couch_workers_jobs:add(JobType, JobId, Info, Opts).
+
+%% @doc Adds every job or none, in one transaction; `already_exists' lists
+%% every id that exists (or repeats in the list). A batch one transaction
+%% cannot hold (over 65,536 jobs or about 10 MB) is
+%% `{error, transaction_too_large}'.
+-spec job_add_many(job_type(), [{job_id(), map(), map()}]) ->
+    ok | {error, {already_exists, [job_id()]} | term()}.
+job_add_many(JobType, Jobs) ->
+    couch_workers_jobs:add_many(JobType, Jobs).
+
+%% @doc Takes the next pending job of the worker's type for the worker
+%% registered on this node as `WorkerRef'. `Opts': `timeout' (ms, default
+%% 0) to wait for a job pushed meanwhile. `not_found': no job in time, or
+%% `WorkerRef' is unknown or stale. The handle is good for this accept
+%% only.
+-spec job_accept(reference(), map()) -> {ok, job_handle()} | {error, not_found | term()}.
+job_accept(WorkerRef, Opts) ->
+    couch_workers_jobs:accept(WorkerRef, Opts).
+
+%% @doc Replaces the info of the job `Job' holds; returns the new handle.
+%% `canceled': a cancel was requested (the job is now canceled and no
+%% longer the worker's); `not_owner': this accept no longer holds the job;
+%% `not_found': it was removed.
+-spec job_update(job_handle(), map()) -> {ok, job_handle()} | {error, canceled | not_owner | not_found | term()}.
+job_update(Job, Info) ->
+    couch_workers_jobs:update(Job, Info).
+
+%% @doc Finishes the job `Job' holds, with `Result'.
+-spec job_finish(job_handle(), map()) -> ok | {error, not_owner | not_found | term()}.
+job_finish(Job, Result) ->
+    couch_workers_jobs:finish(Job, Result).
+
+%% @doc Cancels a pending job at once; asks a running one's worker to stop
+%% (its next `job_update/2' is `{error, canceled}'); a finished or
+%% canceled one is left as it is (`ok').
+-spec job_cancel(job_type(), job_id()) -> ok | {error, not_found | term()}.
+job_cancel(JobType, JobId) ->
+    couch_workers_jobs:cancel(JobType, JobId).
+
+%% @doc Removes a job in any state (a running one's worker is then
+%% refused with `not_found').
+-spec job_remove(job_type(), job_id()) -> ok | {error, not_found | term()}.
+job_remove(JobType, JobId) ->
+    couch_workers_jobs:remove(JobType, JobId).
+
+%% @doc The job (no token: not a handle).
+-spec job_get(job_type(), job_id()) -> {ok, job()} | {error, not_found | term()}.
+job_get(JobType, JobId) ->
+    couch_workers_jobs:get(JobType, JobId).
+
+%% @doc The exact number of pending jobs of `JobType' (a counter: cheap at
+%% any queue size).
+-spec job_pending_count(job_type()) -> non_neg_integer() | {error, term()}.
+job_pending_count(JobType) ->
+    couch_workers_jobs:pending_count(JobType).
+
+%% @doc Subscribes `Pid' (a local process) to the job: returns the job as
+%% it is now, then `{couch_workers_job, Ref, Job}' goes to `Pid' on every
+%% change, and `{couch_workers_job, Ref, removed}' when the job is removed
+%% (the end of the subscription). `Pid''s exit ends it.
+-spec job_subscribe(job_type(), job_id(), pid()) -> {ok, reference(), job()} | {error, not_found | term()}.
+job_subscribe(JobType, JobId, Pid) ->
+    couch_workers_jobs:subscribe(JobType, JobId, Pid).
+
+%% @doc Ends a job subscription: no message for `Ref' arrives after this
+%% returns (those already in the caller's mailbox are flushed). Unknown
+%% or stale `Ref': `ok'.
+-spec job_unsubscribe(reference()) -> ok.
+job_unsubscribe(Ref) ->
+    couch_workers_jobs:unsubscribe(Ref).
 
 flush_membership(Ref) ->
     receive

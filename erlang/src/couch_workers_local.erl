@@ -22,7 +22,7 @@
 
 -behaviour(gen_server).
 
--export([start_link/0, register_worker/4, unregister_worker/1]).
+-export([start_link/0, register_worker/4, unregister_worker/1, lookup/1]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -61,6 +61,19 @@ unregister_worker(Ref) ->
         {error, Reason} when Reason =/= timeout -> ok;
         {error, timeout} = Error -> Error
     end.
+
+%% @doc The `(Type, Id)' of the worker registered on this node as `Ref'
+%% (a direct ETS read); `error' for an unknown or stale `Ref'.
+-spec lookup(term()) -> {ok, binary(), binary()} | error.
+lookup(Ref) when is_reference(Ref) ->
+    try ets:lookup(?TAB, Ref) of
+        [{Ref, Type, Id, _Pid, _Reg, _Mon}] -> {ok, Type, Id};
+        [] -> error
+    catch
+        error:badarg -> error
+    end;
+lookup(_Ref) ->
+    error.
 
 call(Msg) ->
     try

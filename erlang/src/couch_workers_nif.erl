@@ -9,7 +9,9 @@
 %% ```
 %% start(Ref, Config)               -> ok | {error, _}  then {Ref, ok | {error, Name}}
 %% stop(Ref)                        -> ok | {error, not_started | starting | stopping}  then {Ref, ok}
-%% stats()                          -> #{running, heartbeats, watchers, reapers, registrations, watches, runtime_threads}
+%% stats()                          -> #{running, heartbeats, watchers, reapers, registrations, watches, runtime_threads,
+%%                                       job_dispatchers, job_waiters, job_watchers, job_sweepers,
+%%                                       job_subscriptions, accept_waiters}
 %% set_log_pid(Pid | undefined)     -> ok      log events: {couch_workers_log, Level, What, Fields}
 %% worker_register(Ref, Type, Id, Opts) -> ok | {error, _}  then {Ref, {ok, Registration} | {error, Name}}
 %% worker_unregister(Ref, Registration) -> ok | {error, not_started}  then {Ref, ok | {error, Name}}
@@ -17,7 +19,25 @@
 %%     then {couch_workers_membership_changed, Tag, Type, VS, Workers} on the first read and every change
 %% membership_unwatch(Watch)        -> ok
 %% test_panic(Ref)                  -> ok  then {Ref, {error, {panic, Msg}}}
+%%
+%% job_add(Ref, Type, Id, Info, Priority)     -> ok | {error, _}  then {Ref, ok | {error, Name}}
+%% job_add_many(Ref, Type, [{Id, Info, Priority}])
+%%                                            -> ok | {error, _}  then {Ref, ok | {error, {already_exists, [Id]}} | {error, Name}}
+%% job_accept(Ref, Type, Worker, TimeoutMs)   -> {ok, Waiter} | {error, _}  then {Ref, {ok, Handle} | {error, Name}}
+%% job_accept_abandon(Waiter)                 -> abandoned | delivered
+%% job_update(Ref, Handle, Info)              -> ok | {error, _}  then {Ref, {ok, Handle} | {error, Name}}
+%% job_finish(Ref, Handle, Result)            -> ok | {error, _}  then {Ref, ok | {error, Name}}
+%% job_cancel(Ref, Type, Id)                  -> ok | {error, _}  then {Ref, ok | {error, Name}}
+%% job_remove(Ref, Type, Id)                  -> ok | {error, _}  then {Ref, ok | {error, Name}}
+%% job_get(Ref, Type, Id)                     -> ok | {error, _}  then {Ref, {ok, Job} | {error, Name}}
+%% job_pending_count(Ref, Type)               -> ok | {error, _}  then {Ref, {ok, N} | {error, Name}}
+%% job_subscribe(Ref, Type, Id, Pid, SubRef)  -> ok | {error, _}  then {Ref, {ok, Subscription, Job} | {error, Name}}
+%%     then {couch_workers_job, SubRef, Job | removed} to Pid, and
+%%     {couch_workers_job_ended, SubRef} to the caller after `removed'
+%% job_unsubscribe(Subscription)              -> ok      (nothing of it is sent after this returns)
 %% '''
+%%
+%% The job NIFs are documented in full in the NIF crate's `jobs.rs'.
 %%
 %% The library is loaded once, from `priv/libcouch_workers_nif.so'. It
 %% has no upgrade callback, so loading this module again fails instead of
@@ -38,7 +58,21 @@
     membership_watch/2,
     membership_unwatch/1
 ]).
-%% (The job queue's NIFs go in a section of their own below.)
+%% The job queue (see the "jobs" section below).
+-export([
+    job_add/5,
+    job_add_many/3,
+    job_accept/4,
+    job_accept_abandon/1,
+    job_update/3,
+    job_finish/3,
+    job_cancel/3,
+    job_remove/3,
+    job_get/3,
+    job_pending_count/2,
+    job_subscribe/5,
+    job_unsubscribe/1
+]).
 
 -export([wait/2, lib_path/0]).
 
@@ -48,7 +82,9 @@
 
 -type registration() :: reference().
 -type watch() :: reference().
--export_type([registration/0, watch/0]).
+-type waiter() :: reference().
+-type job_subscription() :: reference().
+-export_type([registration/0, watch/0, waiter/0, job_subscription/0]).
 
 -spec init() -> ok | {error, term()}.
 init() ->
@@ -128,4 +164,40 @@ membership_watch(_Type, _Tag) -> erlang:nif_error(nif_not_loaded).
 -spec membership_unwatch(watch()) -> ok.
 membership_unwatch(_Watch) -> erlang:nif_error(nif_not_loaded).
 
-%% ---- jobs (issue 4) ------------------------------------------------------
+%% ---- jobs ----------------------------------------------------------------
+
+-spec job_add(reference(), binary(), binary(), map(), integer()) -> ok | {error, atom()}.
+job_add(_Ref, _Type, _Id, _Info, _Priority) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_add_many(reference(), binary(), [{binary(), map(), integer()}]) -> ok | {error, atom()}.
+job_add_many(_Ref, _Type, _Jobs) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_accept(reference(), binary(), binary(), non_neg_integer()) -> {ok, waiter()} | {error, atom()}.
+job_accept(_Ref, _Type, _Worker, _TimeoutMs) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_accept_abandon(waiter()) -> abandoned | delivered.
+job_accept_abandon(_Waiter) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_update(reference(), map(), map()) -> ok | {error, atom()}.
+job_update(_Ref, _Handle, _Info) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_finish(reference(), map(), map()) -> ok | {error, atom()}.
+job_finish(_Ref, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_cancel(reference(), binary(), binary()) -> ok | {error, atom()}.
+job_cancel(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_remove(reference(), binary(), binary()) -> ok | {error, atom()}.
+job_remove(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_get(reference(), binary(), binary()) -> ok | {error, atom()}.
+job_get(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_pending_count(reference(), binary()) -> ok | {error, atom()}.
+job_pending_count(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_subscribe(reference(), binary(), binary(), pid(), reference()) -> ok | {error, atom()}.
+job_subscribe(_Ref, _Type, _Id, _Pid, _SubRef) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_unsubscribe(job_subscription()) -> ok.
+job_unsubscribe(_Sub) -> erlang:nif_error(nif_not_loaded).

@@ -1,9 +1,10 @@
 %% @doc The couch_workers supervisor.
 %%
 %% Order matters: the events process starts first and stops last, so that
-%% log events of the others are forwarded; `couch_workers_local' stops
-%% first, unregistering its workers while the node runs (the application
-%% stops the node after the tree, in `couch_workers_app:stop/1').
+%% log events of the others are forwarded; `couch_workers_jobs' stops
+%% first (its job subscriptions end), then `couch_workers_local',
+%% unregistering its workers while the node runs (the application stops
+%% the node after the tree, in `couch_workers_app:stop/1').
 -module(couch_workers_sup).
 
 -behaviour(supervisor).
@@ -22,8 +23,9 @@ init([]) ->
         worker(couch_workers_events, 5000),
         worker(couch_workers_global, 5000),
         %% Unregistering every worker takes a store transaction each.
-        worker(couch_workers_local, 30000)
-        %% (The job queue's server goes here.)
+        worker(couch_workers_local, 30000),
+        %% Job subscriptions (stops first: its subscriptions end).
+        worker(couch_workers_jobs, 5000)
     ],
     {ok, {Flags, Children}}.
 

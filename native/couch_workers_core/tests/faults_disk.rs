@@ -23,7 +23,6 @@ mod faults_common;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use couch_workers_core::jobs::{JobHandle, JobService, JobState};
@@ -43,12 +42,7 @@ fn settings(tx_timeout: Duration) -> Settings {
 }
 
 fn spec(id: &str, timeout_s: u64) -> WorkerSpec {
-    WorkerSpec {
-        worker_type: T.to_vec(),
-        id: id.as_bytes().to_vec(),
-        options_json: b"{}".to_vec(),
-        timeout_s,
-    }
+    WorkerSpec { worker_type: T.to_vec(), id: id.as_bytes().to_vec(), options_json: b"{}".to_vec(), timeout_s }
 }
 
 fn skip(test: &str, why: &str) {
@@ -101,6 +95,27 @@ async fn check_before(node: &Node, before: &Before, when: &str) {
     assert_eq!(rec.state, "running", "{when}");
     assert_eq!(rec.token.as_deref(), Some(&before.running.token[..]), "{when}: the same accept holds it");
     assert_eq!(snap.record(T, &before.finished).map(|r| r.state.as_str()), Some("finished"), "{when}");
+}
+
+/// After the node has stopped: SQLite's own check of the file (run by a
+/// plain connection, as an operator would), then a fresh open of the store
+/// that still finds everything of `before` (the running job now pending or
+/// finished, whatever the test did with it).
+async fn reopen_and_check(dir: &Path, before: &Before, when: &str) {
+    let path = dir.join(FILE_NAME);
+    let conn = rusqlite::Connection::open(&path).expect("open the file");
+    let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).expect("integrity_check");
+    assert_eq!(check, "ok", "{when}: SQLite's integrity check");
+    drop(conn);
+    let store = EmbeddedStore::open(EmbeddedOptions::new(dir)).expect("reopen the store");
+    let db: Db = store.clone();
+    let ks = couch_workers_core::keyspace::Keyspace::new(&db.prefix());
+    let snap = snapshot(db.as_ref(), &ks).await;
+    snap.assert_ok(when);
+    for id in before.pending.iter().chain([&before.finished, &before.running.job.id]) {
+        assert!(snap.record(T, id).is_some(), "{when}: job {} lost", String::from_utf8_lossy(id));
+    }
+    store.close();
 }
 
 // ---- a disk that fills ----------------------------------------------------
@@ -169,8 +184,10 @@ async fn disk_full_fails_writes_keeps_reads_and_recovers_when_space_is_freed() {
     .expect("membership read on a full disk");
     assert_eq!(members.workers.len(), 1);
 
-    // The heartbeat fails, says so, and keeps trying.
-    let failed = log.wait_for("heartbeat_failed", 2, Duration::from_secs(3)).await.expect("two heartbeat_failed events");
+    // The heartbeat fails and says why; it keeps trying (it recovers, as
+    // `heartbeat_recovered`, without being registered again). One failure
+    // is waited for, not more: the worker must not reach its timeout.
+    let failed = log.wait_for("heartbeat_failed", 1, Duration::from_secs(3)).await.expect("heartbeat_failed");
     let reason = field(&failed, "reason").unwrap_or_default();
     assert!(reason.contains("disk full"), "heartbeat_failed says why: {reason}");
 
@@ -194,6 +211,7 @@ async fn disk_full_fails_writes_keeps_reads_and_recovers_when_space_is_freed() {
     node.stop().await;
     drop(node);
     drop(store);
+    reopen_and_check(&fs.path.join("store"), &before, "reopened after the disk was full").await;
     assert_eq!(panics(), 0, "no panic in any background task");
     drop(fs);
 }
@@ -213,7 +231,10 @@ async fn read_only_files_fail_writes_keep_reads_and_recover() {
     count_panics();
     let tmp = tempfile::tempdir().expect("temp dir");
     if let Err(e) = Immutable::probe(tmp.path()) {
-        return skip("read_only_files", &format!("the immutable attribute cannot be used here: {e}"));
+        return skip(
+            "read_only_files",
+            &format!("the immutable attribute cannot be used here ({e}); needs root / CAP_LINUX_IMMUTABLE on ext4, xfs or btrfs"),
+        );
     }
     let dir = tmp.path().join("store");
     let log = CaptureLog::new();
@@ -223,7 +244,8 @@ async fn read_only_files_fail_writes_keep_reads_and_recover() {
     let reg = node.register_worker(spec("w1", 3)).await.expect("register");
     let before = commit_before(jobs, b"w1").await;
 
-    let files: Vec<_> = [FILE_NAME.to_string(), format!("{FILE_NAME}-wal")].iter().map(|f| dir.join(f)).chain([dir.clone()]).collect();
+    let files: Vec<_> =
+        [FILE_NAME.to_string(), format!("{FILE_NAME}-wal")].iter().map(|f| dir.join(f)).chain([dir.clone()]).collect();
     let mut ro = Immutable::set(&files).expect("chattr +i");
     let t0 = Instant::now();
     let r = answer("add on read-only files", jobs.add(T, b"during", b"{}", 0)).await;
@@ -241,7 +263,7 @@ async fn read_only_files_fail_writes_keep_reads_and_recover() {
     assert_eq!(answer("get", jobs.get(T, b"during")).await, Err(Error::NotFound));
     assert_eq!(answer("count", jobs.pending_count(T)).await, Ok(4));
 
-    let failed = log.wait_for("heartbeat_failed", 2, Duration::from_secs(3)).await.expect("two heartbeat_failed events");
+    let failed = log.wait_for("heartbeat_failed", 1, Duration::from_secs(3)).await.expect("heartbeat_failed");
     eprintln!("read_only_files: heartbeat_failed reason: {}", field(&failed, "reason").unwrap_or_default());
 
     // Readers opened while the files are read-only (more at once than the
@@ -262,10 +284,13 @@ async fn read_only_files_fail_writes_keep_reads_and_recover() {
     // Read-mode transactions that write (they upgrade to the write lock):
     // none may fail on a connection opened while the files were read-only.
     for i in 0u32..16 {
-        answer("read-mode write", run(store.as_ref(), TxOptions::read(), |tx| async move {
-            tx.set(b"upgrade", &i.to_be_bytes());
-            Ok(())
-        }))
+        answer(
+            "read-mode write",
+            run(store.as_ref(), TxOptions::read(), |tx| async move {
+                tx.set(b"upgrade", &i.to_be_bytes());
+                Ok(())
+            }),
+        )
         .await
         .unwrap_or_else(|e| panic!("read-mode write {i} after the fault cleared: {e}"));
     }
@@ -280,6 +305,9 @@ async fn read_only_files_fail_writes_keep_reads_and_recover() {
     node.unregister_worker(&reg).await.expect("unregister");
     snapshot(node.db().as_ref(), node.keyspace()).await.assert_ok("at the end");
     node.stop().await;
+    drop(node);
+    drop(store);
+    reopen_and_check(&dir, &before, "reopened after the files were read-only").await;
     assert_eq!(panics(), 0, "no panic in any background task");
 }
 
@@ -350,7 +378,9 @@ const LOCK_TEST: &str = "store_locked_by_another_process_times_out_then_recovers
 /// or `rollback` on its standard input, or until it is killed.
 struct LockHolder {
     child: Child,
-    lines: BufReader<std::process::ChildStdout>,
+    /// The child's standard output, line by line (read by a thread, so
+    /// that a silent child cannot hang the test).
+    lines: std::sync::mpsc::Receiver<String>,
 }
 
 impl LockHolder {
@@ -366,21 +396,33 @@ impl LockHolder {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn the lock holder");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout"));
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let holder = LockHolder { child, lines };
+        // libtest prints `test <name> ... ` first, on the same line.
+        let line = holder.wait_line(&["LOCKED", "LOCK-FAILED"]);
+        assert!(line.ends_with("LOCKED"), "the lock holder could not take the lock: {line}");
+        holder
+    }
+
+    /// The next line that contains one of `marks`, within 10 s.
+    fn wait_line(&self, marks: &[&str]) -> String {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let mut line = String::new();
-            let n = lines.read_line(&mut line).expect("read the lock holder");
-            assert!(n > 0, "the lock holder exited before taking the lock");
-            if line.trim() == "LOCKED" {
-                break;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if marks.iter().any(|m| line.contains(m)) => return line,
+                Ok(_) => continue,
+                Err(e) => panic!("the lock holder said none of {marks:?} within 10 s ({e})"),
             }
-            if let Some(err) = line.trim().strip_prefix("LOCK-FAILED ") {
-                panic!("the lock holder could not take the lock: {err}");
-            }
-            assert!(Instant::now() < deadline, "the lock holder took no lock");
         }
-        LockHolder { child, lines }
     }
 
     /// Tells it to end its transaction and exit; waits for the exit.
@@ -388,11 +430,9 @@ impl LockHolder {
         let mut stdin = self.child.stdin.take().expect("stdin");
         writeln!(stdin, "{how}").expect("tell the lock holder");
         drop(stdin);
-        let mut rest = String::new();
-        let _ = std::io::Read::read_to_string(&mut self.lines, &mut rest);
+        self.wait_line(&["RELEASED"]);
         let status = self.child.wait().expect("the lock holder exits");
-        assert!(status.success(), "lock holder: {status:?}\n{rest}");
-        assert!(rest.contains("RELEASED"), "the lock holder released its lock:\n{rest}");
+        assert!(status.success(), "lock holder: {status:?}");
     }
 
     /// `kill -9` while it holds the lock.
@@ -417,7 +457,7 @@ fn hold_lock() {
     let tag = std::env::var(ROLE_TAG).expect("tag");
     let take = || -> rusqlite::Result<rusqlite::Connection> {
         let conn = rusqlite::Connection::open(Path::new(&dir).join(FILE_NAME))?;
-        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.busy_timeout(if mode == "exclusive" { Duration::from_millis(300) } else { Duration::from_secs(5) })?;
         if mode == "exclusive" {
             conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
         }
@@ -472,8 +512,11 @@ async fn store_locked_by_another_process_times_out_then_recovers() {
     let db: Db = store.clone();
     let node = Node::with_db(db.clone(), settings(tx_timeout), log.clone());
     let jobs = node.jobs();
-    let reg = node.register_worker(spec("w1", 4)).await.expect("register");
+    // Timeout 3 s: a heartbeat every second, so one fails while the lock
+    // is held, and the worker is not reaped meanwhile.
+    let reg = node.register_worker(spec("w1", 3)).await.expect("register");
     let before = commit_before(jobs, b"w1").await;
+    let started = Instant::now();
 
     // 1. A writer of another process holds the write lock, then commits.
     let holder = LockHolder::spawn(&dir, "immediate", "committed");
@@ -485,7 +528,10 @@ async fn store_locked_by_another_process_times_out_then_recovers() {
     assert!(waited >= tx_timeout.mul_f64(0.9) && waited < tx_timeout * 3, "waited {waited:?}");
     // Reads go on (WAL readers do not wait for writers).
     let t0 = Instant::now();
-    assert_eq!(answer("get while locked", jobs.get(T, &before.pending[0])).await.map(|j| j.state), Ok(JobState::Pending));
+    assert_eq!(
+        answer("get while locked", jobs.get(T, &before.pending[0])).await.map(|j| j.state),
+        Ok(JobState::Pending)
+    );
     assert_eq!(answer("count while locked", jobs.pending_count(T)).await, Ok(4));
     assert!(t0.elapsed() < Duration::from_millis(200), "reads did not wait: {:?}", t0.elapsed());
     let failed = log.wait_for("heartbeat_failed", 1, Duration::from_secs(3)).await.expect("heartbeat_failed");
@@ -494,7 +540,11 @@ async fn store_locked_by_another_process_times_out_then_recovers() {
     let t0 = Instant::now();
     answer("add after", jobs.add(T, b"during", b"{}", 0)).await.expect("writes work again");
     eprintln!("locked: first write {:?} after the release", t0.elapsed());
-    assert_eq!(raw_get(&db, b"locker/committed").await.as_deref(), Some(&b"1"[..]), "the other process's commit is seen");
+    assert_eq!(
+        raw_get(&db, b"locker/committed").await.as_deref(),
+        Some(&b"1"[..]),
+        "the other process's commit is seen"
+    );
     log.wait_for("heartbeat_recovered", 1, Duration::from_secs(3)).await.expect("the heartbeat recovers");
 
     // 2. The holder is killed (kill -9) in the middle of its transaction.
@@ -505,22 +555,81 @@ async fn store_locked_by_another_process_times_out_then_recovers() {
     answer("add after kill", jobs.add(T, b"during-2", b"{}", 0)).await.expect("writes work after the holder died");
     assert_eq!(raw_get(&db, b"locker/killed").await, None, "the killed holder's write never committed");
 
-    // 3. The whole file locked (exclusive locking mode): reads wait too,
-    //    and answer a clear timeout instead of hanging.
-    let holder = LockHolder::spawn(&dir, "exclusive", "exclusive");
+    // 3. A node (re)starts while another process holds the lock: the
+    //    store opens at once (an already set-up store is opened without
+    //    writing), reads work through it, its writes wait and time out,
+    //    then go through once the lock is released.
+    let holder = LockHolder::spawn(&dir, "immediate", "at-open");
     let t0 = Instant::now();
-    let r = answer("get while exclusively locked", jobs.get(T, &before.pending[0])).await;
-    eprintln!("exclusive: get answered after {:?}: {r:?}", t0.elapsed());
-    let r = answer("add while exclusively locked", jobs.add(T, b"during-3", b"{}", 0)).await;
-    eprintln!("exclusive: add answered after {:?}: {r:?}", t0.elapsed());
-    holder.release("commit");
-    answer("add after", jobs.add(T, b"during-3", b"{}", 0)).await.expect("writes work again");
-    assert_eq!(raw_get(&db, b"locker/exclusive").await.as_deref(), Some(&b"1"[..]));
+    let second = EmbeddedStore::open(EmbeddedOptions::new(&dir)).expect("opens while another process writes");
+    assert!(t0.elapsed() < Duration::from_secs(1), "open did not wait for the lock: {:?}", t0.elapsed());
+    let second_db: Db = second.clone();
+    assert!(raw_get(&second_db, b"locker/committed").await.is_some(), "reads work through the new handle");
+    let opts = TxOptions { timeout: tx_timeout, ..TxOptions::write() };
+    let r = answer(
+        "write through the new handle",
+        run(second_db.as_ref(), opts, |tx| async move {
+            tx.set(b"second", b"1");
+            Ok(())
+        }),
+    )
+    .await;
+    assert!(matches!(r, Err(StoreError::TimedOut | StoreError::Busy)), "{r:?}");
+    holder.release("rollback");
+    answer(
+        "write after the release",
+        run(second_db.as_ref(), opts, |tx| async move {
+            tx.set(b"second", b"1");
+            Ok(())
+        }),
+    )
+    .await
+    .expect("the new handle writes once the lock is free");
+    assert_eq!(raw_get(&db, b"locker/at-open").await, None, "the rolled-back write is not there");
+    second.close();
+
+    // SQLite's `locking_mode=EXCLUSIVE` (which would lock readers out
+    // too) cannot be taken by another process while a node has the store
+    // open: every WAL connection holds a shared lock on the file, so the
+    // taker gets SQLITE_BUSY. Checked here, since it bounds what "locked
+    // by another process" can mean.
+    let mut child = Command::new(std::env::current_exe().expect("current exe"))
+        .args(["--exact", LOCK_TEST, "--nocapture", "--test-threads=1"])
+        .env(ROLE, "lock-holder")
+        .env(ROLE_DIR, &dir)
+        .env(ROLE_MODE, "exclusive")
+        .env(ROLE_TAG, "exclusive")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn");
+    // Reads and writes go on meanwhile.
+    answer("add while another process tries an exclusive lock", jobs.add(T, b"during-3", b"{}", 0))
+        .await
+        .expect("writes go on");
+    let out = tokio::task::spawn_blocking(move || {
+        let mut out = String::new();
+        let _ = std::io::Read::read_to_string(child.stdout.as_mut().expect("stdout"), &mut out);
+        let _ = child.wait();
+        out
+    })
+    .await
+    .expect("the exclusive taker's output");
+    assert!(out.contains("LOCK-FAILED"), "an exclusive lock was refused while the store is open:\n{out}");
+    assert_eq!(raw_get(&db, b"locker/exclusive").await, None);
+    eprintln!("locked: three lock holders and an exclusive-lock attempt in {:?}", started.elapsed());
 
     assert_eq!(log.count("worker_reaped"), 0, "the worker was never reaped");
     check_before(&node, &before, "after the locks").await;
-    answer("finish", jobs.finish(&before.running.fence(), b"{}")).await.expect("the accept from before still holds its job");
+    answer("finish", jobs.finish(&before.running.fence(), b"{}"))
+        .await
+        .expect("the accept from before still holds its job");
     node.unregister_worker(&reg).await.expect("unregister");
     node.stop().await;
+    drop(node);
+    drop(db);
+    drop(store);
+    reopen_and_check(&dir, &before, "reopened after the locks").await;
     assert_eq!(panics(), 0, "no panic in any background task");
 }

@@ -11,9 +11,10 @@
 //! | `node.rs`       | `start/2`, `stop/1`, `stats/0`, `set_log_pid/1`, `test_panic/1` |
 //! | `workers.rs`    | `worker_register/4`, `worker_unregister/2`              |
 //! | `membership.rs` | `membership_watch/2`, `membership_unwatch/1`            |
-//! | (jobs: issue 4) | a `jobs.rs` of its own, registered in `load` below      |
+//! | `jobs.rs`       | `job_add/5`, `job_add_many/3`, `job_accept/4`, `job_accept_abandon/1`, `job_update/3`, `job_finish/3`, `job_cancel/3`, `job_remove/3`, `job_get/3`, `job_pending_count/2`, `job_subscribe/5`, `job_unsubscribe/1` |
 
 mod atoms;
+mod jobs;
 mod json;
 mod log;
 mod membership;
@@ -28,9 +29,8 @@ use rustler::{Env, Term};
 
 fn load(env: Env, _info: Term) -> bool {
     log::install_panic_hook();
-    // Resource types: each module registers its own (the job queue's
-    // module adds its line here).
-    workers::load(env) && membership::load(env)
+    // Resource types: each module registers its own.
+    workers::load(env) && membership::load(env) && jobs::load(env)
 }
 
 rustler::init!("couch_workers_nif", load = load);

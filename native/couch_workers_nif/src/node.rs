@@ -6,7 +6,9 @@
 //!     then {Ref, ok | {error, Name}}        (Name: the store's error, e.g. store_io)
 //! stop(Ref) -> ok | {error, not_started | starting | stopping}
 //!     then {Ref, ok}                        (after every task of the node ended)
-//! stats() -> #{running, heartbeats, watchers, reapers, registrations, watches, runtime_threads}
+//! stats() -> #{running, heartbeats, watchers, reapers, registrations, watches, runtime_threads,
+//!              job_dispatchers, job_waiters, job_watchers, job_sweepers,   (the job service's tasks)
+//!              job_subscriptions, accept_waiters}                          (live job NIF handles)
 //! set_log_pid(Pid | undefined) -> ok
 //! test_panic(Ref) -> ok | {error, not_started}, then {Ref, {error, {panic, Msg}}}
 //! ```
@@ -163,6 +165,7 @@ fn stop<'a>(env: Env<'a>, reference: Term<'a>) -> NifResult<Term<'a>> {
 fn stats(env: Env) -> NifResult<Term> {
     let node = runtime::running().ok();
     let counts = node.as_ref().map(|n| n.stats());
+    let jobs = node.as_ref().map(|n| n.jobs().stats());
     let pairs: Vec<(Term, Term)> = vec![
         (atoms::running().encode(env), node.is_some().encode(env)),
         (atoms::heartbeats().encode(env), counts.map_or(0, |c| c.heartbeats).encode(env)),
@@ -170,6 +173,12 @@ fn stats(env: Env) -> NifResult<Term> {
         (atoms::reapers().encode(env), counts.map_or(0, |c| c.reapers).encode(env)),
         (atoms::registrations().encode(env), stats::get(&stats::REGISTRATIONS).encode(env)),
         (atoms::watches().encode(env), stats::get(&stats::WATCHES).encode(env)),
+        (atoms::job_dispatchers().encode(env), jobs.map_or(0, |j| j.dispatchers).encode(env)),
+        (atoms::job_waiters().encode(env), jobs.map_or(0, |j| j.waiters).encode(env)),
+        (atoms::job_watchers().encode(env), jobs.map_or(0, |j| j.job_watchers).encode(env)),
+        (atoms::job_sweepers().encode(env), jobs.map_or(0, |j| j.sweepers).encode(env)),
+        (atoms::job_subscriptions().encode(env), stats::get(&stats::JOB_SUBSCRIPTIONS).encode(env)),
+        (atoms::accept_waiters().encode(env), stats::get(&stats::ACCEPT_WAITERS).encode(env)),
         (
             atoms::runtime_threads().encode(env),
             match runtime::threads() {

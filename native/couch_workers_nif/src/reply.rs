@@ -76,24 +76,41 @@ impl Replier {
         self.send_inner(answer);
     }
 
-    fn send_inner(&mut self, answer: Answer) {
+    /// [`Replier::send`], and whether `answer` itself reached a live
+    /// process: false when the caller is gone, or when encoding `answer`
+    /// panicked (the caller then got `{error, {panic, Msg}}` instead).
+    pub fn send_checked(mut self, answer: Answer) -> bool {
+        self.send_inner(answer)
+    }
+
+    /// Drops the replier without answering (the caller said it no longer
+    /// waits, so an answer would only litter its mailbox).
+    pub fn discard(mut self) {
+        self.sent = true;
+    }
+
+    fn send_inner(&mut self, answer: Answer) -> bool {
         if self.sent {
-            return;
+            return false;
         }
         self.sent = true;
         let reference = self.reference.clone();
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
             self.env.send_and_clear(&self.pid, |env| (reference.load(env), answer(env)).encode(env))
         }));
-        if let Err(payload) = result {
-            // The closure panicked before the send: the environment (and
-            // the saved reference in it) is intact.
-            let message = panic_message(payload.as_ref());
-            let fallback = panicked(message);
-            let reference = self.reference.clone();
-            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.env.send_and_clear(&self.pid, |env| (reference.load(env), fallback(env)).encode(env))
-            }));
+        match result {
+            Ok(sent) => sent.is_ok(),
+            Err(payload) => {
+                // The closure panicked before the send: the environment (and
+                // the saved reference in it) is intact.
+                let message = panic_message(payload.as_ref());
+                let fallback = panicked(message);
+                let reference = self.reference.clone();
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    self.env.send_and_clear(&self.pid, |env| (reference.load(env), fallback(env)).encode(env))
+                }));
+                false
+            }
         }
         // A dead caller (`Err(SendError)`) needs no answer.
     }
@@ -105,7 +122,7 @@ impl Drop for Replier {
         // runtime never shuts down, so that is a bug); still answer, when
         // the thread allows it.
         if !self.sent && !rustler::thread::is_scheduler_thread() {
-            self.send_inner(error("dropped"));
+            let _ = self.send_inner(error("dropped"));
         }
     }
 }

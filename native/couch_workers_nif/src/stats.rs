@@ -7,6 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub static REGISTRATIONS: AtomicUsize = AtomicUsize::new(0);
 /// Live membership watch resources (`membership_watch/2`).
 pub static WATCHES: AtomicUsize = AtomicUsize::new(0);
+/// Live job subscription resources (`job_subscribe/5`).
+pub static JOB_SUBSCRIPTIONS: AtomicUsize = AtomicUsize::new(0);
+/// Live accept waiter resources (`job_accept/4`): held by callers of
+/// `job_accept/2` while they wait.
+pub static ACCEPT_WAITERS: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts one live thing while it exists.
 pub struct Live(&'static AtomicUsize);

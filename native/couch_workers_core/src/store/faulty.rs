@@ -162,9 +162,15 @@ impl Injector {
         }
     }
 
+    /// True with probability `p` (a `p` outside `[0, 1]` is clamped, NaN
+    /// is 0).
+    fn chance(&self, p: f64) -> bool {
+        p > 0.0 && self.rng().random_bool(p.min(1.0))
+    }
+
     /// Whether a fault happens now at a point of probability `rate`.
     fn hit(&self, rate: f64) -> bool {
-        self.enabled.load(Ordering::Acquire) && rate > 0.0 && self.rng().random_bool(rate.min(1.0))
+        self.enabled.load(Ordering::Acquire) && self.chance(rate)
     }
 
     /// An error for `point`, or `None` (no fault now).
@@ -179,8 +185,7 @@ impl Injector {
             Point::Write => &c.at_write,
             Point::Commit => &c.at_commit,
         });
-        let mut rng = self.rng();
-        if rng.random_bool(self.plan.io_share.clamp(0.0, 1.0)) {
+        if self.chance(self.plan.io_share) {
             bump(&c.io);
             let where_ = match point {
                 Point::Create => "create_transaction",
@@ -196,7 +201,7 @@ impl Injector {
             Point::Write => &[StoreError::Conflict, StoreError::TooOld],
             Point::Commit => &[StoreError::Conflict, StoreError::Busy, StoreError::TooOld, StoreError::CommitUnknown],
         };
-        let err = choices[rng.random_range(0..choices.len())].clone();
+        let err = choices[self.rng().random_range(0..choices.len())].clone();
         bump(match err {
             StoreError::Conflict => &c.conflict,
             StoreError::Busy => &c.busy,
@@ -212,8 +217,7 @@ impl Injector {
         if err != StoreError::CommitUnknown {
             return Some(CommitFault::Fail(err));
         }
-        let committed = self.rng().random_bool(self.plan.unknown_committed_share.clamp(0.0, 1.0));
-        if committed {
+        if self.chance(self.plan.unknown_committed_share) {
             bump(&self.counts.unknown_committed);
             Some(CommitFault::CommittedUnknown)
         } else {
@@ -228,12 +232,11 @@ impl Injector {
             return None;
         }
         bump(&self.counts.at_watch);
-        let mut rng = self.rng();
-        let delay = Duration::from_millis(rng.random_range(0..20));
-        if rng.random_bool(0.5) {
+        let delay = Duration::from_millis(self.rng().random_range(0..20));
+        if self.chance(0.5) {
             bump(&self.counts.watch_spurious);
             Some((delay, Ok(())))
-        } else if rng.random_bool(self.plan.io_share.clamp(0.0, 1.0)) {
+        } else if self.chance(self.plan.io_share) {
             bump(&self.counts.io);
             Some((delay, Err(StoreError::Io("injected watch failure".into()))))
         } else {

@@ -167,15 +167,18 @@ fn elem_bytes(el: &Element) -> Option<Vec<u8>> {
     el.as_bytes().map(|b| b.to_vec())
 }
 
+/// `(type, id)` of a job.
+pub type JobKey = (Vec<u8>, Vec<u8>);
+
 /// Everything under `("couch_workers")`, read in one transaction.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     /// (type, id) → record (or why it does not decode).
-    pub jobs: BTreeMap<(Vec<u8>, Vec<u8>), Result<Rec, String>>,
+    pub jobs: BTreeMap<JobKey, Result<Rec, String>>,
     /// (type, id) → the (priority, vs) of each pending key.
-    pub pending: BTreeMap<(Vec<u8>, Vec<u8>), Vec<(i64, Vec<u8>)>>,
+    pub pending: BTreeMap<JobKey, Vec<(i64, Vec<u8>)>>,
     /// (type, id) → the workers of its active keys.
-    pub active: BTreeMap<(Vec<u8>, Vec<u8>), Vec<Vec<u8>>>,
+    pub active: BTreeMap<JobKey, Vec<Vec<u8>>>,
     /// type → the pending counter.
     pub counts: BTreeMap<Vec<u8>, i64>,
     pub members: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>>,
@@ -285,7 +288,11 @@ impl Snapshot {
                         continue;
                     };
                     if act != vec![w.clone()] {
-                        v.push(format!("{who}: running for {} but active keys for {:?}", show(w), act.iter().map(|a| show(a)).collect::<Vec<_>>()));
+                        v.push(format!(
+                            "{who}: running for {} but active keys for {:?}",
+                            show(w),
+                            act.iter().map(|a| show(a)).collect::<Vec<_>>()
+                        ));
                     }
                     if !self.members.get(t).is_some_and(|m| m.contains(w)) {
                         v.push(format!("{who}: running for {}, which is not a member", show(w)));
@@ -319,7 +326,10 @@ impl Snapshot {
             let keys: i64 = self.pending.iter().filter(|((pt, _), _)| *pt == t).map(|(_, k)| k.len() as i64).sum();
             let records = pending_records.get(&t).copied().unwrap_or(0);
             if counter != keys || keys != records {
-                v.push(format!("type {}: pending counter {counter}, pending keys {keys}, pending records {records}", show(&t)));
+                v.push(format!(
+                    "type {}: pending counter {counter}, pending keys {keys}, pending records {records}",
+                    show(&t)
+                ));
             }
         }
         let no_set = BTreeSet::new();
@@ -390,9 +400,7 @@ impl Tmpfs {
         let data = CString::new(format!("size={size_bytes},mode=0755")).expect("no NUL");
         let fstype = CString::new("tmpfs").expect("no NUL");
         // SAFETY: valid NUL-terminated strings that outlive the call.
-        let rc = unsafe {
-            libc::mount(fstype.as_ptr(), cstr(path).as_ptr(), fstype.as_ptr(), 0, data.as_ptr().cast())
-        };
+        let rc = unsafe { libc::mount(fstype.as_ptr(), cstr(path).as_ptr(), fstype.as_ptr(), 0, data.as_ptr().cast()) };
         if rc != 0 {
             return Err(format!("mount -t tmpfs -o size={size_bytes} on {}: {}", path.display(), errno()));
         }
@@ -446,7 +454,9 @@ impl BindMount {
             flags |= libc::MS_RDONLY;
         }
         // SAFETY: as above.
-        let rc = unsafe { libc::mount(std::ptr::null(), cstr(&self.target).as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
+        let rc = unsafe {
+            libc::mount(std::ptr::null(), cstr(&self.target).as_ptr(), std::ptr::null(), flags, std::ptr::null())
+        };
         if rc != 0 {
             return Err(format!("remount {} {}: {}", self.target.display(), if ro { "ro" } else { "rw" }, errno()));
         }

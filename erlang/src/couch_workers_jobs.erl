@@ -1,0 +1,389 @@
+%% @doc The job queue of couch_workers: the calls behind the `job_*'
+%% functions of `couch_workers', and the server that owns job
+%% subscriptions.
+%%
+%% Calls that touch the store run in the caller's process: it calls the
+%% NIF with a fresh reference and waits for `{Ref, Result}' (as erlfdb's
+%% `wait/2'). The store's transaction budget bounds every answer; the wait
+%% gives up with `{error, timeout}' after that budget plus a margin.
+%%
+%% `accept/2' with a timeout waits for the Rust dispatcher, which always
+%% answers by the deadline (a job, or `not_found'). The caller keeps the
+%% NIF's waiter resource meanwhile: if the caller dies, the resource is
+%% freed and the dispatcher drops it; a job taken for it at that very
+%% moment cannot be delivered and goes back to pending. Past the deadline
+%% plus a generous margin the caller abandons the waiter (and logs it
+%% loudly): either nothing was delivered (and nothing will be: a job taken
+%% later goes back to pending) or the answer is already on its way and is
+%% received. No job is ever left running for a caller that gave up.
+%%
+%% Subscriptions: the NIF sends `{couch_workers_job, Ref, Job}' (and
+%% finally `{couch_workers_job, Ref, removed}') straight to the
+%% subscriber; this server keeps the NIF subscription handles and monitors
+%% the subscribers, so that an exit ends their subscriptions. After
+%% `removed' the NIF tells this server `{couch_workers_job_ended, Ref}'.
+%% If this server crashes, its handles are garbage collected, which ends
+%% their subscriptions in the core.
+-module(couch_workers_jobs).
+
+-behaviour(gen_server).
+
+-export([
+    add/4,
+    add_many/2,
+    accept/2,
+    update/2,
+    finish/2,
+    cancel/2,
+    remove/2,
+    get/2,
+    pending_count/1,
+    subscribe/3,
+    unsubscribe/1
+]).
+-export([start_link/0]).
+-export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
+
+-include_lib("kernel/include/logger.hrl").
+
+%% The largest `after' a receive takes.
+-define(MAX_AFTER, 16#ffffffff).
+%% Accept timeouts are capped here (about 292 million years).
+-define(MAX_TIMEOUT, (1 bsl 63)).
+
+-record(sub, {
+    pid :: pid(),
+    mon :: reference(),
+    %% the NIF's subscription handle
+    res :: reference()
+}).
+
+-record(st, {
+    %% subscription ref => #sub{}
+    subs = #{} :: #{reference() => #sub{}},
+    %% monitor => subscription ref
+    mons = #{} :: #{reference() => reference()},
+    %% NIF ref => {From, subscription ref, Pid}, while a subscribe is in flight
+    pending = #{} :: #{reference() => {gen_server:from(), reference(), pid()}},
+    %% subscriptions that ended (job removed) before their subscribe was answered
+    ended = #{} :: #{reference() => true}
+}).
+
+%% ---- API: the calls ---------------------------------------------------------
+
+-spec add(binary(), binary(), map(), map()) -> ok | {error, term()}.
+add(Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info), is_map(Opts) ->
+    case priority(Opts) of
+        {ok, P} -> nif_call(fun(Ref) -> couch_workers_nif:job_add(Ref, Type, Id, Info, P) end);
+        error -> {error, invalid_priority}
+    end;
+add(_Type, _Id, _Info, _Opts) ->
+    erlang:error(badarg).
+
+-spec add_many(binary(), [{binary(), map(), map()}]) -> ok | {error, term()}.
+add_many(Type, Jobs) when is_binary(Type), is_list(Jobs) ->
+    case nif_jobs(Jobs, [], ok) of
+        {ok, NifJobs} -> nif_call(fun(Ref) -> couch_workers_nif:job_add_many(Ref, Type, NifJobs) end);
+        {error, _} = Error -> Error
+    end;
+add_many(_Type, _Jobs) ->
+    erlang:error(badarg).
+
+-spec accept(term(), map()) -> {ok, map()} | {error, term()}.
+accept(WorkerRef, Opts) when is_map(Opts) ->
+    case accept_timeout(Opts) of
+        {ok, Timeout} ->
+            case couch_workers_local:lookup(WorkerRef) of
+                {ok, Type, Id} -> do_accept(Type, Id, Timeout);
+                error -> {error, not_found}
+            end;
+        error ->
+            {error, invalid_timeout}
+    end;
+accept(_WorkerRef, _Opts) ->
+    erlang:error(badarg).
+
+-spec update(map(), map()) -> {ok, map()} | {error, term()}.
+update(Job, Info) when is_map(Job), is_map(Info) ->
+    nif_call(fun(Ref) -> couch_workers_nif:job_update(Ref, Job, Info) end);
+update(_Job, _Info) ->
+    erlang:error(badarg).
+
+-spec finish(map(), map()) -> ok | {error, term()}.
+finish(Job, Result) when is_map(Job), is_map(Result) ->
+    nif_call(fun(Ref) -> couch_workers_nif:job_finish(Ref, Job, Result) end);
+finish(_Job, _Result) ->
+    erlang:error(badarg).
+
+-spec cancel(binary(), binary()) -> ok | {error, term()}.
+cancel(Type, Id) when is_binary(Type), is_binary(Id) ->
+    nif_call(fun(Ref) -> couch_workers_nif:job_cancel(Ref, Type, Id) end);
+cancel(_Type, _Id) ->
+    erlang:error(badarg).
+
+-spec remove(binary(), binary()) -> ok | {error, term()}.
+remove(Type, Id) when is_binary(Type), is_binary(Id) ->
+    nif_call(fun(Ref) -> couch_workers_nif:job_remove(Ref, Type, Id) end);
+remove(_Type, _Id) ->
+    erlang:error(badarg).
+
+-spec get(binary(), binary()) -> {ok, map()} | {error, term()}.
+get(Type, Id) when is_binary(Type), is_binary(Id) ->
+    nif_call(fun(Ref) -> couch_workers_nif:job_get(Ref, Type, Id) end);
+get(_Type, _Id) ->
+    erlang:error(badarg).
+
+-spec pending_count(binary()) -> non_neg_integer() | {error, term()}.
+pending_count(Type) when is_binary(Type) ->
+    case nif_call(fun(Ref) -> couch_workers_nif:job_pending_count(Ref, Type) end) of
+        {ok, N} -> N;
+        {error, _} = Error -> Error
+    end;
+pending_count(_Type) ->
+    erlang:error(badarg).
+
+%% ---- API: subscriptions -----------------------------------------------------
+
+-spec subscribe(binary(), binary(), pid()) -> {ok, reference(), map()} | {error, term()}.
+subscribe(Type, Id, Pid) when is_binary(Type), is_binary(Id), is_pid(Pid), node(Pid) =:= node() ->
+    case call({subscribe, Type, Id, Pid}) of
+        {error, badarg} -> erlang:error(badarg);
+        Result -> Result
+    end;
+subscribe(_Type, _Id, _Pid) ->
+    erlang:error(badarg).
+
+-spec unsubscribe(term()) -> ok.
+unsubscribe(Ref) when is_reference(Ref) ->
+    _ = call({unsubscribe, Ref}),
+    flush(Ref);
+unsubscribe(_Ref) ->
+    ok.
+
+-spec start_link() -> {ok, pid()} | ignore | {error, term()}.
+start_link() ->
+    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+
+%% ---- internal: calls ----------------------------------------------------------
+
+%% Calls an asynchronous NIF with a fresh reference and waits for its
+%% one answer.
+nif_call(Fun) ->
+    Ref = make_ref(),
+    case Fun(Ref) of
+        ok -> couch_workers_nif:wait(Ref, couch_workers_app:call_timeout());
+        {error, _} = Error -> Error
+    end.
+
+%% `priority' (atom or binary key): any integer (the NIF checks the
+%% 64-bit range), default 0.
+priority(Opts) ->
+    case opt(priority, Opts, 0) of
+        P when is_integer(P) -> {ok, P};
+        _ -> error
+    end.
+
+%% `timeout' (atom or binary key): ms, a non-negative integer, default 0.
+accept_timeout(Opts) ->
+    case opt(timeout, Opts, 0) of
+        T when is_integer(T), T >= 0 -> {ok, min(T, ?MAX_TIMEOUT)};
+        _ -> error
+    end.
+
+opt(Key, Opts, Default) ->
+    case Opts of
+        #{Key := V} -> V;
+        #{} -> maps:get(atom_to_binary(Key), Opts, Default)
+    end.
+
+%% [{Id, Info, Opts}] to the NIF's [{Id, Info, Priority}]: every shape is
+%% checked (badarg) before a bad priority is reported.
+nif_jobs([], Acc, ok) ->
+    {ok, lists:reverse(Acc)};
+nif_jobs([], _Acc, Error) ->
+    Error;
+nif_jobs([{Id, Info, Opts} | Rest], Acc, Status) when is_binary(Id), is_map(Info), is_map(Opts) ->
+    case priority(Opts) of
+        {ok, P} -> nif_jobs(Rest, [{Id, Info, P} | Acc], Status);
+        error -> nif_jobs(Rest, Acc, {error, invalid_priority})
+    end;
+nif_jobs(_, _Acc, _Status) ->
+    erlang:error(badarg).
+
+do_accept(Type, Id, Timeout) ->
+    Ref = make_ref(),
+    case couch_workers_nif:job_accept(Ref, Type, Id, Timeout) of
+        {ok, Waiter} ->
+            %% The dispatcher answers by the deadline; a transaction in
+            %% flight may add up to the store's budget.
+            Deadline = now_ms() + Timeout + 2 * couch_workers_app:call_timeout(),
+            wait_accept(Ref, Waiter, Deadline, Type, Id);
+        {error, _} = Error ->
+            Error
+    end.
+
+wait_accept(Ref, Waiter, Deadline, Type, Id) ->
+    Left = max(0, Deadline - now_ms()),
+    receive
+        {Ref, Result} -> Result
+    after min(Left, ?MAX_AFTER) ->
+        case now_ms() >= Deadline of
+            false -> wait_accept(Ref, Waiter, Deadline, Type, Id);
+            true -> abandon_accept(Ref, Waiter, Type, Id)
+        end
+    end.
+
+abandon_accept(Ref, Waiter, Type, Id) ->
+    case couch_workers_nif:job_accept_abandon(Waiter) of
+        abandoned ->
+            %% Nothing was delivered, and nothing will be: a job taken for
+            %% this waiter from now on goes back to pending.
+            ?LOG_ERROR(#{what => job_accept_unanswered, type => short(Type), worker => short(Id)}),
+            {error, timeout};
+        delivered ->
+            %% The answer is on its way (sent right after the state
+            %% changed); if it never comes, its send failed and a job in
+            %% it went back to pending.
+            receive
+                {Ref, Result} -> Result
+            after couch_workers_app:call_timeout() ->
+                ?LOG_ERROR(#{what => job_accept_answer_lost, type => short(Type), worker => short(Id)}),
+                {error, timeout}
+            end
+    end.
+
+now_ms() ->
+    erlang:monotonic_time(millisecond).
+
+flush(Ref) ->
+    receive
+        {couch_workers_job, Ref, _} -> flush(Ref)
+    after 0 -> ok
+    end.
+
+%% Ids and types in log events, cut to a readable length.
+short(<<Head:64/binary, _, _/binary>>) -> <<Head/binary, "...">>;
+short(Bin) -> Bin.
+
+call(Msg) ->
+    try
+        gen_server:call(?MODULE, Msg, couch_workers_app:call_timeout())
+    catch
+        exit:{timeout, _} -> {error, timeout};
+        exit:{noproc, _} -> {error, not_started};
+        exit:{shutdown, _} -> {error, not_started};
+        exit:{normal, _} -> {error, not_started}
+    end.
+
+%% ---- gen_server -------------------------------------------------------------
+
+-spec init([]) -> {ok, #st{}}.
+init([]) ->
+    process_flag(trap_exit, true),
+    {ok, #st{}}.
+
+-spec handle_call(term(), gen_server:from(), #st{}) -> {reply, term(), #st{}} | {noreply, #st{}}.
+handle_call({subscribe, Type, Id, Pid}, From, St) ->
+    NifRef = make_ref(),
+    SubRef = make_ref(),
+    try couch_workers_nif:job_subscribe(NifRef, Type, Id, Pid, SubRef) of
+        ok ->
+            {noreply, St#st{pending = maps:put(NifRef, {From, SubRef, Pid}, St#st.pending)}};
+        {error, _} = Error ->
+            {reply, Error, St}
+    catch
+        error:badarg -> {reply, {error, badarg}, St}
+    end;
+handle_call({unsubscribe, SubRef}, _From, St) ->
+    case maps:find(SubRef, St#st.subs) of
+        {ok, #sub{res = Res}} ->
+            %% After this returns the NIF sends nothing more for SubRef.
+            ok = couch_workers_nif:job_unsubscribe(Res),
+            {reply, ok, drop_sub(SubRef, St)};
+        error ->
+            {reply, ok, St}
+    end;
+handle_call(Msg, _From, St) ->
+    ?LOG_WARNING(#{what => unknown_call, server => ?MODULE, msg => Msg}),
+    {reply, {error, {bad_call, Msg}}, St}.
+
+-spec handle_cast(term(), #st{}) -> {noreply, #st{}}.
+handle_cast(Msg, St) ->
+    ?LOG_WARNING(#{what => unknown_cast, server => ?MODULE, msg => Msg}),
+    {noreply, St}.
+
+-spec handle_info(term(), #st{}) -> {noreply, #st{}}.
+handle_info({NifRef, Result}, St) when is_reference(NifRef) ->
+    case maps:take(NifRef, St#st.pending) of
+        {{From, SubRef, Pid}, Pending} ->
+            {noreply, subscribed(From, SubRef, Pid, Result, St#st{pending = Pending})};
+        error ->
+            %% A reply for a subscribe this server no longer knows (it was
+            %% restarted): the handle in it is garbage collected, which
+            %% ends that subscription.
+            ?LOG_NOTICE(#{what => unexpected_nif_reply, server => ?MODULE}),
+            {noreply, St}
+    end;
+handle_info({couch_workers_job_ended, SubRef}, St) ->
+    case maps:is_key(SubRef, St#st.subs) of
+        true ->
+            {noreply, drop_sub(SubRef, St)};
+        false ->
+            InFlight = lists:any(fun({_, S, _}) -> S =:= SubRef end, maps:values(St#st.pending)),
+            case InFlight of
+                true -> {noreply, St#st{ended = maps:put(SubRef, true, St#st.ended)}};
+                false -> {noreply, St}
+            end
+    end;
+handle_info({'DOWN', Mon, process, _Pid, _Reason}, St) ->
+    case maps:find(Mon, St#st.mons) of
+        {ok, SubRef} ->
+            #sub{res = Res} = maps:get(SubRef, St#st.subs),
+            ok = couch_workers_nif:job_unsubscribe(Res),
+            {noreply, drop_sub(SubRef, St)};
+        error ->
+            {noreply, St}
+    end;
+handle_info({'EXIT', _Pid, _Reason}, St) ->
+    %% Trapped only so that terminate/2 runs on shutdown.
+    {noreply, St};
+handle_info(Msg, St) ->
+    ?LOG_WARNING(#{what => unknown_info, server => ?MODULE, msg => Msg}),
+    {noreply, St}.
+
+-spec terminate(term(), #st{}) -> ok.
+terminate(_Reason, St) ->
+    maps:foreach(fun(_SubRef, #sub{res = Res}) -> couch_workers_nif:job_unsubscribe(Res) end, St#st.subs),
+    ok.
+
+%% ---- internal: subscriptions ------------------------------------------------
+
+subscribed(From, SubRef, Pid, {ok, Res, Job}, St) ->
+    gen_server:reply(From, {ok, SubRef, Job}),
+    case maps:take(SubRef, St#st.ended) of
+        {true, Ended} ->
+            %% Removed already (Pid got `removed'): nothing to keep.
+            St#st{ended = Ended};
+        error ->
+            Mon = erlang:monitor(process, Pid),
+            St#st{
+                subs = maps:put(SubRef, #sub{pid = Pid, mon = Mon, res = Res}, St#st.subs),
+                mons = maps:put(Mon, SubRef, St#st.mons)
+            }
+    end;
+subscribed(From, SubRef, _Pid, {error, _} = Error, St) ->
+    gen_server:reply(From, Error),
+    St#st{ended = maps:remove(SubRef, St#st.ended)};
+subscribed(From, SubRef, _Pid, Other, St) ->
+    ?LOG_ERROR(#{what => job_subscribe_bad_reply, server => ?MODULE, reply => Other}),
+    gen_server:reply(From, {error, Other}),
+    St#st{ended = maps:remove(SubRef, St#st.ended)}.
+
+drop_sub(SubRef, St) ->
+    case maps:take(SubRef, St#st.subs) of
+        {#sub{mon = Mon}, Subs} ->
+            erlang:demonitor(Mon, [flush]),
+            St#st{subs = Subs, mons = maps:remove(Mon, St#st.mons)};
+        error ->
+            St
+    end.

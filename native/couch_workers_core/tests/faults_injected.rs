@@ -1,0 +1,629 @@
+//! Injected store faults at random points (`store::faulty`), under the
+//! whole node: concurrent tasks register, unregister and drop workers,
+//! add, accept, update, finish, cancel and remove jobs, read, subscribe and
+//! watch the membership, while the store fails at random (conflicts, busy,
+//! too old, commit-unknown with and without the commit, I/O errors; watches
+//! that fire early or fail). Heartbeats, the reaper, dispatchers, watchers
+//! and the sweeper run on the same faulty store.
+//!
+//! During the run every call must answer within [`CALL_LIMIT`] (no hang)
+//! with success or one of the errors a caller can act on: an expected
+//! outcome (`not_found`, `already_exists`, `not_owner`, `canceled`) or a
+//! store failure that is not retryable or whose retry budget ran out
+//! (`retry_limit`, `timeout`, the injected `store_io`). A bare retryable
+//! error (`conflict`, `busy`, ...) must never leak, nor any `invalid`
+//! (a corrupt record, a finished transaction reused), nor any panic,
+//! background tasks included.
+//!
+//! Then faults are switched off and, without restarting anything:
+//! membership converges to the live registrations; the key space's
+//! invariants hold (see `faults_common::Snapshot::violations`); no job that
+//! was added is lost, none is duplicated, none finished twice; every held
+//! handle can finish; unregistering every worker sends every running job
+//! (also "ghost" ones, below) back to pending; a fresh worker drains the
+//! queue, each job finished exactly once; the node stops with no task
+//! left.
+//!
+//! Seeds are fixed (override with `CW_FAULT_SEED`); with several tasks
+//! sharing the RNG the run repeats its rates and kinds, not each draw.
+
+mod faults_common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use couch_workers_core::jobs::{AddManyError, JobHandle, JobService, JobSubscription, NewJob};
+use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::faulty::{FaultPlan, FaultStats, FaultyStore};
+use couch_workers_core::store::{Db, StoreError};
+use couch_workers_core::workers::WorkerSpec;
+use couch_workers_core::{Error, MembershipWatch, Node, Registration, Settings};
+use faults_common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const T: &[u8] = b"replicator";
+
+/// Longest any single call may take before it counts as a hang.
+const CALL_LIMIT: Duration = Duration::from_secs(10);
+
+/// Health timeout of the workers: short, so that workers whose removal
+/// failed (and so lost their heartbeat) are reaped quickly.
+const WORKER_TIMEOUT_S: u64 = 2;
+
+struct Scenario {
+    name: &'static str,
+    plan: FaultPlan,
+    settings: Settings,
+    tasks: usize,
+    /// How long the tasks run with faults on.
+    run_for: Duration,
+}
+
+/// Whether a job id was created / removed, as far as the callers know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Known {
+    #[default]
+    No,
+    /// The call failed: it may or may not have committed.
+    Maybe,
+    Yes,
+}
+
+#[derive(Debug, Default)]
+struct JobModel {
+    added: Known,
+    removed: Known,
+    /// Handles received from accept.
+    accepted: u64,
+    /// `finish` answered ok.
+    finished_ok: u64,
+}
+
+/// What the tasks share.
+#[derive(Default)]
+struct World {
+    workers: Vec<(Vec<u8>, Registration)>,
+    handles: Vec<JobHandle>,
+    jobs: BTreeMap<Vec<u8>, JobModel>,
+    watches: Vec<MembershipWatch>,
+    subscriptions: Vec<JobSubscription>,
+    /// Outcomes by name (`ok`, `not_found`, `retry_limit`, ...).
+    outcomes: BTreeMap<String, u64>,
+    /// `add`/`add_many` answered `already_exists` for a fresh id: a retry
+    /// after a commit-unknown that had committed.
+    own_write_already_exists: u64,
+    /// Answers no caller should ever see.
+    bad: Vec<String>,
+    calls: u64,
+}
+
+impl World {
+    fn note<R>(&mut self, what: &str, r: &Result<R, Error>) {
+        self.calls += 1;
+        let name = match r {
+            Ok(_) => "ok".to_string(),
+            Err(e) => e.name().to_string(),
+        };
+        *self.outcomes.entry(name).or_default() += 1;
+        if let Err(e) = r {
+            if !acceptable(e) {
+                self.bad.push(format!("{what}: {e:?}"));
+            }
+        }
+    }
+}
+
+/// The errors a caller may get while the store misbehaves.
+fn acceptable(e: &Error) -> bool {
+    match e {
+        Error::NotFound | Error::AlreadyExists | Error::NotOwner | Error::Canceled => true,
+        Error::Store(StoreError::RetryLimit { .. } | StoreError::TimedOut) => true,
+        Error::Store(StoreError::Io(msg)) => msg.contains("injected"),
+        _ => false,
+    }
+}
+
+fn spec(id: &[u8]) -> WorkerSpec {
+    WorkerSpec {
+        worker_type: T.to_vec(),
+        id: id.to_vec(),
+        options_json: b"{\"o\":1}".to_vec(),
+        timeout_s: WORKER_TIMEOUT_S,
+    }
+}
+
+async fn call<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    match tokio::time::timeout(CALL_LIMIT, f).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what} did not answer within {CALL_LIMIT:?} (a hang)"),
+    }
+}
+
+fn lock(world: &Mutex<World>) -> std::sync::MutexGuard<'_, World> {
+    world.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+fn fresh(prefix: &str) -> Vec<u8> {
+    format!("{prefix}{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)).into_bytes()
+}
+
+/// One random operation.
+async fn step(node: &Arc<Node>, jobs: &JobService, world: &Mutex<World>, rng: &mut StdRng) {
+    let info = format!("{{\"r\":{}}}", rng.random_range(0..1000u32)).into_bytes();
+    match rng.random_range(0..100u32) {
+        // Workers.
+        0..=5 => {
+            if lock(world).workers.len() >= 6 {
+                return;
+            }
+            let id = fresh("w");
+            let r = call("register", node.register_worker(spec(&id))).await;
+            let mut w = lock(world);
+            w.note("register", &r);
+            if let Ok(reg) = r {
+                w.workers.push((id, reg));
+            }
+        }
+        6..=8 => {
+            let taken = {
+                let mut w = lock(world);
+                if w.workers.len() <= 2 {
+                    return;
+                }
+                let i = rng.random_range(0..w.workers.len());
+                w.workers.swap_remove(i)
+            };
+            if rng.random_bool(0.3) {
+                // The owner goes away: the drop removes the worker.
+                drop(taken);
+                return;
+            }
+            let r = call("unregister", node.unregister_worker(&taken.1)).await;
+            lock(world).note("unregister", &r);
+            // On failure the drop tries again; failing that, the reaper
+            // removes the worker (its heartbeat has stopped).
+        }
+        // Jobs.
+        9..=30 => {
+            // The model learns of a job once its add has answered, so
+            // that no other task removes it before it was added.
+            let id = fresh("j");
+            let r = call("add", jobs.add(T, &id, &info, rng.random_range(-2..=2))).await;
+            let mut w = lock(world);
+            w.note("add", &r);
+            let m = w.jobs.entry(id).or_default();
+            m.added = match &r {
+                Ok(()) => Known::Yes,
+                Err(Error::AlreadyExists) => Known::Yes,
+                Err(_) => Known::Maybe,
+            };
+            if r == Err(Error::AlreadyExists) {
+                w.own_write_already_exists += 1;
+            }
+        }
+        31..=34 => {
+            let batch: Vec<NewJob> =
+                (0..3).map(|_| NewJob { id: fresh("m"), info: info.clone(), priority: 0 }).collect();
+            let r = call("add_many", jobs.add_many(T, &batch)).await;
+            let mut w = lock(world);
+            w.calls += 1;
+            let (name, known) = match &r {
+                Ok(()) => ("ok", Known::Yes),
+                Err(AddManyError::AlreadyExists(ids)) => {
+                    // All or nothing: only a retry on top of its own
+                    // commit can find them, and then it finds them all.
+                    if ids.len() != batch.len() {
+                        w.bad.push(format!("add_many: partial already_exists {ids:?}"));
+                    }
+                    w.own_write_already_exists += 1;
+                    ("already_exists", Known::Yes)
+                }
+                Err(AddManyError::Error(e)) => {
+                    if !acceptable(e) {
+                        w.bad.push(format!("add_many: {e:?}"));
+                    }
+                    (e.name(), Known::Maybe)
+                }
+            };
+            *w.outcomes.entry(name.to_string()).or_default() += 1;
+            for j in &batch {
+                w.jobs.entry(j.id.clone()).or_default().added = known;
+            }
+        }
+        35..=52 => {
+            let worker = {
+                let w = lock(world);
+                if w.workers.is_empty() {
+                    return;
+                }
+                w.workers[rng.random_range(0..w.workers.len())].0.clone()
+            };
+            let wait =
+                if rng.random_bool(0.3) { Duration::from_millis(rng.random_range(1..30)) } else { Duration::ZERO };
+            let r = call("accept", jobs.accept(T, &worker, wait)).await;
+            let mut w = lock(world);
+            w.note("accept", &r);
+            if let Ok(h) = r {
+                w.jobs.entry(h.job.id.clone()).or_default().accepted += 1;
+                w.handles.push(h);
+            }
+        }
+        53..=64 => {
+            let Some(h) = take_handle(world, rng) else { return };
+            let r = call("update", jobs.update(&h.fence(), &info)).await;
+            let mut w = lock(world);
+            w.note("update", &r);
+            match r {
+                Ok(h2) => w.handles.push(h2),
+                // A store failure: the handle may still hold the job.
+                Err(Error::Store(_)) => w.handles.push(h),
+                Err(_) => {}
+            }
+        }
+        65..=76 => {
+            let Some(h) = take_handle(world, rng) else { return };
+            let r = call("finish", jobs.finish(&h.fence(), b"{\"done\":true}")).await;
+            let mut w = lock(world);
+            w.note("finish", &r);
+            match r {
+                Ok(()) => w.jobs.entry(h.job.id.clone()).or_default().finished_ok += 1,
+                Err(Error::Store(_)) => w.handles.push(h),
+                Err(_) => {}
+            }
+        }
+        77..=81 => {
+            let Some(id) = some_job(world, rng) else { return };
+            let r = call("cancel", jobs.cancel(T, &id)).await;
+            lock(world).note("cancel", &r);
+        }
+        82..=84 => {
+            let Some(id) = some_job(world, rng) else { return };
+            let r = call("remove", jobs.remove(T, &id)).await;
+            let mut w = lock(world);
+            w.note("remove", &r);
+            let m = w.jobs.get_mut(&id).expect("model");
+            match r {
+                // `not_found` for a job known to exist: this remove's own
+                // earlier attempt (commit-unknown) or an earlier failed one.
+                Ok(()) | Err(Error::NotFound) => m.removed = Known::Yes,
+                Err(_) => {
+                    if m.removed == Known::No {
+                        m.removed = Known::Maybe;
+                    }
+                }
+            }
+        }
+        85..=90 => {
+            let Some(id) = some_job(world, rng) else { return };
+            let r = call("get", jobs.get(T, &id)).await;
+            lock(world).note("get", &r);
+            let r = call("pending_count", jobs.pending_count(T)).await;
+            lock(world).note("pending_count", &r);
+        }
+        91..=94 => {
+            let mut w = lock(world);
+            if w.watches.len() < 4 && rng.random_bool(0.6) {
+                match node.watch_membership(T.to_vec(), Box::new(|_| {})) {
+                    Ok(watch) => w.watches.push(watch),
+                    Err(e) => w.bad.push(format!("watch_membership: {e:?}")),
+                }
+            } else if !w.watches.is_empty() {
+                let i = rng.random_range(0..w.watches.len());
+                drop(w.watches.swap_remove(i));
+            }
+        }
+        _ => {
+            let Some(id) = some_job(world, rng) else { return };
+            if rng.random_bool(0.5) || lock(world).subscriptions.len() >= 4 {
+                let mut w = lock(world);
+                if !w.subscriptions.is_empty() {
+                    let i = rng.random_range(0..w.subscriptions.len());
+                    drop(w.subscriptions.swap_remove(i));
+                }
+                return;
+            }
+            let r = call("subscribe", jobs.subscribe(T, &id, Box::new(|_| {}))).await;
+            let mut w = lock(world);
+            w.note("subscribe", &r.as_ref().map(|_| ()).map_err(Clone::clone));
+            if let Ok((_, sub)) = r {
+                w.subscriptions.push(sub);
+            }
+        }
+    }
+}
+
+fn take_handle(world: &Mutex<World>, rng: &mut StdRng) -> Option<JobHandle> {
+    let mut w = lock(world);
+    if w.handles.is_empty() {
+        return None;
+    }
+    let i = rng.random_range(0..w.handles.len());
+    Some(w.handles.swap_remove(i))
+}
+
+fn some_job(world: &Mutex<World>, rng: &mut StdRng) -> Option<Vec<u8>> {
+    let w = lock(world);
+    if w.jobs.is_empty() {
+        return None;
+    }
+    // Mostly recent jobs (the ones still moving).
+    let n = w.jobs.len();
+    let i = n - 1 - rng.random_range(0..n.min(40));
+    w.jobs.keys().nth(i).cloned()
+}
+
+fn live_ids(world: &Mutex<World>) -> BTreeSet<Vec<u8>> {
+    lock(world).workers.iter().map(|(id, _)| id.clone()).collect()
+}
+
+async fn scenario(s: Scenario) {
+    count_panics();
+    let seed = std::env::var("CW_FAULT_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(s.plan.seed);
+    let plan = FaultPlan { seed, ..s.plan.clone() };
+    let started = Instant::now();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open the store");
+    let inner: Db = store.clone();
+    let faulty = FaultyStore::wrap(inner.clone(), plan);
+    let log = CaptureLog::new();
+    let node = Node::with_db(faulty.clone(), s.settings, log.clone());
+    let world = Arc::new(Mutex::new(World::default()));
+
+    // ---- faults on: random operations from several tasks -------------
+    let deadline = Instant::now() + s.run_for;
+    let tasks: Vec<_> = (0..s.tasks)
+        .map(|t| {
+            let (node, world) = (node.clone(), world.clone());
+            tokio::spawn(async move {
+                let jobs = node.jobs().clone();
+                let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(1000).wrapping_add(t as u64));
+                while Instant::now() < deadline {
+                    step(&node, &jobs, &world, &mut rng).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("a task of random operations panicked");
+    }
+    let faults: FaultStats = faulty.stats();
+    faulty.set_enabled(false);
+    let fault_phase = started.elapsed();
+
+    // ---- faults off: everything settles without a restart ------------
+    {
+        let mut w = lock(&world);
+        w.watches.clear();
+        w.subscriptions.clear();
+    }
+    // Membership converges to the live registrations: workers whose
+    // removal failed are reaped, reaped live ones are reinstated.
+    let live = live_ids(&world);
+    let settle = Instant::now();
+    let mut members = BTreeSet::new();
+    while settle.elapsed() < Duration::from_secs(4) {
+        members = snapshot(inner.as_ref(), node.keyspace()).await.members_of(T);
+        if members == live {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(members, live, "membership == the registered set, {:?} after the faults stopped", settle.elapsed());
+    let settled_in = settle.elapsed();
+
+    let snap = snapshot(inner.as_ref(), node.keyspace()).await;
+    snap.assert_ok("after the faults stopped");
+
+    // Nothing lost, nothing duplicated, nothing finished twice.
+    let (handles, own_write_already_exists) = {
+        let w = lock(&world);
+        assert!(w.bad.is_empty(), "answers no caller should see:\n  {}", w.bad.join("\n  "));
+        for (id, m) in &w.jobs {
+            let name = String::from_utf8_lossy(id);
+            let rec = snap.record(T, id);
+            if m.added == Known::Yes && m.removed == Known::No {
+                assert!(rec.is_some(), "job {name} was added and never removed, but is gone");
+            }
+            if m.removed == Known::Yes {
+                assert!(rec.is_none(), "job {name} was removed but is there");
+            }
+            if m.added == Known::No {
+                assert!(rec.is_none(), "job {name} was never added but is there");
+            }
+            assert!(m.finished_ok <= 1, "job {name} finished {} times", m.finished_ok);
+            if let Some(rec) = rec {
+                if m.finished_ok == 1 {
+                    assert_eq!(rec.state, "finished", "job {name} was finished");
+                }
+                assert!(
+                    rec.attempts >= m.accepted as i64,
+                    "job {name}: {} accepts handed out, attempts {}",
+                    m.accepted,
+                    rec.attempts
+                );
+            }
+        }
+        for (t, id) in snap.jobs.keys() {
+            assert!(t == T && w.jobs.contains_key(id), "a job nobody added: {}", String::from_utf8_lossy(id));
+        }
+        if w.own_write_already_exists > 0 {
+            assert!(faults.unknown_committed > 0, "already_exists for a fresh id without any commit-unknown");
+        }
+        (w.handles.clone(), w.own_write_already_exists)
+    };
+
+    // Ghost accepts: running jobs that no handle holds (an accept whose
+    // commit-unknown retry took another job). They belong to a live
+    // worker and go back to pending when it goes.
+    let held: BTreeSet<Vec<u8>> = handles.iter().map(|h| h.token.to_vec()).collect();
+    let running: Vec<_> = snap
+        .jobs
+        .iter()
+        .filter_map(|(k, r)| r.as_ref().ok().filter(|r| r.state == "running").map(|r| (k, r)))
+        .collect();
+    let ghosts = running.iter().filter(|(_, r)| !r.token.as_ref().is_some_and(|t| held.contains(t))).count();
+
+    // Every handle that still holds its job finishes, faults off.
+    let jobs = node.jobs().clone();
+    let mut finished_by_handles = 0;
+    for h in &handles {
+        let holds =
+            snap.record(T, &h.job.id).is_some_and(|r| r.state == "running" && r.token.as_deref() == Some(&h.token[..]));
+        let r = call("finish after", jobs.finish(&h.fence(), b"{}")).await;
+        if holds {
+            assert_eq!(r, Ok(()), "a handle that holds its job finishes once the faults stop");
+            finished_by_handles += 1;
+            lock(&world).jobs.entry(h.job.id.clone()).or_default().finished_ok += 1;
+        } else {
+            assert!(matches!(r, Err(Error::NotOwner | Error::NotFound)), "{r:?}");
+        }
+    }
+
+    // Every worker goes: every running job (ghosts too) back to pending.
+    let regs: Vec<_> = lock(&world).workers.drain(..).collect();
+    for (_, reg) in &regs {
+        call("unregister after", node.unregister_worker(reg)).await.expect("unregister with faults off");
+    }
+    drop(regs);
+    let snap = snapshot(inner.as_ref(), node.keyspace()).await;
+    snap.assert_ok("after every worker left");
+    assert!(snap.members_of(T).is_empty());
+    let states = snap.states(T);
+    assert_eq!(states.get("running"), None, "no running job without a worker: {states:?}");
+    let pending = states.get("pending").copied().unwrap_or(0);
+    assert_eq!(call("count", jobs.pending_count(T)).await, Ok(pending as u64));
+
+    // A fresh worker drains the queue: each pending job exactly once.
+    let drainer = call("register", node.register_worker(spec(b"drainer"))).await.expect("register");
+    let mut drained = BTreeSet::new();
+    loop {
+        match call("drain accept", jobs.accept(T, b"drainer", Duration::ZERO)).await {
+            Ok(h) => {
+                assert!(drained.insert(h.job.id.clone()), "job taken twice");
+                call("drain finish", jobs.finish(&h.fence(), b"{}")).await.expect("finish");
+                let mut w = lock(&world);
+                let m = w.jobs.entry(h.job.id.clone()).or_default();
+                m.finished_ok += 1;
+                assert_eq!(m.finished_ok, 1, "a job finished twice");
+            }
+            Err(Error::NotFound) => break,
+            Err(e) => panic!("drain: {e:?}"),
+        }
+    }
+    assert_eq!(drained.len(), pending, "the drain took every pending job");
+    call("unregister", node.unregister_worker(&drainer)).await.expect("unregister");
+    drop(drainer);
+    let snap = snapshot(inner.as_ref(), node.keyspace()).await;
+    snap.assert_ok("after the drain");
+    let states = snap.states(T);
+    assert!(states.keys().all(|s| s == "finished" || s == "canceled"), "{states:?}");
+
+    // Nothing left running.
+    node.stop().await;
+    let stats = node.stats();
+    assert_eq!((stats.heartbeats, stats.watchers, stats.reapers), (0, 0, 0), "{stats:?}");
+    let js = node.jobs().stats();
+    assert_eq!((js.dispatchers, js.job_watchers, js.sweepers, js.waiters), (0, 0, 0, 0), "{js:?}");
+    assert_eq!(panics(), 0, "no panic in any background task");
+
+    let w = lock(&world);
+    eprintln!(
+        "{} (seed {seed}): {} calls in {:.1?} by {} tasks, {} faults injected \
+         (create {}, read {}, write {}, commit {}, watch {}; conflict {}, busy {}, too_old {}, \
+         commit_unknown committed {} / not committed {}, io {}, spurious watch fires {})",
+        s.name,
+        w.calls,
+        fault_phase,
+        s.tasks,
+        faults.total(),
+        faults.at_create,
+        faults.at_read,
+        faults.at_write,
+        faults.at_commit,
+        faults.at_watch,
+        faults.conflict,
+        faults.busy,
+        faults.too_old,
+        faults.unknown_committed,
+        faults.unknown_not_committed,
+        faults.io,
+        faults.watch_spurious,
+    );
+    eprintln!("{}: outcomes {:?}", s.name, w.outcomes);
+    eprintln!(
+        "{}: jobs {} ({} drained at the end), already_exists for its own write {}, ghost accepts {}, \
+         held handles finished {}, membership settled in {:?}, heartbeat_failed logged {}, \
+         worker_reaped {}, worker_reinstated {}, total {:.1?}",
+        s.name,
+        w.jobs.len(),
+        drained.len(),
+        own_write_already_exists,
+        ghosts,
+        finished_by_handles,
+        settled_in,
+        log.count("heartbeat_failed"),
+        log.count("worker_reaped"),
+        log.count("worker_reinstated"),
+        started.elapsed(),
+    );
+    assert!(faults.total() > 100, "faults were injected: {faults:?}");
+}
+
+fn settings(tx_timeout_ms: u64, retry_limit: u32) -> Settings {
+    Settings {
+        tx_timeout: Duration::from_millis(tx_timeout_ms),
+        tx_retry_limit: retry_limit,
+        reaper_max_interval: Duration::from_millis(200),
+    }
+}
+
+/// Retryable faults only, at a rate where most calls succeed after a few
+/// retries: every call answers ok or an expected outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retryable_faults_at_random_points() {
+    scenario(Scenario {
+        name: "retryable",
+        plan: FaultPlan::retryable(11, 0.03),
+        settings: settings(1_000, 100),
+        tasks: 4,
+        run_for: Duration::from_millis(1_200),
+    })
+    .await;
+}
+
+/// A fifth of the faults are I/O errors (not retried: the caller gets
+/// `store_io` at once), the rest retryable, and commit-unknown always
+/// after the commit happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn io_and_commit_unknown_faults() {
+    let mut plan = FaultPlan::retryable(22, 0.03).with_io(0.2);
+    plan.commit = 0.1;
+    plan.unknown_committed_share = 1.0;
+    scenario(Scenario {
+        name: "io+unknown",
+        plan,
+        settings: settings(1_000, 100),
+        tasks: 4,
+        run_for: Duration::from_millis(1_200),
+    })
+    .await;
+}
+
+/// Faults so frequent, and a retry budget so small, that many calls run
+/// out of it (`retry_limit`, `timeout`): still no hang, no corruption.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_faults_exhaust_the_retry_budget() {
+    scenario(Scenario {
+        name: "heavy",
+        plan: FaultPlan::retryable(33, 0.12).with_io(0.05),
+        settings: settings(300, 6),
+        tasks: 4,
+        run_for: Duration::from_millis(1_200),
+    })
+    .await;
+}

@@ -1,0 +1,188 @@
+%% @doc The job queue on several nodes (separate OS processes) sharing one
+%% embedded store, as the nodes of a cluster share one FoundationDB.
+%%
+%% Node A is this EUnit VM; node B is a peer started with OTP's `peer'
+%% over its standard I/O (see couch_workers_multinode_tests). A job added
+%% on one node is pushed to an acceptor waiting on the other; `kill -9' of
+%% B while its worker runs jobs sends them back to pending (attempts kept)
+%% once A's reaper finds the worker dead, and A's workers finish them.
+-module(couch_workers_jobs_multinode_tests).
+
+-include("couch_workers_test.hrl").
+
+-import(couch_workers_test_util, [unique_type/1, register_worker/3, wait_job/3]).
+
+%% Run on the peer (through peer:call/4).
+-export([peer_start/1, peer_worker/4, peer_accept_blocking/3]).
+
+-define(PEER_TIMEOUT, 15000).
+
+jobs_multinode_test_() ->
+    {
+        "couch_workers job queue on several nodes",
+        {
+            setup,
+            fun couch_workers_test_util:start_app/0,
+            fun couch_workers_test_util:stop_app/1,
+            fun(#{dir := Dir}) ->
+                {
+                    foreach,
+                    fun() -> setup(Dir) end,
+                    fun teardown/1,
+                    [
+                        ?TDEF_FE(job_added_here_is_pushed_to_peer_acceptor, 30),
+                        ?TDEF_FE(kill_9_of_peer_sends_its_jobs_back_to_pending, 30)
+                    ]
+                }
+            end
+        }
+    }.
+
+setup(Dir) ->
+    Erl = os:find_executable("erl"),
+    OtpLib = code:lib_dir(),
+    Paths = [P || P <- code:get_path(), not lists:prefix(OtpLib, P), P =/= "."],
+    Args = lists:append([["-pa", P] || P <- Paths]),
+    {ok, Peer, _Node} = peer:start(#{
+        exec => Erl,
+        connection => standard_io,
+        args => Args,
+        wait_boot => 30000
+    }),
+    ok = peer:call(Peer, ?MODULE, peer_start, [Dir], ?PEER_TIMEOUT),
+    OsPid = peer:call(Peer, os, getpid, [], ?PEER_TIMEOUT),
+    #{peer => Peer, os_pid => OsPid, type => unique_type("jmn")}.
+
+teardown(#{peer := Peer, os_pid := OsPid}) ->
+    case is_process_alive(Peer) of
+        true -> catch peer:stop(Peer);
+        false -> ok
+    end,
+    os:cmd("kill -9 " ++ OsPid ++ " 2>/dev/null"),
+    ok.
+
+%% ---- tests ---------------------------------------------------------------
+
+job_added_here_is_pushed_to_peer_acceptor(#{peer := Peer, type := T}) ->
+    %% B waits (up to 10 s) for a job of T; A adds one after B waits.
+    Self = self(),
+    Waiter = spawn_link(fun() ->
+        Self ! {peer_got, peer:call(Peer, ?MODULE, peer_accept_blocking, [T, <<"b1">>, 10000], ?PEER_TIMEOUT)}
+    end),
+    %% Let B's acceptor reach its dispatcher.
+    timer:sleep(1000),
+    T0 = erlang:monotonic_time(millisecond),
+    ok = couch_workers:job_add(T, <<"j1">>, #{<<"from">> => <<"A">>}, #{}),
+    Got =
+        receive
+            {peer_got, R} -> R
+        after 15000 -> error(peer_accept_timeout)
+        end,
+    Elapsed = erlang:monotonic_time(millisecond) - T0,
+    ?assertEqual({ok, <<"j1">>, <<"b1">>, 1}, Got),
+    %% Pushed by a store watch, not found at the end of the wait.
+    ?assert(Elapsed < 5000),
+    ?assertMatch({ok, #{state := finished, result := #{<<"by">> := <<"b1">>}}}, couch_workers:job_get(T, <<"j1">>)),
+    unlink(Waiter).
+
+kill_9_of_peer_sends_its_jobs_back_to_pending(#{peer := Peer, os_pid := OsPid, type := T}) ->
+    TimeoutS = 2,
+    Ids = [<<"j1">>, <<"j2">>, <<"j3">>],
+    ok = couch_workers:job_add_many(T, [{Id, #{<<"n">> => N}, #{}} || {N, Id} <- lists:enumerate(Ids)]),
+    Subs = [
+        begin
+            {ok, S, #{state := pending}} = couch_workers:job_subscribe(T, Id, self()),
+            {Id, S}
+        end
+     || Id <- Ids
+    ],
+    %% B's worker (timeout 2 s) takes all three and keeps them running.
+    ?assertEqual({ok, Ids}, peer:call(Peer, ?MODULE, peer_worker, [T, <<"b1">>, TimeoutS, 3], ?PEER_TIMEOUT)),
+    [
+        ?assertMatch(#{state := running, worker := <<"b1">>, attempts := 1}, wait_job(S, fun(_) -> true end, 5000))
+     || {_, S} <- Subs
+    ],
+    ?assertEqual(0, couch_workers:job_pending_count(T)),
+    T0 = erlang:monotonic_time(millisecond),
+    "" = os:cmd("kill -9 " ++ OsPid),
+    %% Each subscriber sees its job go back to pending, within the
+    %% worker's timeout plus a second.
+    Back = [
+        wait_job(S, fun(#{state := St}) -> St =:= pending end, (TimeoutS + 5) * 1000)
+     || {_, S} <- Subs
+    ],
+    Elapsed = erlang:monotonic_time(millisecond) - T0,
+    io:format(standard_error, "~n    jobs of the killed node back to pending after ~b ms (timeout ~b s)~n", [
+        Elapsed, TimeoutS
+    ]),
+    [?assertMatch(#{state := pending, worker := null, attempts := 1}, J) || J <- Back],
+    ?assert(Elapsed =< (TimeoutS + 1) * 1000),
+    ?assertEqual(3, couch_workers:job_pending_count(T)),
+    %% A worker here takes and finishes them, in their order.
+    W = register_worker(T, <<"a1">>, #{}),
+    Handles = [
+        begin
+            {ok, #{id := Id} = H} = couch_workers:job_accept(W, #{}),
+            ?assertMatch(#{worker := <<"a1">>, attempts := 2}, H),
+            ok = couch_workers:job_finish(H, #{<<"by">> => <<"a1">>}),
+            Id
+        end
+     || _ <- Ids
+    ],
+    ?assertEqual(Ids, Handles),
+    [
+        ?assertMatch(
+            {ok, #{state := finished, attempts := 2, result := #{<<"by">> := <<"a1">>}}},
+            couch_workers:job_get(T, Id)
+        )
+     || Id <- Ids
+    ],
+    ?assertEqual(0, couch_workers:job_pending_count(T)),
+    [ok = couch_workers:job_unsubscribe(S) || {_, S} <- Subs],
+    ok = couch_workers:worker_unregister(W).
+
+%% ---- run on the peer -----------------------------------------------------
+
+peer_start(Dir) ->
+    ok = application:load(couch_workers),
+    logger:set_primary_config(level, warning),
+    ok = application:set_env(couch_workers, store, {embedded, Dir}),
+    {ok, _} = application:ensure_all_started(couch_workers),
+    ok.
+
+%% A long-lived worker process of the peer: registers worker Id (health
+%% timeout TimeoutS) and accepts N jobs, which it keeps running. Answers
+%% the ids (references and handles do not travel well between
+%% non-distributed nodes).
+peer_worker(Type, Id, TimeoutS, N) ->
+    Caller = self(),
+    spawn(fun() ->
+        W = couch_workers:worker_register(Type, Id, #{timeout => TimeoutS}, self()),
+        Taken = [
+            case couch_workers:job_accept(W, #{timeout => 5000}) of
+                {ok, #{id := JobId}} -> JobId;
+                Error -> Error
+            end
+         || _ <- lists:seq(1, N)
+        ],
+        Caller ! {taken, Taken},
+        receive
+            stop -> ok
+        end
+    end),
+    receive
+        {taken, Taken} -> {ok, Taken}
+    after 10000 -> {error, timeout}
+    end.
+
+%% Registers worker Id and waits up to Timeout ms for a job; finishes it.
+peer_accept_blocking(Type, Id, Timeout) ->
+    W = couch_workers:worker_register(Type, Id, #{}, self()),
+    case couch_workers:job_accept(W, #{timeout => Timeout}) of
+        {ok, #{id := JobId, worker := Worker, attempts := A} = Job} ->
+            ok = couch_workers:job_finish(Job, #{<<"by">> => Worker}),
+            ok = couch_workers:worker_unregister(W),
+            {ok, JobId, Worker, A};
+        Error ->
+            Error
+    end.
