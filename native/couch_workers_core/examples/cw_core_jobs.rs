@@ -5,8 +5,11 @@
 //! the NIF boundary and the Erlang side add. Run by `bench/run --only core`.
 //!
 //! ```text
-//! cargo run --release -p couch_workers_core --example cw_core_jobs -- DIR [JOBS]
+//! cargo run --release -p couch_workers_core --example cw_core_jobs -- DIR [JOBS] [ONLY]
 //! ```
+//!
+//! `ONLY` (optional) runs one part: `J1`, `J1h`, `J1b`, `J2`, `J2t0` or
+//! `stages` (for strace/perf of one shape).
 //!
 //! Runtime: tokio multi-thread with 2 worker threads (the NIF's default).
 //! Prints one flat JSON object per figure.
@@ -107,10 +110,12 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let dir = std::path::PathBuf::from(args.next().expect("usage: cw_core_jobs DIR [JOBS]"));
     let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let only: Option<String> = args.next();
+    let want = |part: &str| only.as_deref().is_none_or(|o| o == part);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
 
     // J1 in one task: no hand-off between threads per job.
-    {
+    if want("J1") {
         let (node, store) = open_node(&rt, &dir.join("j1"));
         let t = Instant::now();
         rt.block_on(async {
@@ -125,7 +130,7 @@ fn main() {
     }
     // J1 as the NIF does it: a thread outside the runtime spawns each add
     // on the runtime and blocks until the answer comes back.
-    {
+    if want("J1h") {
         let (node, store) = open_node(&rt, &dir.join("j1h"));
         let t = Instant::now();
         for i in 0..n {
@@ -143,7 +148,7 @@ fn main() {
         store.close();
     }
     // J1b: batches of 100 in one task.
-    {
+    if want("J1b") {
         let (node, store) = open_node(&rt, &dir.join("j1b"));
         let t = Instant::now();
         rt.block_on(fill(&node, b"j1b", n, 100));
@@ -154,6 +159,9 @@ fn main() {
     }
     // J2 with 8 tasks: accept with a timeout (dispatcher), and timeout 0.
     for (name, timeout) in [("J2", Duration::from_millis(1000)), ("J2t0", Duration::ZERO)] {
+        if !want(name) {
+            continue;
+        }
         let (node, store) = open_node(&rt, &dir.join(name));
         let (total, took) = rt.block_on(j2(node.clone(), n, 8, timeout));
         let s = took.as_secs_f64();
@@ -165,8 +173,8 @@ fn main() {
     // write transaction's start (in-process writer lock, BEGIN IMMEDIATE,
     // read of last_version), the operation (a point read, 2
     // versionstamped sets, an atomic add = read + write, a versionstamped
-    // bump), and the commit (version fix + COMMIT of the WAL frame).
-    {
+    // bump), and the commit (version fix + COMMIT of the WAL frames).
+    if want("stages") {
         let (node, store) = open_node(&rt, &dir.join("stages"));
         let ks = node.keyspace().clone();
         let db: Db = store.clone();
