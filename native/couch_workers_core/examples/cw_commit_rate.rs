@@ -12,13 +12,16 @@
 //! Prints one flat JSON object per configuration: synchronous=NORMAL (the
 //! store's default) with 1 and 4 concurrent tasks, and synchronous=FULL
 //! (fsync per commit) with 1 task, each with the store's own durability
-//! string.
+//! string; and NORMAL, 1 task, with one pending watch on an unrelated key
+//! (`watched`): a running node always has one (the orphan sweeper watches
+//! `orphans_vs`), and then every commit wakes the store's watcher thread,
+//! which re-reads the watched keys in a read transaction of its own.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore, Synchronous};
-use couch_workers_core::store::{run, Database, TxOptions};
+use couch_workers_core::store::{run, Database, TxOptions, Watch};
 
 async fn commit_rate(db: Arc<EmbeddedStore>, tasks: usize, span: Duration) -> (u64, Duration, Vec<u64>) {
     let started = Instant::now();
@@ -82,12 +85,25 @@ fn main() {
     let dir = args.next().expect("usage: cw_commit_rate DIR [SECONDS]");
     let secs: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(3);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    for (sync, tasks) in [(Synchronous::Normal, 1usize), (Synchronous::Normal, 4), (Synchronous::Full, 1)] {
-        let sub = std::path::Path::new(&dir).join(format!("{sync:?}_{tasks}"));
+    for (sync, tasks, watched) in [
+        (Synchronous::Normal, 1usize, false),
+        (Synchronous::Normal, 4, false),
+        (Synchronous::Full, 1, false),
+        (Synchronous::Normal, 1, true),
+    ] {
+        let sub = std::path::Path::new(&dir).join(format!("{sync:?}_{tasks}_{watched}"));
         let mut opts = EmbeddedOptions::new(&sub);
         opts.synchronous = sync;
         let db = EmbeddedStore::open(opts).expect("open the store");
         let durability = db.durability();
+        // A pending watch on a key nobody writes (kept alive, never awaited).
+        let _watch: Option<Watch> = watched.then(|| {
+            rt.block_on(run(&*db, TxOptions::read(), |tx| async move {
+                tx.get(b"\xfe-unwritten", false).await?;
+                Ok(tx.watch(b"\xfe-unwritten"))
+            }))
+            .expect("watch")
+        });
         let (n, elapsed, mut lat) = rt.block_on(commit_rate(db.clone(), tasks, Duration::from_secs(secs)));
         db.close();
         lat.sort_unstable();
@@ -96,11 +112,12 @@ fn main() {
             Synchronous::Full => "FULL",
         };
         println!(
-            "{{\"workload\":\"commit_rate\",\"variant\":\"{}_{}task\",\"synchronous\":\"{}\",\"tasks\":{},\
+            "{{\"workload\":\"commit_rate\",\"variant\":\"{}_{}task{}\",\"synchronous\":\"{}\",\"tasks\":{},\
              \"commits\":{},\"seconds\":{:.3},\"commits_per_s\":{:.1},\"p50_ms\":{:.3},\"p99_ms\":{:.3},\
              \"source\":\"rust_example cw_commit_rate (no NIF call exposes a bare commit)\",\"durability\":{}}}",
             name.to_lowercase(),
             tasks,
+            if watched { "_watched" } else { "" },
             name,
             tasks,
             n,

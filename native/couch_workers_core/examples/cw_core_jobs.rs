@@ -8,8 +8,10 @@
 //! cargo run --release -p couch_workers_core --example cw_core_jobs -- DIR [JOBS] [ONLY]
 //! ```
 //!
-//! `ONLY` (optional) runs one part: `J1`, `J1h`, `J1b`, `J2`, `J2t0` or
-//! `stages` (for strace/perf of one shape).
+//! `ONLY` (optional) runs one part: `J1`, `J1h`, `J1b`, `J2`, `J2t0`,
+//! `stages` (for strace/perf of one shape), or `sweep`: `add_many` with
+//! 1, 2, 4, 8, 16, 32 and 100 jobs per transaction, the upper bound of
+//! what a group commit of that many concurrent `add` calls would reach.
 //!
 //! Runtime: tokio multi-thread with 2 worker threads (the NIF's default).
 //! Prints one flat JSON object per figure.
@@ -156,6 +158,17 @@ fn main() {
         line("J1b_in_task", &[("jobs", n as f64), ("seconds", s), ("jobs_per_s", n as f64 / s)]);
         rt.block_on(node.stop());
         store.close();
+    }
+    if want("sweep") {
+        for k in [1usize, 2, 4, 8, 16, 32, 100] {
+            let (node, store) = open_node(&rt, &dir.join(format!("sweep{k}")));
+            let t = Instant::now();
+            rt.block_on(fill(&node, b"sw", n, k));
+            let s = t.elapsed().as_secs_f64();
+            line(&format!("add_many_x{k}"), &[("per_tx", k as f64), ("jobs", n as f64), ("jobs_per_s", n as f64 / s)]);
+            rt.block_on(node.stop());
+            store.close();
+        }
     }
     // J2 with 8 tasks: accept with a timeout (dispatcher), and timeout 0.
     for (name, timeout) in [("J2", Duration::from_millis(1000)), ("J2t0", Duration::ZERO)] {

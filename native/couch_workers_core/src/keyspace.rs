@@ -10,6 +10,8 @@
 //! ("couch_workers", "workers", WorkerType, "vs")                = VS of the last membership change (10 raw bytes)
 //! ("couch_workers", "workers", WorkerType, "member", Worker)    = options, JSON object
 //! ("couch_workers", "workers", WorkerType, "health", Worker)    = tuple (VS, TStamp, Timeout)
+//! ("couch_workers", "workers", WorkerType, "log", VS, Worker)   = tuple (1, "join" | "leave"): member-set changes, kept 60 s
+//! ("couch_workers", "workers", WorkerType, "log_floor")         = version (8 bytes BE) below which the log was trimmed
 //! ("couch_workers", "jobs", JobType, JobId)                      = job record, tuple (1, State, Worker, Priority, Attempts, Token, CancelRequested, VS, Info, Result)
 //! ("couch_workers", "pending", JobType, Priority, VS, JobId)     = ""
 //! ("couch_workers", "active", WorkerType, Worker, JobId)         = tuple (1, AcceptVS)
@@ -56,6 +58,8 @@ const ORPHANS_VS: &[u8] = b"orphans_vs";
 const VS: &[u8] = b"vs";
 const MEMBER: &[u8] = b"member";
 const HEALTH: &[u8] = b"health";
+const LOG: &[u8] = b"log";
+const LOG_FLOOR: &[u8] = b"log_floor";
 
 /// The keys strictly inside a packed tuple prefix: `prefix ++ 0x00` up to
 /// `prefix ++ 0xff` (foundationdb-rs `Subspace::range`, erlfdb
@@ -87,6 +91,10 @@ pub enum WorkerKey {
     Vs { worker_type: Vec<u8> },
     Member { worker_type: Vec<u8>, worker: Vec<u8> },
     Health { worker_type: Vec<u8>, worker: Vec<u8> },
+    /// The version below which the type's log has been trimmed.
+    LogFloor { worker_type: Vec<u8> },
+    /// A membership change log entry: the 10-byte commit VS and the worker.
+    Log { worker_type: Vec<u8>, vs: Versionstamp, worker: Vec<u8> },
 }
 
 /// A decoded health record.
@@ -180,8 +188,60 @@ impl Keyspace {
                 _ => None,
             };
         }
+        if let Ok((w, t, kind, vs, id)) = unpack::<(Bytes, Bytes, Bytes, TupleVersionstamp, Bytes)>(rest) {
+            let vs: Versionstamp = vs.transaction_version().try_into().ok()?;
+            return (&*w == WORKERS && &*kind == LOG)
+                .then(|| WorkerKey::Log { worker_type: t.into_owned(), vs, worker: id.into_owned() });
+        }
         let (w, t, kind) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
-        (&*w == WORKERS && &*kind == VS).then(|| WorkerKey::Vs { worker_type: t.into_owned() })
+        if &*w != WORKERS {
+            return None;
+        }
+        match &*kind {
+            VS => Some(WorkerKey::Vs { worker_type: t.into_owned() }),
+            LOG_FLOOR => Some(WorkerKey::LogFloor { worker_type: t.into_owned() }),
+            _ => None,
+        }
+    }
+
+    /// `("couch_workers", "workers", WorkerType, "log_floor")`: the version
+    /// (8 bytes, big-endian) below which log entries have been trimmed; a
+    /// reader whose last versionstamp is older must read every member.
+    pub fn membership_log_floor(&self, worker_type: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(WORKERS), b(worker_type), b(LOG_FLOOR)))
+    }
+
+    /// `("couch_workers", "workers", WorkerType, "log", VS, Worker)` with an
+    /// incomplete versionstamp, for `set_versionstamped_key`: one entry per
+    /// member-set change, so that watchers read what changed rather than
+    /// the whole member range. The worker id in the key keeps entries of
+    /// one commit apart.
+    pub fn membership_log_new(&self, worker_type: &[u8], worker: &[u8]) -> Vec<u8> {
+        self.root.pack_with_versionstamp(&(
+            b(WORKERS),
+            b(worker_type),
+            b(LOG),
+            TupleVersionstamp::incomplete(0),
+            b(worker),
+        ))
+    }
+
+    /// The first log key after every entry of the commit `vs`.
+    pub fn membership_log_after(&self, worker_type: &[u8], vs: &Versionstamp) -> Vec<u8> {
+        self.root.pack(&(b(WORKERS), b(worker_type), b(LOG), TupleVersionstamp::complete(*vs, u16::MAX)))
+    }
+
+    /// The first log key of commits at or after `version`: entries before
+    /// it are older than `version` (used to trim the log).
+    pub fn membership_log_at_version(&self, worker_type: &[u8], version: u64) -> Vec<u8> {
+        let mut vs = [0u8; VERSIONSTAMP_LEN];
+        vs[..8].copy_from_slice(&version.to_be_bytes());
+        self.root.pack(&(b(WORKERS), b(worker_type), b(LOG), TupleVersionstamp::complete(vs, 0)))
+    }
+
+    /// Every log key of one worker type.
+    pub fn membership_log_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(LOG))))
     }
 
     /// The health value to write with `set_versionstamped_value`: the

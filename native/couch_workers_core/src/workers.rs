@@ -59,8 +59,52 @@ pub enum Heartbeat {
     Reinstated,
 }
 
-fn bump_membership_vs(tx: &Tx, ks: &Keyspace, worker_type: &[u8]) {
+/// How long membership log entries are kept, in store versions (60 s).
+/// A watcher that has read the log within half of it never misses an
+/// entry; one that has not (a long store outage) reads the whole member
+/// range instead.
+pub const LOG_RETENTION_VERSIONS: u64 = 60 * liveness::VERSIONS_PER_SECOND;
+
+/// A member-set change, as the log records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Join,
+    Leave,
+}
+
+impl Change {
+    fn tag(self) -> &'static [u8] {
+        match self {
+            Change::Join => b"join",
+            Change::Leave => b"leave",
+        }
+    }
+}
+
+/// Records a member-set change: bumps the type's `vs` (what watchers
+/// watch) and appends a log entry (what watchers read), and trims log
+/// entries older than [`LOG_RETENTION_VERSIONS`] so the log stays small.
+async fn record_change(tx: &Tx, ks: &Keyspace, worker_type: &[u8], worker: &[u8], change: Change) -> Result<(), StoreError> {
     tx.set_versionstamped_value(&ks.membership_vs(worker_type), &Keyspace::vs_placeholder_value());
+    let value = foundationdb_tuple::pack(&(1i64, foundationdb_tuple::Bytes::from(change.tag())));
+    tx.set_versionstamped_key(&ks.membership_log_new(worker_type, worker), &value);
+    let read_version = tx.read_version().await?;
+    if let Some(cutoff) = read_version.checked_sub(LOG_RETENTION_VERSIONS) {
+        let (begin, _) = ks.membership_log_range(worker_type);
+        tx.clear_range(&begin, &ks.membership_log_at_version(worker_type, cutoff));
+        tx.set(&ks.membership_log_floor(worker_type), &cutoff.to_be_bytes());
+    }
+    Ok(())
+}
+
+/// Decodes a log value.
+fn parse_change(value: &[u8]) -> Option<Change> {
+    let (format, tag) = foundationdb_tuple::unpack::<(i64, foundationdb_tuple::Bytes)>(value).ok()?;
+    match (format, &*tag) {
+        (1, b"join") => Some(Change::Join),
+        (1, b"leave") => Some(Change::Leave),
+        _ => None,
+    }
 }
 
 fn write_health(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, tstamp: i64) {
@@ -78,8 +122,7 @@ pub async fn register(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, tstamp: i64) ->
     }
     tx.set(&member_key, &spec.options_json);
     write_health(tx, ks, spec, tstamp);
-    bump_membership_vs(tx, ks, &spec.worker_type);
-    Ok(())
+    record_change(tx, ks, &spec.worker_type, &spec.id, Change::Join).await
 }
 
 /// Renews the worker's health record; reinstates it if it was removed.
@@ -104,7 +147,7 @@ pub async fn remove(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Re
     jobs::requeue_worker_jobs(tx, ks, worker_type, id).await?;
     tx.clear(&member_key);
     tx.clear(&ks.health(worker_type, id));
-    bump_membership_vs(tx, ks, worker_type);
+    record_change(tx, ks, worker_type, id, Change::Leave).await?;
     Ok(true)
 }
 
@@ -137,6 +180,75 @@ pub async fn read_membership(tx: &Tx, ks: &Keyspace, worker_type: &[u8]) -> Resu
         }
     }
     Ok(Membership { worker_type: worker_type.to_vec(), vs, workers })
+}
+
+/// What changed in a type's membership since a known versionstamp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MembershipChanges {
+    /// The type's current membership versionstamp.
+    pub vs: Versionstamp,
+    /// `(worker, Some(options))` for a worker that is now a member (joined,
+    /// or joined again with new options), `(worker, None)` for one that
+    /// left; in commit order, at most one entry per worker.
+    pub changes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// False when the log no longer covers `since` (`since` is older than
+    /// the log's floor, a log entry has no known shape, or the log does not
+    /// reach the current vs): the caller must read the whole membership.
+    pub complete: bool,
+}
+
+/// Reads the changes of `worker_type`'s membership after the commit
+/// `since`: the log entries after it, and the current options of each
+/// worker that joined. Costs in proportion to the changes, not to the
+/// number of members.
+pub async fn read_membership_changes(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    since: &Versionstamp,
+) -> Result<MembershipChanges, StoreError> {
+    let vs = read_membership_vs(tx, ks, worker_type).await?;
+    if &vs == since {
+        return Ok(MembershipChanges { vs, changes: Vec::new(), complete: true });
+    }
+    let floor = tx
+        .get(&ks.membership_log_floor(worker_type), false)
+        .await?
+        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+        .map_or(0, u64::from_be_bytes);
+    if crate::keyspace::version_of(since) < floor {
+        // Entries after `since` may have been trimmed.
+        return Ok(MembershipChanges { vs, changes: Vec::new(), complete: false });
+    }
+    let (_, end) = ks.membership_log_range(worker_type);
+    let entries = tx.get_range(&RangeRequest::new(ks.membership_log_after(worker_type, since), end)).await?;
+    let mut touched: std::collections::BTreeSet<Vec<u8>> = std::collections::BTreeSet::new();
+    let mut last_entry_vs = *since;
+    let mut complete = true;
+    for (key, value) in &entries {
+        match (ks.parse_worker_key(key), parse_change(value)) {
+            (Some(crate::keyspace::WorkerKey::Log { vs: entry_vs, worker, .. }), Some(_)) => {
+                last_entry_vs = entry_vs;
+                touched.insert(worker);
+            }
+            _ => complete = false,
+        }
+    }
+    // The log must reach the type's current vs; if it does not, entries
+    // were trimmed (or the vs was written by something that keeps no log).
+    if last_entry_vs != vs {
+        complete = false;
+    }
+    let mut changes = Vec::with_capacity(touched.len());
+    if complete {
+        for worker in touched {
+            // The member key says where the worker stands now, whatever
+            // sequence of joins and leaves the log holds for it.
+            let options = tx.get(&ks.member(worker_type, &worker), false).await?;
+            changes.push((worker, options));
+        }
+    }
+    Ok(MembershipChanges { vs, changes, complete })
 }
 
 /// The versionstamp of the type's last membership change (zeros if none).

@@ -532,3 +532,35 @@ fn membership_vs_value_is_the_bare_versionstamp() {
     let vs10 = [9, 8, 7, 6, 5, 4, 3, 2, 1, 0];
     assert_eq!(commit_versionstamp(&Keyspace::vs_placeholder_value(), vs10), vs10.to_vec());
 }
+
+// ---- the membership change log ----------------------------------------------
+
+#[test]
+fn membership_log_keys() {
+    for (ks, p) in both() {
+        // ("couch_workers", "workers", "repl", "log", <incomplete VS>, "w1") ++ offset
+        let mut expect = hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'log' 00", "33 ffffffffffffffffffff 0000", "01 'w1' 00"]);
+        // The placeholder starts after prefix + root (15) + "workers" (9) +
+        // "repl" (6) + "log" (5) + the 0x33 code (1).
+        let placeholder_at = h(p).len() + 36;
+        expect.extend_from_slice(&(placeholder_at as u32).to_le_bytes());
+        let key = ks.membership_log_new(b"repl", b"w1");
+        assert_eq!(&key[placeholder_at..placeholder_at + 10], &[0xff; 10]);
+        same(&key, &expect);
+        same(&ks.membership_log_floor(b"repl"), &hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'log_floor' 00"]));
+        // A completed entry parses back; "after" sorts after every entry of its commit.
+        let vs = [0, 0, 0, 0, 0, 0, 0, 7, 0, 1];
+        let complete = hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'log' 00", "33 00000000000000070001 0000", "01 'w1' 00"]);
+        match ks.parse_worker_key(&complete) {
+            Some(couch_workers_core::keyspace::WorkerKey::Log { worker_type, vs: got, worker }) => {
+                assert_eq!((worker_type.as_slice(), got, worker.as_slice()), (&b"repl"[..], vs, &b"w1"[..]));
+            }
+            other => panic!("not a log key: {other:?}"),
+        }
+        assert!(ks.membership_log_after(b"repl", &vs) > complete);
+        let (b, e) = ks.membership_log_range(b"repl");
+        assert!(b < complete && complete < e);
+        assert!(ks.membership_log_at_version(b"repl", 7) < complete);
+        assert!(ks.membership_log_at_version(b"repl", 8) > complete);
+    }
+}

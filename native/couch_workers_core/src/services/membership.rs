@@ -5,7 +5,16 @@
 //! and the watch; when the watch fires it reads again. Only changes of the
 //! member set bump `vs`, so heartbeats wake no watcher. Every delivery
 //! carries a strictly greater versionstamp than the one before.
+//!
+//! A change costs work in proportion to the change, not to the number of
+//! members: the watcher keeps the membership in memory and, when woken,
+//! reads only the type's change log since its last versionstamp (and the
+//! options of the workers that joined). It reads the whole member range
+//! only at start, and when the log no longer covers its last versionstamp
+//! (entries are kept [`crate::workers::LOG_RETENTION_VERSIONS`]; the log's
+//! floor says how far back it reaches).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -13,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::{sleep_or_cancel, LiveGuard};
 use crate::keyspace::Keyspace;
 use crate::log::{Event, Level, Logger};
-use crate::store::{run, Db, TxOptions, Watch};
+use crate::store::{run, Db, StoreError, Tx, TxOptions, Versionstamp, Watch};
 use crate::workers::{self, Membership};
 
 /// Called with every new membership; must not block (the NIF sends a
@@ -30,36 +39,39 @@ pub(crate) struct MembershipWatcher {
     pub tx_options: TxOptions,
 }
 
+/// What the watcher knows: the membership as of `vs`.
+struct Known {
+    vs: Versionstamp,
+    members: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// The outcome of one read.
+enum Read {
+    /// The whole member range (start, or the log could not be trusted).
+    Full(Membership),
+    /// The changes after the known versionstamp.
+    Changes(workers::MembershipChanges),
+}
+
+
 impl MembershipWatcher {
-    /// `live` was taken by the spawner, so that the task counts from the
-    /// moment it is spawned, not from its first poll.
     pub(crate) async fn run(self, live: LiveGuard) {
         let _live = live;
-        let mut last_sent: Option<[u8; 10]> = None;
+        let mut known: Option<Known> = None;
         let mut failures: u32 = 0;
         loop {
-            let ks = &self.ks;
-            let worker_type = &self.worker_type;
-            let read = run(self.db.as_ref(), self.tx_options, |tx| async move {
-                let membership = workers::read_membership(&tx, ks, worker_type).await?;
-                let watch: Watch = tx.watch(&ks.membership_vs(worker_type));
-                Ok((membership, watch))
-            });
+            let read = self.read(known.as_ref());
             let outcome = tokio::select! {
                 _ = self.cancel.cancelled() => return,
                 outcome = read => outcome,
             };
             let watch = match outcome {
-                Ok((membership, watch)) => {
+                Ok((read, watch)) => {
                     if failures > 0 {
                         self.log.log(self.event(Level::Notice, "membership_watch_recovered"));
                         failures = 0;
                     }
-                    // The first read is always delivered, also when empty.
-                    if last_sent.is_none_or(|vs| membership.vs > vs) {
-                        last_sent = Some(membership.vs);
-                        (self.on_update)(membership);
-                    }
+                    self.apply(&mut known, read);
                     watch
                 }
                 Err(e) => {
@@ -88,6 +100,69 @@ impl MembershipWatcher {
                     }
                 }
             }
+        }
+    }
+
+    /// One transaction: the changes since `known` (or everything), and a
+    /// watch on the type's `vs` armed at the same read version.
+    async fn read(&self, known: Option<&Known>) -> Result<(Read, Watch), StoreError> {
+        let ks = &self.ks;
+        let worker_type = &self.worker_type;
+        let since = known.map(|k| k.vs);
+        run(self.db.as_ref(), self.tx_options, |tx: Tx| async move {
+            let read = match since {
+                Some(vs) => {
+                    let changes = workers::read_membership_changes(&tx, ks, worker_type, &vs).await?;
+                    if changes.complete {
+                        Read::Changes(changes)
+                    } else {
+                        Read::Full(workers::read_membership(&tx, ks, worker_type).await?)
+                    }
+                }
+                None => Read::Full(workers::read_membership(&tx, ks, worker_type).await?),
+            };
+            let watch: Watch = tx.watch(&ks.membership_vs(worker_type));
+            Ok((read, watch))
+        })
+        .await
+    }
+
+    /// Folds a read into what the watcher knows and delivers it when the
+    /// versionstamp moved (the first read is always delivered, also when
+    /// empty).
+    fn apply(&self, known: &mut Option<Known>, read: Read) {
+        let first = known.is_none();
+        let before = known.as_ref().map(|k| k.vs);
+        match read {
+            Read::Full(membership) => {
+                let previous = known.take();
+                let keep_vs = previous.as_ref().is_some_and(|k| k.vs > membership.vs);
+                *known = Some(Known {
+                    // Never step back: a full read can only be at or after
+                    // what was delivered.
+                    vs: if keep_vs { previous.map(|k| k.vs).unwrap_or(membership.vs) } else { membership.vs },
+                    members: membership.workers.into_iter().collect(),
+                });
+            }
+            Read::Changes(changes) => {
+                if let Some(k) = known.as_mut() {
+                    for (worker, options) in changes.changes {
+                        match options {
+                            Some(options) => k.members.insert(worker, options),
+                            None => k.members.remove(&worker),
+                        };
+                    }
+                    k.vs = k.vs.max(changes.vs);
+                }
+            }
+        }
+        let Some(k) = known.as_ref() else { return };
+        if first || before.is_some_and(|b| k.vs > b) {
+            (self.on_update)(Membership {
+                worker_type: self.worker_type.clone(),
+                vs: k.vs,
+                workers: k.members.iter().map(|(w, o)| (w.clone(), o.clone())).collect(),
+            });
         }
     }
 

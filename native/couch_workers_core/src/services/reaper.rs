@@ -123,7 +123,9 @@ impl Reaper {
             let worker_type = match ks.parse_worker_key(&key) {
                 Some(WorkerKey::Vs { worker_type })
                 | Some(WorkerKey::Member { worker_type, .. })
-                | Some(WorkerKey::Health { worker_type, .. }) => worker_type,
+                | Some(WorkerKey::Health { worker_type, .. })
+                | Some(WorkerKey::Log { worker_type, .. })
+                | Some(WorkerKey::LogFloor { worker_type }) => worker_type,
                 None => {
                     // A key of no known shape: step over it.
                     cursor = key;
