@@ -27,6 +27,18 @@
     job_state/2
 ]).
 
+%% Peers, leaks, figures (the reliability suites).
+-export([
+    start_peer/1,
+    start_peer/2,
+    peer_start_app/2,
+    kill_peer/1,
+    stop_peer/1,
+    os_pid_alive/1,
+    counts/0,
+    env_int/2
+]).
+
 %% ---- app lifecycle -------------------------------------------------------
 
 %% Starts couch_workers on a fresh store directory; returns the context
@@ -222,4 +234,106 @@ job_state(Type, Id) ->
     case couch_workers:job_get(Type, Id) of
         {ok, #{state := State}} -> State;
         {error, not_found} -> not_found
+    end.
+
+%% ---- peers -------------------------------------------------------------------
+
+%% Starts a peer node: a separate OS process (`erl`, OTP's `peer` over its
+%% standard I/O, so no distribution, epmd or cookie), with this VM's own
+%% code path (the app and the tests, not OTP's), running couch_workers on
+%% the store directory `Dir' (shared with this node). `Env': more
+%% application env of couch_workers on the peer. Returns
+%% `#{peer := Pid, os_pid := OsPidString}'.
+start_peer(Dir) ->
+    start_peer(Dir, #{}).
+
+start_peer(Dir, Env) ->
+    Erl = os:find_executable("erl"),
+    OtpLib = code:lib_dir(),
+    Paths = [P || P <- code:get_path(), not lists:prefix(OtpLib, P), P =/= "."],
+    %% (No -noinput: standard_io is the peer's control channel.)
+    Args = lists:append([["-pa", P] || P <- Paths]),
+    {ok, Peer, _Node} = peer:start(#{
+        exec => Erl,
+        connection => standard_io,
+        args => Args,
+        wait_boot => 30000
+    }),
+    ok = peer:call(Peer, ?MODULE, peer_start_app, [Dir, Env], 30000),
+    OsPid = peer:call(Peer, os, getpid, [], 15000),
+    #{peer => Peer, os_pid => OsPid}.
+
+%% Run on the peer: starts couch_workers on Dir.
+peer_start_app(Dir, Env) ->
+    case application:load(couch_workers) of
+        ok -> ok;
+        {error, {already_loaded, couch_workers}} -> ok
+    end,
+    logger:set_primary_config(level, warning),
+    ok = application:set_env(couch_workers, store, {embedded, Dir}),
+    maps:foreach(fun(K, V) -> ok = application:set_env(couch_workers, K, V) end, Env),
+    {ok, _} = application:ensure_all_started(couch_workers),
+    ok.
+
+%% kill -9 of the peer's OS process; returns once the process is gone.
+kill_peer(#{os_pid := OsPid}) ->
+    _ = os:cmd("kill -9 " ++ OsPid ++ " 2>/dev/null"),
+    wait_for(fun() -> not os_pid_alive(OsPid) end, 5000, 5).
+
+%% Stops the peer however it is (never leaves an OS process behind).
+stop_peer(#{peer := Peer, os_pid := OsPid}) ->
+    case is_process_alive(Peer) of
+        true -> catch peer:stop(Peer);
+        false -> ok
+    end,
+    _ = os:cmd("kill -9 " ++ OsPid ++ " 2>/dev/null"),
+    ok.
+
+%% Whether the OS process exists (and is not a zombie).
+os_pid_alive(OsPid) ->
+    case file:read_file("/proc/" ++ OsPid ++ "/stat") of
+        {ok, Stat} ->
+            %% "pid (comm) S ...": the state follows the last ')'.
+            [_, Rest] = string:split(Stat, ")", trailing),
+            string:trim(Rest, leading) =/= <<>> andalso binary:first(string:trim(Rest, leading)) =/= $Z;
+        {error, _} ->
+            false
+    end.
+
+%% ---- figures -------------------------------------------------------------------
+
+%% The counts of couch_workers:stats() that must return to their start
+%% (live tasks and NIF handles), after GC-ing the servers.
+counts() ->
+    gc_servers(),
+    maps:with(
+        [
+            heartbeats,
+            watchers,
+            reapers,
+            registrations,
+            watches,
+            job_dispatchers,
+            job_waiters,
+            job_watchers,
+            job_sweepers,
+            job_subscriptions,
+            accept_waiters
+        ],
+        couch_workers:stats()
+    ).
+
+%% An integer from the OS environment, or Default.
+env_int(Name, Default) ->
+    case os:getenv(Name) of
+        false ->
+            Default;
+        "" ->
+            Default;
+        V ->
+            try
+                list_to_integer(string:trim(V))
+            catch
+                error:badarg -> erlang:error({bad_env, Name, V})
+            end
     end.

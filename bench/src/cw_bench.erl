@@ -9,16 +9,16 @@
 
 -export([main/1]).
 
--define(ALL, ["commit_rate", "J1", "J1b", "J2", "J2t0", "J3", "J4", "M1", "M2", "M3", "M4", "M4core"]).
+-define(ALL, ["commit_rate", "core", "J1", "J1b", "J2", "J2t0", "J3", "J4", "M1", "M2", "M2r", "M3", "M4", "M4core"]).
 %% Extra workloads, run only when named with --only.
--define(EXTRA, ["core"]).
+-define(EXTRA, ["sqlite_shapes"]).
 -define(CHILD_TIMEOUT_MS, 30 * 60 * 1000).
 
 -spec main([string()]) -> ok.
 main(Args) ->
     Opts =
         try
-            parse(Args, #{runs => 1, smoke => false, only => ?ALL, j4_large => undefined, erl_flags => []})
+            parse(Args, #{runs => 1, smoke => false, only => ?ALL, j4_large => undefined, erl_flags => [], app_env => []})
         catch
             throw:{usage, Msg} ->
                 io:format(standard_error, "bench/run: ~s~n", [Msg]),
@@ -53,6 +53,21 @@ parse(["--j4-large", N | R], Opts) ->
         {I, ""} when I > 0 -> parse(R, Opts#{j4_large => I});
         _ -> throw({usage, "--j4-large takes a positive integer"})
     end;
+parse(["--app-env", KVs | R], Opts) ->
+    Env = [
+        case string:split(KV, "=") of
+            [K, V] ->
+                {list_to_atom(K),
+                    case string:to_integer(V) of
+                        {I, ""} -> I;
+                        _ -> list_to_atom(V)
+                    end};
+            _ ->
+                throw({usage, "--app-env takes Key=Value[,Key=Value...]"})
+        end
+     || KV <- string:lexemes(KVs, ",")
+    ],
+    parse(R, Opts#{app_env => Env});
 parse(["--erl-flags", Flags | R], Opts) ->
     parse(R, Opts#{erl_flags => string:lexemes(Flags, " ")});
 parse([Other | _], _Opts) ->
@@ -105,12 +120,14 @@ run(#{runs := Runs, only := Only} = Opts) ->
 
 %% ---- sizes -------------------------------------------------------------------
 
-params(W, #{smoke := Smoke} = Opts) ->
-    Base = #{tmp => tmp_base()},
+params(W, #{smoke := Smoke, app_env := AppEnv} = Opts) ->
+    Base = #{tmp => tmp_base(), app_env => AppEnv},
     maps:merge(Base, sizes(W, Smoke, Opts)).
 
 sizes("commit_rate", true, _) -> #{seconds => 1};
 sizes("commit_rate", false, _) -> #{seconds => 3};
+sizes("sqlite_shapes", true, _) -> #{seconds => 1};
+sizes("sqlite_shapes", false, _) -> #{seconds => 2};
 sizes("core", true, _) -> #{jobs => 1000};
 sizes("core", false, _) -> #{jobs => 20000};
 sizes("J1", true, _) -> #{jobs => 1000};
@@ -135,6 +152,8 @@ sizes("M1", true, _) -> #{workers => 200};
 sizes("M1", false, _) -> #{workers => 1000};
 sizes("M2", true, _) -> #{joins => 20};
 sizes("M2", false, _) -> #{joins => 200};
+sizes("M2r", true, _) -> #{joins => 20};
+sizes("M2r", false, _) -> #{joins => 200};
 sizes("M3", true, _) -> #{repeats => 1, timeout_s => 3};
 sizes("M3", false, _) -> #{repeats => 5, timeout_s => 3};
 sizes("M4", true, _) -> #{sizes => [100, 1000], changes => 10};
@@ -150,6 +169,11 @@ run_one("core", Params, _Opts) ->
     core_example(Params);
 run_one("M4core", Params, _Opts) ->
     m4_core(Params);
+run_one("sqlite_shapes", #{seconds := Secs, tmp := Tmp}, _Opts) ->
+    Dir = filename:join(Tmp, "cw_bench_shapes_" ++ os:getpid() ++ "_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    Out = os:cmd(example_bin("cw_sqlite_shapes") ++ " " ++ Dir ++ " " ++ integer_to_list(Secs) ++ " 2>&1"),
+    _ = file:del_dir_r(Dir),
+    example_lines(Out, <<"sqlite_shapes">>);
 run_one("M4", #{sizes := Sizes} = Params, Opts) ->
     %% One VM per size, so that a VM that crashes at one size (see
     %% bench/RESULTS.md: memberships over 128 workers) does not take the
@@ -376,7 +400,7 @@ durability(Results) ->
     Ds = lists:usort([
         D
      || R <- Results,
-        not lists:member(maps:get(workload, R), [<<"commit_rate">>, <<"core">>, <<"M4core">>]),
+        not lists:member(maps:get(workload, R), [<<"commit_rate">>, <<"core">>, <<"M4core">>, <<"sqlite_shapes">>]),
         D <- [maps:get(durability, R, null)],
         D =/= null
     ]),
@@ -396,7 +420,7 @@ durability(Results) ->
         commit_rate_durability => Fallback
     }.
 
-machine(#{runs := Runs, smoke := Smoke, erl_flags := Flags}) ->
+machine(#{runs := Runs, smoke := Smoke, erl_flags := Flags, app_env := AppEnv}) ->
     Cpu =
         case file:read_file("/proc/cpuinfo") of
             {ok, Info} ->
@@ -420,7 +444,8 @@ machine(#{runs := Runs, smoke := Smoke, erl_flags := Flags}) ->
                 true -> smoke;
                 false -> full
             end,
-        erl_flags => list_to_binary(lists:join(" ", Flags))
+        erl_flags => list_to_binary(lists:join(" ", Flags)),
+        app_env => iolist_to_binary(lists:join(",", [io_lib:format("~s=~p", [K, V]) || {K, V} <- AppEnv]))
     }.
 
 nproc() ->

@@ -5,7 +5,7 @@
 %% (references do not travel between non-distributed nodes).
 -module(cw_bench_peer).
 
--export([start/1, register_timed/3, register_owned/3]).
+-export([start/1, register_timed/3, register_owned/3, leave/1]).
 
 %% Starts couch_workers on the shared store directory `Dir'.
 -spec start(string()) -> ok.
@@ -26,6 +26,7 @@ register_timed(Type, Id, Opts) ->
     spawn(fun() ->
         Result = couch_workers:worker_register(Type, Id, Opts, self()),
         T = os:system_time(microsecond),
+        persistent_term:put({cw_bench_owner, Id}, self()),
         Caller ! {registered, self(), Result, T},
         receive stop -> ok end
     end),
@@ -41,4 +42,13 @@ register_owned(Type, Id, Opts) ->
     case register_timed(Type, Id, Opts) of
         {ok, _} -> ok;
         Error -> Error
+    end.
+
+%% Ends the owner process of `Id' (registered by register_timed/3): the
+%% worker leaves (couch_workers unregisters it when its pid exits).
+-spec leave(binary()) -> ok.
+leave(Id) ->
+    case persistent_term:get({cw_bench_owner, Id}, undefined) of
+        undefined -> ok;
+        Pid -> Pid ! stop, ok
     end.

@@ -59,10 +59,10 @@ emit(Result) ->
 
 start_app(Params) ->
     Dir = tmp_dir(Params),
-    start_app_in(Dir),
+    start_app_in(Dir, maps:get(app_env, Params, [])),
     Dir.
 
-start_app_in(Dir) ->
+start_app_in(Dir, AppEnv) ->
     case application:load(couch_workers) of
         ok -> ok;
         {error, {already_loaded, couch_workers}} -> ok
@@ -73,6 +73,7 @@ start_app_in(Dir) ->
     _ = logger:set_handler_config(default, level, warning),
     _ = logger:add_handler(cw_bench_durability, ?MODULE, #{level => notice}),
     ok = application:set_env(couch_workers, store, {embedded, Dir}),
+    [ok = application:set_env(couch_workers, K, V) || {K, V} <- AppEnv],
     {ok, _} = application:ensure_all_started(couch_workers),
     ok.
 
@@ -113,6 +114,7 @@ run(Workload, Params) ->
         'J4' -> j4(Params);
         'M1' -> m1(Params);
         'M2' -> m2(Params);
+        'M2r' -> m2(Params#{leave => true});
         'M3' -> m3(Params);
         'M4' -> m4(Params)
     end.
@@ -229,10 +231,11 @@ j3(P) ->
     %% Let the worker's first accept reach the dispatcher.
     timer:sleep(200),
     Start = erlang:monotonic_time(millisecond),
-    j3_produce(Type, Tab, 1, N, Start, Interval),
+    AddUs = j3_produce(Type, Tab, 1, N, Start, Interval, []),
     Lat = receive {j3_done, L} -> L after 60000 -> error(j3_timeout) end,
     ets:delete(Tab),
     S = lists:sort(Lat),
+    A = lists:sort(AddUs),
     #{
         workload => 'J3',
         jobs => length(S),
@@ -240,11 +243,16 @@ j3(P) ->
         p50_ms => pct(S, 50) / 1000,
         p99_ms => pct(S, 99) / 1000,
         max_ms => lists:last(S) / 1000,
-        min_ms => hd(S) / 1000
+        min_ms => hd(S) / 1000,
+        over_1ms => length([X || X <- S, X > 1000]),
+        %% How long job_add itself took (its commit), for reading the tail.
+        add_p50_ms => pct(A, 50) / 1000,
+        add_p99_ms => pct(A, 99) / 1000,
+        add_max_ms => lists:last(A) / 1000
     }.
 
-j3_produce(_Type, _Tab, I, N, _Start, _Interval) when I > N -> ok;
-j3_produce(Type, Tab, I, N, Start, Interval) ->
+j3_produce(_Type, _Tab, I, N, _Start, _Interval, Acc) when I > N -> Acc;
+j3_produce(Type, Tab, I, N, Start, Interval, Acc) ->
     Due = Start + (I - 1) * Interval,
     Wait = Due - erlang:monotonic_time(millisecond),
     Wait > 0 andalso timer:sleep(Wait),
@@ -252,7 +260,7 @@ j3_produce(Type, Tab, I, N, Start, Interval) ->
     T0 = now_us(),
     ets:insert(Tab, {Id, T0}),
     ok = couch_workers:job_add(Type, Id, #{}, #{}),
-    j3_produce(Type, Tab, I + 1, N, Start, Interval).
+    j3_produce(Type, Tab, I + 1, N, Start, Interval, [now_us() - T0 | Acc]).
 
 j3_worker(_Ref, _Tab, 0, Acc, Parent) ->
     Parent ! {j3_done, Acc};
@@ -337,16 +345,16 @@ m1(P) ->
     N = maps:get(workers, P, 1000),
     Opts = #{timeout => 5},
     Dir1 = start_app(P),
-    {SeqUs, Owners1} =
+    SeqUs =
         try
             T0 = now_us(),
-            O1 = [register_owner(<<"m1">>, worker_id(I), Opts) || I <- lists:seq(1, N)],
-            {now_us() - T0, O1}
+            Owners1 = [register_owner(<<"m1">>, worker_id(I), Opts) || I <- lists:seq(1, N)],
+            Us0 = now_us() - T0,
+            [exit(O, kill) || O <- Owners1],
+            Us0
         after
-            ok
+            stop_app(Dir1)
         end,
-    [exit(O, kill) || O <- Owners1],
-    stop_app(Dir1),
     Dir2 = start_app(P),
     ConcUs =
         try
@@ -407,20 +415,24 @@ register_concurrently(Type, N, Opts) ->
 %% M2: a subscriber on node A (this VM); 200 joins one after another on
 %% node B (a peer VM on the same store). For each: from worker_register
 %% returning on B to the delivery that first contains the worker on A, on
-%% the host's wall clock (see the module doc).
+%% the host's wall clock (see the module doc). `M2r' (leave => true): the
+%% same, but each worker leaves again (untimed) once A has seen it, so the
+%% membership never exceeds one worker.
 m2(P) ->
     N = maps:get(joins, P, 200),
+    Leave = maps:get(leave, P, false),
     Dir = start_app(P),
     {Peer, _OsPid} = start_peer(Dir),
     try
         Type = <<"m2">>,
         Collector = start_collector(Type, fun() -> os:system_time(microsecond) end),
-        Lat = [m2_join(Peer, Collector, Type, worker_id(I)) || I <- lists:seq(1, N)],
+        Lat = [m2_join(Peer, Collector, Type, worker_id(I), Leave) || I <- lists:seq(1, N)],
         S = lists:sort(Lat),
         [
             #{
-                workload => 'M2',
+                workload => case Leave of true -> 'M2r'; false -> 'M2' end,
                 joins => N,
+                members_at_most => case Leave of true -> 1; false -> N end,
                 clock => <<"os:system_time(microsecond) (CLOCK_REALTIME) on both nodes">>,
                 p50_ms => pct(S, 50) / 1000,
                 p99_ms => pct(S, 99) / 1000,
@@ -433,9 +445,16 @@ m2(P) ->
         stop_app(Dir)
     end.
 
-m2_join(Peer, Collector, Type, Id) ->
+m2_join(Peer, Collector, Type, Id, Leave) ->
     {ok, TReturned} = peer:call(Peer, cw_bench_peer, register_timed, [Type, Id, #{}], ?PEER_TIMEOUT),
     TSeen = await_seen(Collector, Id, 10000),
+    case Leave of
+        true ->
+            ok = peer:call(Peer, cw_bench_peer, leave, [Id], ?PEER_TIMEOUT),
+            _ = await_gone(Collector, Id, 10000);
+        false ->
+            ok
+    end,
     TSeen - TReturned.
 
 %% M3: a worker with timeout 3 s on node B; B's OS process is killed with

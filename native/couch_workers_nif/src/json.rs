@@ -243,10 +243,36 @@ pub fn json_to_term<'a>(env: Env<'a>, value: &Value) -> Term<'a> {
         Value::Object(map) => {
             let keys: Vec<Term<'a>> = map.keys().map(|k| binary(env, k.as_bytes())).collect();
             let values: Vec<Term<'a>> = map.values().map(|v| json_to_term(env, v)).collect();
-            // Keys of a JSON object are unique, so this cannot fail.
-            Term::map_from_term_arrays(env, &keys, &values).unwrap_or_else(|_| rustler::types::map::map_new(env))
+            // Keys of a JSON object are unique.
+            make_map(env, &keys, &values)
         }
     }
+}
+
+/// Most keys of a flatmap (ERTS's `MAP_SMALL_MAP_LIMIT`); bigger maps are
+/// hashmaps.
+const FLATMAP_MAX_KEYS: usize = 32;
+
+/// The map of `keys` (distinct) to `values`.
+///
+/// These terms are built in process-independent environments on the
+/// runtime's threads, not on a scheduler. There, on OTP 25.2.3 (erts
+/// 13.1.5, Debian 12's), `enif_make_map_from_arrays` segfaults the VM for
+/// more than 128 keys, while `enif_make_map_put` does not (checked with a
+/// C NIF up to 60,000 keys; see test/couch_workers_bigmap_tests.erl; most
+/// likely erlang/otp#8208: hashmap building that assumes a scheduler). So
+/// only flatmaps are built from arrays; bigger maps one key at a time.
+pub fn make_map<'a>(env: Env<'a>, keys: &[Term<'a>], values: &[Term<'a>]) -> Term<'a> {
+    if keys.len() <= FLATMAP_MAX_KEYS {
+        if let Ok(map) = Term::map_from_term_arrays(env, keys, values) {
+            return map;
+        }
+    }
+    let mut map = rustler::types::map::map_new(env);
+    for (key, value) in keys.iter().zip(values) {
+        map = map.map_put(*key, *value).unwrap_or(map);
+    }
+    map
 }
 
 /// Decodes stored JSON bytes to a term; bytes that are not JSON (a record

@@ -65,8 +65,8 @@ impl Notifier {
         let tag = env.binary_to_term(&self.tag).map(|(t, _)| t).unwrap_or_else(|| atoms::undefined().encode(env));
         let ids: Vec<Term<'a>> = m.workers.iter().map(|(id, _)| binary(env, id)).collect();
         let options: Vec<Term<'a>> = m.workers.iter().map(|(_, json)| json_bytes_to_term(env, json)).collect();
-        let workers =
-            Term::map_from_term_arrays(env, &ids, &options).unwrap_or_else(|_| rustler::types::map::map_new(env));
+        // More than 128 workers: see `json::make_map`.
+        let workers = crate::json::make_map(env, &ids, &options);
         (atoms::couch_workers_membership_changed(), tag, binary(env, &m.worker_type), binary(env, &m.vs), workers)
             .encode(env)
     }
