@@ -1,11 +1,18 @@
 %% @doc The schedulers stay free (issue 6, part 4): no NIF call of
 %% couch_workers holds a normal scheduler for 2 ms or more.
 %%
-%% A small workload of every call, with terms up to the size limits
-%% (worker options and job infos/results of about 100 KB of JSON, in the
-%% shapes that cost most to convert: one big binary, 8,000 map keys,
-%% 7,500 strings, 49,000 list elements), runs in processes of its own
-%% while
+%% A small workload of every call (register/unregister, membership
+%% subscribe and deliveries, job add/add_many, get, accept, update,
+%% finish, subscribe, remove) runs in a process of its own, twice:
+%%
+%% * `ordinary': terms of the sizes the benchmarks and CouchDB use, and
+%%   somewhat bigger (a 50 KB binary, a map of 200 keys, a list of 1,000
+%%   elements, a nested map);
+%% * `size_limit': terms up to the value limit (about 100 KB of JSON) in
+%%   the shapes that cost most to convert: one big binary, 8,000 map keys,
+%%   7,500 strings, 49,000 list elements, and one term over the limit.
+%%
+%% While it runs,
 %%
 %% * `erlang:system_monitor(Collector, [{long_schedule, 2}])' reports
 %%   every process that ran 2 ms or more without being scheduled out, as
@@ -25,70 +32,96 @@
 %%
 %%   (a) its `in' or `out' names a NIF of couch_workers_nif (not wait/2 or
 %%       the other Erlang functions of that module), or
-%%   (b) the same pid made a traced NIF call that took 1 ms or more and
-%%       lies within the reported interval [arrival - timeout - 5 ms,
-%%       arrival + 5 ms].
+%%   (b) the same pid made a traced call of a NIF that runs on the normal
+%%       schedulers (all but `job_add_many/3', a DirtyCpu NIF) that took
+%%       1 ms or more and lies within the reported interval [arrival -
+%%       timeout - 5 ms, arrival + 5 ms].
 %%
 %% Every other message is printed and not counted (its pid's registered
 %% name or initial call, in/out: the code server, the test's own code,
-%% the OS taking the CPU away from a scheduler thread). A control process
-%% that only runs short Erlang loops during the workload shows that
-%% noise: its messages are printed apart.
+%% a dirty NIF, the OS taking the CPU away from a scheduler thread). A
+%% control process that only runs short Erlang loops during the workload
+%% shows that noise: its messages are printed apart. The slowest traced
+%% call of each NIF is printed too.
 %%
-%% The workload runs up to twice: it passes when a round has no message
+%% Each workload runs up to twice: it passes when a round has no message
 %% caused by a NIF. A NIF that is slow is slow every time (the shapes are
 %% fixed), so a real fault fails both rounds; a one-off stall of the OS
-%% does not fail the test. Both rounds are printed.
+%% does not fail the test.
+%%
+%% Known to fail (issue 6 report): `size_limit'. `job_add/5',
+%% `job_update/3', `job_finish/3' and `worker_register/4' convert their
+%% term to JSON on the calling (normal) scheduler (`json::map_to_json',
+%% bounded by the value limit, not by time): 5-11 ms for the shapes
+%% above.
 -module(couch_workers_sched_tests).
 
 -include("couch_workers_test.hrl").
 
 -import(couch_workers_test_util, [unique_type/1]).
 
--export([no_long_schedule_from_nifs/0, terms/0, workload/2]).
+-export([terms/1, workload/2]).
 
 -define(LONG_MS, 2).
 %% A NIF call this long is a suspect for (b).
 -define(SUSPECT_US, 1000).
 -define(SLACK_US, 5000).
 -define(ROUNDS, 2).
+%% NIFs declared `schedule = "DirtyCpu"' (they leave the normal schedulers).
+-define(DIRTY_NIFS, [{job_add_many, 3}]).
 
 sched_test_() ->
     {
-        "long_schedule (2 ms) during a workload: none caused by a NIF call",
+        "long_schedule (2 ms) during workloads: none caused by a NIF call",
         {
             setup,
             fun couch_workers_test_util:start_app/0,
             fun couch_workers_test_util:stop_app/1,
-            fun(_) -> {timeout, 120, ?_test(no_long_schedule_from_nifs())} end
+            fun(_) ->
+                [
+                    {"ordinary terms", {timeout, 120, ?_test(no_long_schedule_from_nifs(ordinary))}},
+                    {"terms up to the size limits", {timeout, 120, ?_test(no_long_schedule_from_nifs(size_limit))}}
+                ]
+            end
         }
     }.
 
-no_long_schedule_from_nifs() ->
-    Terms = terms(),
-    run_rounds(Terms, 1).
+no_long_schedule_from_nifs(Kind) ->
+    run_rounds(Kind, terms(Kind), 1).
 
-run_rounds(Terms, Round) ->
+run_rounds(Kind, Terms, Round) ->
     #{nif := Nif} = Figures = measure(Terms, unique_type("sched")),
-    report(Round, Figures),
+    report(Kind, Round, Figures),
     case Nif of
         [] -> ok;
-        _ when Round < ?ROUNDS -> run_rounds(Terms, Round + 1);
+        _ when Round < ?ROUNDS -> run_rounds(Kind, Terms, Round + 1);
         _ -> ?assertEqual([], Nif)
     end.
 
 %% ---- the workload ------------------------------------------------------------
 
 %% Built before the measurement, so that making them is not measured.
-terms() ->
-    Bin = #{<<"bin">> => binary:copy(<<"b">>, 99000)},
-    Map = maps:from_list([{integer_to_binary(I), I} || I <- lists:seq(1, 8000)]),
-    Strs = #{<<"strs">> => [<<"abcdefghij">> || _ <- lists:seq(1, 7500)]},
-    List = #{<<"list">> => lists:duplicate(49000, 0)},
-    Small = #{<<"n">> => 1},
+terms(ordinary) ->
+    #{
+        infos => [
+            {small, #{<<"n">> => 1}},
+            {bin50k, #{<<"bin">> => binary:copy(<<"b">>, 50000)}},
+            {map200, maps:from_list([{integer_to_binary(I), I} || I <- lists:seq(1, 200)])},
+            {list1000, #{<<"list">> => lists:seq(1, 1000)}},
+            {nested, lists:foldl(fun(I, A) -> #{<<"in">> => A, <<"i">> => I, <<"s">> => <<"text">>} end, #{}, lists:seq(1, 40))}
+        ],
+        too_large => #{<<"bin">> => binary:copy(<<"b">>, 100001)}
+    };
+terms(size_limit) ->
     #{
         %% name => term, each under the value limit once encoded
-        infos => [{small, Small}, {bin99k, Bin}, {map8k, Map}, {strs7k, Strs}, {list49k, List}],
+        infos => [
+            {small, #{<<"n">> => 1}},
+            {bin99k, #{<<"bin">> => binary:copy(<<"b">>, 99000)}},
+            {map8k, maps:from_list([{integer_to_binary(I), I} || I <- lists:seq(1, 8000)])},
+            {strs7k, #{<<"strs">> => [<<"abcdefghij">> || _ <- lists:seq(1, 7500)]}},
+            {list49k, #{<<"list">> => lists:duplicate(49000, 0)}}
+        ],
         %% and one over it, refused (as cheaply as a legal one)
         too_large => #{<<"list">> => lists:duplicate(1000000, 0)}
     }.
@@ -244,7 +277,12 @@ classify({Arrived, {monitor, Pid, long_schedule, Info}}, Calls, Worker, Control)
     Until = Arrived + ?SLACK_US,
     Overlapping = [
         {F, A, End - Start}
-     || {P, {F, A}, Start, End} <- Calls, P =:= Pid, End - Start >= ?SUSPECT_US, End >= From, Start =< Until
+     || {P, {F, A}, Start, End} <- Calls,
+        P =:= Pid,
+        not lists:member({F, A}, ?DIRTY_NIFS),
+        End - Start >= ?SUSPECT_US,
+        End >= From,
+        Start =< Until
     ],
     Entry = #{who => Who, ms => Ms, in => In, out => Out, nif_calls => Overlapping},
     case Named orelse Overlapping =/= [] of
@@ -271,7 +309,7 @@ who(Pid, _Worker, _Control) when is_pid(Pid) ->
 who(Port, _Worker, _Control) ->
     {port, Port}.
 
-report(Round, #{longs := Longs, nif := Nif, calls := Calls}) ->
+report(Kind, Round, #{longs := Longs, nif := Nif, calls := Calls}) ->
     ByNif = lists:foldl(
         fun({_, FA, S, E}, M) -> maps:update_with(FA, fun({N, Max}) -> {N + 1, max(Max, E - S)} end, {1, E - S}, M) end,
         #{},
@@ -280,9 +318,10 @@ report(Round, #{longs := Longs, nif := Nif, calls := Calls}) ->
     Slowest = lists:reverse(lists:keysort(2, [{FA, Max, N} || {FA, {N, Max}} <- maps:to_list(ByNif)])),
     io:format(
         standard_error,
-        "~n    round ~b: ~b NIF calls traced; slowest per NIF (us, calls): ~p~n"
+        "~n    ~s terms, round ~b: ~b NIF calls traced; slowest per NIF (us, calls): ~w~n"
         "    long_schedule messages (>= ~b ms): ~b; caused by a NIF call: ~b; control-process noise: ~b~n",
         [
+            Kind,
             Round,
             length(Calls),
             [{F, A, Max, N} || {{F, A}, Max, N} <- Slowest],
@@ -292,5 +331,5 @@ report(Round, #{longs := Longs, nif := Nif, calls := Calls}) ->
             length([x || {noise, _} <- Longs])
         ]
     ),
-    [io:format(standard_error, "      ~p: ~p~n", [Kind, E]) || {Kind, E} <- Longs],
+    [io:format(standard_error, "      ~p: ~0p~n", [Class, E]) || {Class, E} <- Longs],
     ok.

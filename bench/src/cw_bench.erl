@@ -9,7 +9,7 @@
 
 -export([main/1]).
 
--define(ALL, ["commit_rate", "core", "J1", "J1b", "J2", "J2t0", "J3", "J4", "M1", "M2", "M2r", "M3", "M4", "M4core"]).
+-define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2t0", "J3", "J4", "M1", "M2", "M2r", "M3", "M4", "M4core"]).
 %% Extra workloads, run only when named with --only.
 -define(EXTRA, ["sqlite_shapes"]).
 -define(CHILD_TIMEOUT_MS, 30 * 60 * 1000).
@@ -126,6 +126,8 @@ params(W, #{smoke := Smoke, app_env := AppEnv} = Opts) ->
 
 sizes("commit_rate", true, _) -> #{seconds => 1};
 sizes("commit_rate", false, _) -> #{seconds => 3};
+sizes("handoff", true, _) -> #{calls => 2000};
+sizes("handoff", false, _) -> #{calls => 20000};
 sizes("sqlite_shapes", true, _) -> #{seconds => 1};
 sizes("sqlite_shapes", false, _) -> #{seconds => 2};
 sizes("core", true, _) -> #{jobs => 1000};
@@ -167,6 +169,8 @@ run_one("commit_rate", Params, _Opts) ->
     commit_rate(Params);
 run_one("core", Params, _Opts) ->
     core_example(Params);
+run_one("handoff", #{calls := Calls}, _Opts) ->
+    example_lines(os:cmd(example_bin("cw_handoff") ++ " " ++ integer_to_list(Calls) ++ " 2>&1"), <<"handoff">>);
 run_one("M4core", Params, _Opts) ->
     m4_core(Params);
 run_one("sqlite_shapes", #{seconds := Secs, tmp := Tmp}, _Opts) ->
@@ -381,6 +385,9 @@ median_map([First | _] = Maps) ->
 
 median_value(V, Vs) when is_number(V) ->
     median([X || X <- Vs, is_number(X)]);
+median_value([N | _], Vs) when is_number(N) ->
+    %% Samples (M3): every run's, together.
+    lists:append([L || L <- Vs, is_list(L)]);
 median_value([M | _] = V, Vs) when is_map(M) ->
     %% Rows: the median of each row across runs.
     Rows = length(V),
@@ -393,18 +400,22 @@ median(Xs) ->
     N = length(S),
     case N rem 2 of
         1 -> lists:nth((N + 1) div 2, S);
-        0 -> (lists:nth(N div 2, S) + lists:nth(N div 2 + 1, S)) / 2
+        0 ->
+            case {lists:nth(N div 2, S), lists:nth(N div 2 + 1, S)} of
+                {A, A} -> A;
+                {A, B} -> (A + B) / 2
+            end
     end.
 
 durability(Results) ->
     Ds = lists:usort([
         D
      || R <- Results,
-        not lists:member(maps:get(workload, R), [<<"commit_rate">>, <<"core">>, <<"M4core">>, <<"sqlite_shapes">>]),
+        not lists:member(maps:get(workload, R), [<<"commit_rate">>, <<"core">>, <<"M4core">>, <<"sqlite_shapes">>, <<"handoff">>]),
         D <- [maps:get(durability, R, null)],
         D =/= null
     ]),
-    Fallback = [D || #{workload := <<"commit_rate">>, durability := D} <- Results],
+    Fallback = lists:usort([D || #{workload := <<"commit_rate">>, durability := D} <- Results]),
     #{
         workload => durability,
         store => embedded,

@@ -1,0 +1,534 @@
+%% @doc The soak run of issue 6 (part 7); scripts/soak.sh runs it.
+%%
+%% A controller VM (the producer and the checker; never killed) and three
+%% worker nodes (separate `erl' OS processes) share one embedded store.
+%% The controller adds the jobs in batches (job_add_many, keeping at most
+%% `max_pending' pending), and every `kill_every' seconds kills one worker
+%% node with `kill -9' (round robin) and starts it again at once, as a new
+%% incarnation that registers the same worker ids. When every job has
+%% been added, it stops killing, waits until every job is finished (or
+%% `drain_timeout' passes), and checks by counting:
+%%
+%% * added: jobs whose add committed (all of 1..N, each batch checked);
+%% * finished: jobs whose record says `finished' (`job_get' of every id);
+%% * lost: added jobs that are not finished in the end (must be 0);
+%% * finished twice: jobs for which more than one `job_finish' returned
+%%   `ok' (must be 0), from the workers' finish logs.
+%%
+%% What is observable. Each worker appends `Id Node Incarnation Slot
+%% Attempt' to its own file (O_APPEND, one file per worker process and
+%% incarnation) right after `job_finish' returned `ok', and the job's
+%% result names the same (node, incarnation, slot). A kill can fall
+%% between the commit of a finish and the log line: that job is finished
+%% but unlogged (counted and printed: not lost, not twice). A kill can
+%% also fall after an accept, before the finish: the job runs again
+%% elsewhere after failover (printed as re-runs: `attempts' > 1; that is
+%% at-least-once execution, as designed). "Finished twice" is a second
+%% `ok' for the same job, which fencing must make impossible; and a
+%% logged `ok' whose (node, incarnation, slot) is not the one in the
+%% stored result is counted with it (a finish that returned `ok' but was
+%% not the one that stuck).
+-module(cw_soak).
+
+-export([main/1, node_main/1]).
+
+-define(TYPE, <<"soak">>).
+
+%% ---- controller ------------------------------------------------------------------
+
+main(Opts0) ->
+    Opts = maps:merge(
+        #{
+            jobs => 1000000,
+            kill_every => 30,
+            nodes => 3,
+            workers => 8,
+            batch => 10,
+            add_batch => 1000,
+            max_pending => 20000,
+            timeout => 3,
+            drain_timeout => 120,
+            dir => "/tmp/cw_soak"
+        },
+        Opts0
+    ),
+    #{dir := Dir0, jobs := N, nodes := NNodes, kill_every := KillEvery} = Opts,
+    Dir = filename:absname(Dir0),
+    Store = filename:join(Dir, "store"),
+    Logs = filename:join(Dir, "logs"),
+    _ = file:del_dir_r(Dir),
+    ok = filelib:ensure_dir(filename:join(Store, "x")),
+    ok = filelib:ensure_dir(filename:join(Logs, "x")),
+    ok = application:load(couch_workers),
+    logger:set_primary_config(level, warning),
+    ok = application:set_env(couch_workers, store, {embedded, Store}),
+    {ok, _} = application:ensure_all_started(couch_workers),
+    out("soak: ~b jobs through ~b worker nodes (~b workers each, health timeout ~b s), "
+        "one node killed with kill -9 and restarted every ~b s; store ~s",
+        [N, NNodes, maps:get(workers, Opts), maps:get(timeout, Opts), KillEvery, Store]),
+    T0 = now_ms(),
+    Nodes = maps:from_list([{I, start_node(I, 1, Dir, Opts)} || I <- lists:seq(1, NNodes)]),
+    put(nodes, Nodes),
+    Self = self(),
+    Producer = spawn_link(fun() -> Self ! {produced, produce(Opts, 1, 0)} end),
+    Loop = loop(Opts#{dir => Dir}, #{t0 => T0, next_kill => T0 + KillEvery * 1000, kills => 0, victim => 1, produced => undefined, last_report => T0}),
+    _ = Producer,
+    #{kills := Kills, produced := {Added, AddErrors}} = Loop,
+    out("soak: all ~b jobs added (~b add retries), none pending; ~b kills; no more kills; draining", [Added, AddErrors, Kills]),
+    Drain = drain(N, now_ms() + maps:get(drain_timeout, Opts) * 1000),
+    stop_nodes(Dir),
+    Report = check(N, Added, Logs),
+    Elapsed = (now_ms() - T0) / 1000,
+    #{finished := Finished, lost := Lost, twice := Twice} = Report,
+    out(
+        "~nsoak: done in ~.1f s (~b jobs/s)~n"
+        "  jobs added:          ~b~n"
+        "  jobs finished:       ~b~n"
+        "  lost:                ~b~n"
+        "  finished twice:      ~b~n"
+        "  kills (kill -9):     ~b, each followed by a restart~n"
+        "  re-runs (attempts > 1, jobs that were running on a killed node): ~b~n"
+        "  finished but unlogged (kill between the finish's commit and its log line): ~b~n"
+        "  finish ok logged with another writer than the stored result's: ~b~n"
+        "  job_finish not_owner (a handle refused after failover): ~b~n"
+        "  drain: ~p",
+        [
+            Elapsed,
+            round(Finished / max(Elapsed, 0.001)),
+            Added,
+            Finished,
+            Lost,
+            Twice,
+            Kills,
+            maps:get(reruns, Report),
+            maps:get(unlogged, Report),
+            maps:get(wrong_writer, Report),
+            maps:get(not_owner, Report),
+            Drain
+        ]
+    ),
+    case maps:get(lost_ids, Report) of
+        [] -> ok;
+        Ids -> out("  lost ids (first 20): ~p", [lists:sublist(Ids, 20)])
+    end,
+    case maps:get(twice_ids, Report) of
+        [] -> ok;
+        TIds -> out("  finished twice ids (first 20): ~p", [lists:sublist(TIds, 20)])
+    end,
+    application:stop(couch_workers),
+    halt(
+        case Lost =:= 0 andalso Twice =:= 0 andalso Added =:= N of
+            true -> 0;
+            false -> 1
+        end
+    ).
+
+%% The controller's loop: kills and restarts on schedule, prints progress,
+%% until the producer is done and nothing is pending any more (the jobs
+%% of the last kill may still come back: the drain waits for those).
+loop(Opts, St) ->
+    case maps:get(produced, St) =/= undefined andalso couch_workers:job_pending_count(?TYPE) =:= 0 of
+        true -> St;
+        false -> loop_wait(Opts, St)
+    end.
+
+loop_wait(Opts, St) ->
+    receive
+        {produced, P} ->
+            loop(Opts, St#{produced => P});
+        {Port, {exit_status, _}} when is_port(Port) ->
+            loop(Opts, St)
+    after 200 ->
+        Now = now_ms(),
+        St1 =
+            case Now >= maps:get(next_kill, St) of
+                true -> kill_and_restart(Opts, St);
+                false -> St
+            end,
+        St2 =
+            case Now - maps:get(last_report, St1) >= 5000 of
+                true ->
+                    progress(St1),
+                    St1#{last_report => Now};
+                false ->
+                    St1
+            end,
+        loop(Opts, St2)
+    end.
+
+kill_and_restart(#{dir := Dir, nodes := NNodes, kill_every := KillEvery} = Opts, #{victim := V, kills := K} = St) ->
+    Nodes = get(nodes),
+    #{inc := Inc} = Node = maps:get(V, Nodes),
+    OsPid = node_os_pid(Node),
+    _ = os:cmd("kill -9 " ++ OsPid),
+    wait_gone(OsPid, 10000),
+    out("soak: ~.1f s: killed node n~b (incarnation ~b, OS pid ~s); restarting", [
+        (now_ms() - maps:get(t0, St)) / 1000, V, Inc, OsPid
+    ]),
+    New = start_node(V, Inc + 1, Dir, Opts),
+    put(nodes, maps:put(V, New, Nodes)),
+    %% On the schedule (a restart takes a second or two of it).
+    Next = max(now_ms() + 1000, maps:get(next_kill, St) + KillEvery * 1000),
+    St#{kills => K + 1, victim => V rem NNodes + 1, next_kill => Next}.
+
+progress(#{t0 := T0, kills := K}) ->
+    Pending = couch_workers:job_pending_count(?TYPE),
+    Added = persistent_term:get({?MODULE, added}, 0),
+    out("soak: ~.1f s: added ~b, pending ~b, kills ~b", [(now_ms() - T0) / 1000, Added, Pending, K]).
+
+%% The producer: adds jobs 1..N in batches, keeping at most max_pending
+%% pending. A batch whose add failed (timeout: commit unknown) is tried
+%% again; all-or-nothing, so it is then either `ok' or `already_exists'
+%% for every id (it had committed). Returns {Added, Retries}.
+produce(#{jobs := N}, Next, Retries) when Next > N ->
+    {N, Retries};
+produce(#{jobs := N, add_batch := B, max_pending := Max} = Opts, Next, Retries) ->
+    case couch_workers:job_pending_count(?TYPE) of
+        P when is_integer(P), P + B =< Max ->
+            Last = min(N, Next + B - 1),
+            Batch = [{job_id(I), #{<<"n">> => I}, #{}} || I <- lists:seq(Next, Last)],
+            case add_batch(Batch, 0) of
+                {ok, R} ->
+                    put_added(Last),
+                    produce(Opts, Last + 1, Retries + R)
+            end;
+        _ ->
+            timer:sleep(20),
+            produce(Opts, Next, Retries)
+    end.
+
+add_batch(Batch, Tries) ->
+    case couch_workers:job_add_many(?TYPE, Batch) of
+        ok ->
+            {ok, Tries};
+        {error, {already_exists, Ids}} when Tries > 0, length(Ids) =:= length(Batch) ->
+            %% The earlier try had committed.
+            {ok, Tries};
+        {error, Reason} when Tries < 100 ->
+            out("soak: add_many failed (~p), retrying", [Reason]),
+            timer:sleep(100),
+            add_batch(Batch, Tries + 1)
+    end.
+
+put_added(N) ->
+    %% The producer's count, read by the controller's progress lines.
+    persistent_term:put({?MODULE, added}, N).
+
+job_id(I) ->
+    iolist_to_binary(io_lib:format("j~9..0b", [I])).
+
+%% Waits until every job is finished (re-reading only those that are
+%% not), or the deadline.
+drain(N, Deadline) ->
+    T0 = now_ms(),
+    Left = drain_loop(lists:seq(1, N), Deadline),
+    #{unfinished => length(Left), ms => now_ms() - T0}.
+
+drain_loop(Ids, Deadline) ->
+    Left = pmap_filter(fun(I) -> state(job_id(I)) =/= finished end, Ids),
+    case Left =:= [] orelse now_ms() > Deadline of
+        true ->
+            Left;
+        false ->
+            timer:sleep(1000),
+            drain_loop(Left, Deadline)
+    end.
+
+state(Id) ->
+    case couch_workers:job_get(?TYPE, Id) of
+        {ok, #{state := S}} -> S;
+        {error, not_found} -> not_found;
+        {error, _} = E -> E
+    end.
+
+%% Reads every job and every finish log; counts.
+check(N, Added, Logs) ->
+    Jobs = ets:new(jobs, [set, public]),
+    pmap_each(
+        fun(I) ->
+            Id = job_id(I),
+            Rec =
+                case couch_workers:job_get(?TYPE, Id) of
+                    {ok, #{state := finished, attempts := A, result := R}} -> {finished, A, writer(R)};
+                    {ok, #{state := S, attempts := A}} -> {S, A, none};
+                    {error, E} -> {E, 0, none}
+                end,
+            ets:insert(Jobs, {Id, Rec})
+        end,
+        lists:seq(1, N)
+    ),
+    Finishes = ets:new(finishes, [bag, public]),
+    NotOwner = read_logs(Logs, Finishes),
+    Finished = ets:select_count(Jobs, [{{'_', {finished, '_', '_'}}, [], [true]}]),
+    LostIds = lists:sort([Id || {Id, {S, _, _}} <- ets:tab2list(Jobs), S =/= finished]),
+    Reruns = ets:select_count(Jobs, [{{'_', {'_', '$1', '_'}}, [{'>', '$1', 1}], [true]}]),
+    {TwiceIds, Unlogged, Wrong} = ets:foldl(
+        fun({Id, {S, _, Writer}}, {Tw, Un, Wr}) ->
+            Oks = [W || {_, W} <- ets:lookup(Finishes, Id)],
+            Tw1 =
+                case length(Oks) > 1 of
+                    true -> [Id | Tw];
+                    false -> Tw
+                end,
+            Un1 =
+                case {S, Oks} of
+                    {finished, []} -> Un + 1;
+                    _ -> Un
+                end,
+            Wr1 = Wr + length([W || W <- Oks, W =/= Writer]),
+            {Tw1, Un1, Wr1}
+        end,
+        {[], 0, 0},
+        Jobs
+    ),
+    _ = Added,
+    #{
+        finished => Finished,
+        lost => length(LostIds),
+        lost_ids => LostIds,
+        twice => length(TwiceIds) + Wrong,
+        twice_ids => lists:sort(TwiceIds),
+        reruns => Reruns,
+        unlogged => Unlogged,
+        wrong_writer => Wrong,
+        not_owner => NotOwner
+    }.
+
+writer(#{<<"node">> := Node, <<"inc">> := Inc, <<"slot">> := Slot}) -> {Node, Inc, Slot};
+writer(_) -> unknown.
+
+%% Every finish log line `Id Node Inc Slot Attempt' into Finishes as
+%% {Id, {Node, Inc, Slot}}; a torn last line (a kill mid-write) is
+%% skipped. Returns the count of `not_owner' lines.
+read_logs(Logs, Finishes) ->
+    {ok, Files} = file:list_dir(Logs),
+    lists:foldl(
+        fun(F, NotOwner) ->
+            {ok, Bin} = file:read_file(filename:join(Logs, F)),
+            lists:foldl(
+                fun(Line, Acc) ->
+                    case binary:split(Line, <<" ">>, [global]) of
+                        [Id, Node, Inc, Slot, _Attempt] ->
+                            ets:insert(Finishes, {Id, {Node, binary_to_integer(Inc), binary_to_integer(Slot)}}),
+                            Acc;
+                        [<<"not_owner">>, _Id] ->
+                            Acc + 1;
+                        _ ->
+                            Acc
+                    end
+                end,
+                NotOwner,
+                complete_lines(Bin)
+            )
+        end,
+        0,
+        Files
+    ).
+
+complete_lines(Bin) ->
+    Parts = binary:split(Bin, <<"\n">>, [global]),
+    %% The last part follows the last newline: empty, or torn.
+    lists:droplast(Parts).
+
+%% ---- the worker nodes ---------------------------------------------------------------
+
+start_node(I, Inc, Dir, Opts) ->
+    Erl = os:find_executable("erl"),
+    Ebins = [P || P <- code:get_path(), not lists:prefix(code:lib_dir(), P), P =/= "."],
+    Cfg = Opts#{node => I, inc => Inc, dir => Dir},
+    Eval = lists:flatten(io_lib:format("cw_soak:node_main(~w).", [maps:to_list(Cfg)])),
+    Out = filename:join(Dir, io_lib:format("n~b.out", [I])),
+    PidFile = pid_file(Dir, I),
+    _ = file:delete(PidFile),
+    Args = lists:append([["-pa", P] || P <- Ebins]) ++ ["-noshell", "-noinput", "-eval", Eval],
+    %% sh execs erl (which execs the emulator): one OS process, its
+    %% output appended to nI.out.
+    Port = open_port({spawn_executable, "/bin/sh"}, [
+        {args, ["-c", "exec \"$0\" \"$@\" >>'" ++ Out ++ "' 2>&1", Erl | Args]},
+        exit_status
+    ]),
+    {os_pid, PortPid} = erlang:port_info(Port, os_pid),
+    %% The node writes its pid once its app and workers run.
+    OsPid = wait_pid_file(PidFile, now_ms() + 30000),
+    #{port => Port, os_pid => OsPid, port_os_pid => PortPid, inc => Inc, node => I}.
+
+pid_file(Dir, I) ->
+    filename:join(Dir, io_lib:format("n~b.pid", [I])).
+
+wait_pid_file(File, Deadline) ->
+    case file:read_file(File) of
+        {ok, Bin} when byte_size(Bin) > 0 ->
+            binary_to_list(string:trim(Bin));
+        _ ->
+            case now_ms() > Deadline of
+                true ->
+                    error({node_did_not_start, File});
+                false ->
+                    timer:sleep(50),
+                    wait_pid_file(File, Deadline)
+            end
+    end.
+
+node_os_pid(#{os_pid := OsPid}) -> OsPid.
+
+wait_gone(OsPid, Timeout) ->
+    Deadline = now_ms() + Timeout,
+    wait_gone_loop(OsPid, Deadline).
+
+wait_gone_loop(OsPid, Deadline) ->
+    case os_pid_alive(OsPid) andalso now_ms() < Deadline of
+        true ->
+            timer:sleep(10),
+            wait_gone_loop(OsPid, Deadline);
+        false ->
+            ok
+    end.
+
+os_pid_alive(OsPid) ->
+    case file:read_file("/proc/" ++ OsPid ++ "/stat") of
+        {ok, Stat} ->
+            [_, Rest] = string:split(Stat, ")", trailing),
+            R = string:trim(Rest, leading),
+            R =/= <<>> andalso binary:first(R) =/= $Z;
+        {error, _} ->
+            false
+    end.
+
+stop_nodes(Dir) ->
+    ok = file:write_file(filename:join(Dir, "stop"), <<>>),
+    Nodes = get(nodes),
+    Deadline = now_ms() + 30000,
+    [wait_gone_loop(OsPid, Deadline) || #{os_pid := OsPid} <- maps:values(Nodes)],
+    [os:cmd("kill -9 " ++ OsPid ++ " 2>/dev/null") || #{os_pid := OsPid} <- maps:values(Nodes)],
+    ok.
+
+%% Runs on a worker node: the app on the shared store, `workers' worker
+%% processes, until the stop file appears (or a kill -9).
+node_main(CfgList) ->
+    Cfg = maps:from_list(CfgList),
+    #{dir := Dir, node := I, inc := Inc, workers := W} = Cfg,
+    %% A worker that crashes ends the node (a node without workers would
+    %% only look alive).
+    process_flag(trap_exit, true),
+    ok = application:load(couch_workers),
+    logger:set_primary_config(level, warning),
+    ok = application:set_env(couch_workers, store, {embedded, filename:join(Dir, "store")}),
+    {ok, _} = application:ensure_all_started(couch_workers),
+    Node = iolist_to_binary(io_lib:format("n~b", [I])),
+    Workers = [spawn_link(fun() -> worker(Cfg, Node, Inc, Slot) end) || Slot <- lists:seq(1, W)],
+    ok = file:write_file(pid_file(Dir, I), os:getpid()),
+    io:format("~s incarnation ~b: ~b workers (OS pid ~s)~n", [Node, Inc, length(Workers), os:getpid()]),
+    wait_stop(Dir, Workers).
+
+wait_stop(Dir, Workers) ->
+    case filelib:is_file(filename:join(Dir, "stop")) of
+        true ->
+            [P ! stop || P <- Workers],
+            [
+                begin
+                    M = erlang:monitor(process, P),
+                    receive
+                        {'DOWN', M, process, P, _} -> ok
+                    after 20000 -> ok
+                    end
+                end
+             || P <- Workers
+            ],
+            application:stop(couch_workers),
+            halt(0);
+        false ->
+            receive
+                {'EXIT', Pid, Reason} when Reason =/= normal ->
+                    io:format("worker ~p crashed: ~p~n", [Pid, Reason]),
+                    halt(3)
+            after 500 ->
+                wait_stop(Dir, Workers)
+            end
+    end.
+
+worker(#{dir := Dir, timeout := Timeout} = Cfg, Node, Inc, Slot) ->
+    Id = iolist_to_binary(io_lib:format("~s-w~b", [Node, Slot])),
+    Ref = couch_workers:worker_register(?TYPE, Id, #{timeout => Timeout, node => Node, inc => Inc}, self()),
+    true = is_reference(Ref),
+    Log = filename:join([Dir, "logs", io_lib:format("~s-i~b-w~b.log", [Node, Inc, Slot])]),
+    {ok, Fd} = file:open(Log, [append, raw, binary]),
+    work(Cfg, Ref, Fd, {Node, Inc, Slot}).
+
+work(#{batch := B} = Cfg, Ref, Fd, Me) ->
+    receive
+        stop ->
+            file:close(Fd),
+            ok = couch_workers:worker_unregister(Ref)
+    after 0 ->
+        Jobs = take(Ref, B, []),
+        [finish(H, Fd, Me) || H <- Jobs],
+        work(Cfg, Ref, Fd, Me)
+    end.
+
+%% Up to B jobs: at once while there are some, else one wait (1 s).
+take(_Ref, 0, Acc) ->
+    lists:reverse(Acc);
+take(Ref, B, Acc) ->
+    Timeout =
+        case Acc of
+            [] -> 1000;
+            _ -> 0
+        end,
+    case couch_workers:job_accept(Ref, #{timeout => Timeout}) of
+        {ok, H} -> take(Ref, B - 1, [H | Acc]);
+        {error, _} -> lists:reverse(Acc)
+    end.
+
+finish(#{id := Id, attempts := A} = H, Fd, {Node, Inc, Slot}) ->
+    Result = #{<<"node">> => Node, <<"inc">> => Inc, <<"slot">> => Slot},
+    case couch_workers:job_finish(H, Result) of
+        ok ->
+            ok = file:write(Fd, [Id, $\s, Node, $\s, integer_to_binary(Inc), $\s, integer_to_binary(Slot), $\s, integer_to_binary(A), $\n]);
+        {error, not_owner} ->
+            ok = file:write(Fd, [<<"not_owner ">>, Id, $\n]);
+        {error, _} ->
+            ok
+    end.
+
+%% ---- helpers ---------------------------------------------------------------------------
+
+now_ms() ->
+    erlang:monotonic_time(millisecond).
+
+out(Fmt, Args) ->
+    io:format(Fmt ++ "~n", Args).
+
+%% The elements of L for which F holds, computed by 8 processes.
+pmap_filter(F, L) ->
+    lists:append(pmap(fun(Chunk) -> [X || X <- Chunk, F(X)] end, chunks(L, 8))).
+
+pmap_each(F, L) ->
+    _ = pmap(fun(Chunk) -> lists:foreach(F, Chunk) end, chunks(L, 8)),
+    ok.
+
+pmap(F, Chunks) ->
+    Self = self(),
+    Refs = [
+        begin
+            R = make_ref(),
+            spawn_link(fun() -> Self ! {R, F(C)} end),
+            R
+        end
+     || C <- Chunks
+    ],
+    [
+        receive
+            {R, Res} -> Res
+        end
+     || R <- Refs
+    ].
+
+chunks(L, N) ->
+    Size = max(1, (length(L) + N - 1) div N),
+    chunks_of(L, Size).
+
+chunks_of([], _) -> [];
+chunks_of(L, Size) when length(L) =< Size -> [L];
+chunks_of(L, Size) ->
+    {H, T} = lists:split(Size, L),
+    [H | chunks_of(T, Size)].
