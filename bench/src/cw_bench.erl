@@ -209,14 +209,23 @@ m4_combine(Sizes, #{changes := K}, Rows) ->
             [Base1#{error => iolist_to_binary(io_lib:format("~0p", [Bad])), failed_sizes => Bad}]
     end.
 
-run_child(W, Params, #{erl_flags := Flags}) ->
+run_child(W, #{tmp := Tmp} = Params, #{erl_flags := Flags}) ->
+    %% The child's store directories go under a directory of this run,
+    %% removed here whatever happened to the child (a crashed VM cleans
+    %% nothing up).
+    Base = filename:join(Tmp, "cw_bench_" ++ os:getpid() ++ "_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    ok = filelib:ensure_dir(filename:join(Base, "x")),
     Erl = os:find_executable("erl"),
     Args =
         ["-noshell", "-pa", app_ebin(), "-pa", bench_ebin()] ++ Flags ++
-            ["-run", "cw_bench_wl", "child", W, lists:flatten(io_lib:format("~0p", [Params]))],
+            ["-run", "cw_bench_wl", "child", W, lists:flatten(io_lib:format("~0p", [Params#{tmp => Base}]))],
     Port = open_port({spawn_executable, Erl}, [{args, Args}, {line, 1 bsl 20}, exit_status, stderr_to_stdout, binary]),
     Deadline = erlang:monotonic_time(millisecond) + ?CHILD_TIMEOUT_MS,
-    collect(Port, W, Deadline, [], <<>>).
+    try
+        collect(Port, W, Deadline, [], <<>>)
+    after
+        _ = file:del_dir_r(Base)
+    end.
 
 collect(Port, W, Deadline, Acc, Partial) ->
     Left = max(0, Deadline - erlang:monotonic_time(millisecond)),
@@ -378,21 +387,21 @@ median_map([First | _] = Maps) ->
     maps:map(
         fun(K, V) ->
             Vs = [maps:get(K, M, V) || M <- Maps],
-            median_value(V, Vs)
+            median_value(K, V, Vs)
         end,
         maps:remove(run, First)
     ).
 
-median_value(V, Vs) when is_number(V) ->
+median_value(_K, V, Vs) when is_number(V) ->
     median([X || X <- Vs, is_number(X)]);
-median_value([N | _], Vs) when is_number(N) ->
-    %% Samples (M3): every run's, together.
+median_value(samples_ms, [N | _], Vs) when is_number(N) ->
+    %% M3's samples: every run's, together.
     lists:append([L || L <- Vs, is_list(L)]);
-median_value([M | _] = V, Vs) when is_map(M) ->
+median_value(_K, [M | _] = V, Vs) when is_map(M) ->
     %% Rows: the median of each row across runs.
     Rows = length(V),
     [median_map([lists:nth(I, L) || L <- Vs, is_list(L), length(L) =:= Rows]) || I <- lists:seq(1, Rows)];
-median_value(V, _Vs) ->
+median_value(_K, V, _Vs) ->
     V.
 
 median(Xs) ->
