@@ -207,6 +207,7 @@ nif_shape_checks(#{type := T}) ->
     ?assertError(badarg, couch_workers_nif:worker_unregister(Ref, make_ref())),
     ?assertError(badarg, couch_workers_nif:worker_unregister(Ref, <<"resource">>)),
     ?assertError(badarg, couch_workers_nif:membership_watch(not_binary, tag)),
+    ?assertError(badarg, couch_workers_nif:membership_watch(T, {tag, lists:seq(1, 100000)})),
     ?assertError(badarg, couch_workers_nif:membership_unwatch(make_ref())),
     ?assertError(badarg, couch_workers_nif:set_log_pid(not_a_pid)),
     ?assertError(badarg, couch_workers_nif:start(not_a_ref, #{})),

@@ -6,7 +6,7 @@
 
 -include("couch_workers_test.hrl").
 
--import(couch_workers_test_util, [unique_type/1, register_worker/2, settled_stats/1]).
+-import(couch_workers_test_util, [unique_type/1, register_worker/2, register_worker/3, settled_stats/1]).
 
 -define(KEY_LIMIT, 10000).
 -define(VALUE_LIMIT, 100000).
@@ -36,6 +36,7 @@ badarg_test_() ->
                     ?TDEF_FE(subscribe_bad_arguments),
                     ?TDEF_FE(unknown_refs),
                     ?TDEF_FE(nif_shape_checks),
+                    ?TDEF_FE(big_terms_take_the_dirty_twins),
                     ?TDEF_FE(nothing_written_and_app_running)
                 ]
             }
@@ -335,6 +336,62 @@ nif_shape_checks(#{type := T}) ->
     ?assertEqual({error, invalid_info}, couch_workers_nif:job_add(R, T, <<"j">>, #{t => {}}, 0)),
     ?assertEqual({error, timeout}, couch_workers_nif:wait(R, 100)),
     assert_nothing_written(T).
+
+%% A map with more terms than a normal scheduler may convert (5,000
+%% integers; the budget is 2,000): the NIF answers `dirty' having done
+%% nothing, and its DirtyCpu twin answers as the NIF does for a small map.
+%% An error within the budget is answered on the normal scheduler.
+big_terms_take_the_dirty_twins(#{type := T}) ->
+    R = make_ref(),
+    Big = #{<<"l">> => lists:seq(1, 5000)},
+    BadLate = #{<<"l">> => lists:seq(1, 5000) ++ [{}]},
+    BadEarly = #{<<"l">> => [{} | lists:seq(1, 5000)]},
+    LongBin = #{<<"b">> => binary:copy(<<"b">>, 50000)},
+    Job = #{type => T, id => <<"j">>, worker => <<"w">>, token => <<0:128>>},
+    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, Big, 0)),
+    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, LongBin, 0)),
+    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, BadLate, 0)),
+    ?assertEqual(dirty, couch_workers_nif:job_update(R, Job, Big)),
+    ?assertEqual(dirty, couch_workers_nif:job_finish(R, Job, Big)),
+    ?assertEqual(dirty, couch_workers_nif:worker_register(R, T, <<"w">>, Big)),
+    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add(R, T, <<"j">>, BadEarly, 0)),
+    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add_dirty(R, T, <<"j">>, BadLate, 0)),
+    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add_dirty(R, T, <<"j">>, BadEarly, 0)),
+    %% Shapes first, on both.
+    ?assertError(badarg, couch_workers_nif:job_add(not_ref, T, <<"j">>, Big, 0)),
+    ?assertError(badarg, couch_workers_nif:job_add_dirty(not_ref, T, <<"j">>, Big, 0)),
+    ?assertError(badarg, couch_workers_nif:job_update_dirty(R, maps:remove(token, Job), Big)),
+    ?assertError(badarg, couch_workers_nif:job_finish_dirty(R, Job, not_map)),
+    ?assertError(badarg, couch_workers_nif:worker_register_dirty(R, T, 1, Big)),
+    ?assertError(badarg, couch_workers_nif:budgeted(job_add, [R, T, 1, Big, 0])),
+    %% Value errors, through budgeted/2 (as couch_workers calls them).
+    ?assertEqual({error, invalid_priority}, couch_workers_nif:budgeted(job_add, [R, T, <<"j">>, Big, 1 bsl 63])),
+    ?assertEqual({error, invalid_info}, couch_workers_nif:budgeted(job_add, [R, T, <<"j">>, BadLate, 0])),
+    ?assertEqual({error, invalid_result}, couch_workers_nif:budgeted(job_finish, [R, Job, BadLate])),
+    ?assertEqual({error, invalid_options}, couch_workers_nif:budgeted(worker_register, [R, T, <<"w">>, BadLate])),
+    ?assertEqual(
+        {error, invalid_timeout},
+        couch_workers_nif:budgeted(worker_register, [R, T, <<"w">>, Big#{timeout => 0}])
+    ),
+    TooLarge = #{<<"l">> => lists:duplicate(60000, 0)},
+    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, TooLarge, 0)),
+    ?assertEqual({error, value_too_large}, couch_workers_nif:job_add_dirty(R, T, <<"j">>, TooLarge, 0)),
+    ?assertEqual({error, value_too_large}, couch_workers:job_add(T, <<"j">>, TooLarge, #{})),
+    %% Nothing was sent for R, nothing written.
+    ?assertEqual({error, timeout}, couch_workers_nif:wait(R, 100)),
+    assert_nothing_written(T),
+    %% And the twins do the work: add, update, finish, register.
+    T2 = <<T/binary, "_big">>,
+    W = register_worker(T2, <<"w1">>, Big),
+    ok = couch_workers:job_add(T2, <<"id">>, Big, #{}),
+    {ok, #{info := Big} = H} = couch_workers:job_accept(W, #{}),
+    ?assertEqual({error, invalid_info}, couch_workers:job_update(H, BadLate)),
+    {ok, H1} = couch_workers:job_update(H, LongBin),
+    ?assertEqual({error, invalid_result}, couch_workers:job_finish(H1, BadLate)),
+    ok = couch_workers:job_finish(H1, Big),
+    ?assertMatch({ok, #{state := finished, info := LongBin, result := Big}}, couch_workers:job_get(T2, <<"id">>)),
+    ok = couch_workers:job_remove(T2, <<"id">>),
+    ok = couch_workers:worker_unregister(W).
 
 nothing_written_and_app_running(#{type := T}) ->
     %% Every kind of bad input once more, then the store and the app.

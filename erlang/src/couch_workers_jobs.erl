@@ -74,7 +74,7 @@
 -spec add(binary(), binary(), map(), map()) -> ok | {error, term()}.
 add(Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info), is_map(Opts) ->
     case priority(Opts) of
-        {ok, P} -> nif_call(fun(Ref) -> couch_workers_nif:job_add(Ref, Type, Id, Info, P) end);
+        {ok, P} -> nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_add, [Ref, Type, Id, Info, P]) end);
         error -> {error, invalid_priority}
     end;
 add(_Type, _Id, _Info, _Opts) ->
@@ -105,13 +105,13 @@ accept(_WorkerRef, _Opts) ->
 
 -spec update(map(), map()) -> {ok, map()} | {error, term()}.
 update(Job, Info) when is_map(Job), is_map(Info) ->
-    nif_call(fun(Ref) -> couch_workers_nif:job_update(Ref, Job, Info) end);
+    nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_update, [Ref, Job, Info]) end);
 update(_Job, _Info) ->
     erlang:error(badarg).
 
 -spec finish(map(), map()) -> ok | {error, term()}.
 finish(Job, Result) when is_map(Job), is_map(Result) ->
-    nif_call(fun(Ref) -> couch_workers_nif:job_finish(Ref, Job, Result) end);
+    nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_finish, [Ref, Job, Result]) end);
 finish(_Job, _Result) ->
     erlang:error(badarg).
 

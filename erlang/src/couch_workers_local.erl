@@ -204,7 +204,7 @@ do_register(Key, Opts, Pid, From, St) ->
 
 start_register({Type, Id} = Key, Opts, Pid, From, St) ->
     NifRef = make_ref(),
-    try couch_workers_nif:worker_register(NifRef, Type, Id, Opts) of
+    try couch_workers_nif:budgeted(worker_register, [NifRef, Type, Id, Opts]) of
         ok ->
             Ref = make_ref(),
             St#st{

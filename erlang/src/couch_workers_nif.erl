@@ -6,6 +6,17 @@
 %% calling process; `wait/2' waits for it (as erlfdb's `wait/2'). A panic
 %% in Rust answers `{Ref, {error, {panic, Message}}}'.
 %%
+%% A NIF never holds a normal scheduler long. `job_add/5', `job_update/3',
+%% `job_finish/3' and `worker_register/4' convert the caller's map (up to
+%% 100 KB of terms) to JSON: on the calling scheduler they convert at most
+%% a budget of terms (2,000, a binary counting one more per 16 bytes:
+%% about 0.3 ms at most) and past it answer `dirty' at once, having done
+%% nothing. Their `_dirty' twins run on a
+%% dirty CPU scheduler and convert any size; otherwise the twins answer
+%% alike. Call them through `budgeted/2', which does the one and then, if
+%% need be, the other: small maps (nearly all) stay on the fast path. See
+%% the NIF crate's `json.rs'.
+%%
 %% ```
 %% start(Ref, Config)               -> ok | {error, _}  then {Ref, ok | {error, Name}}
 %% stop(Ref)                        -> ok | {error, not_started | starting | stopping}  then {Ref, ok}
@@ -13,20 +24,20 @@
 %%                                       job_dispatchers, job_waiters, job_watchers, job_sweepers,
 %%                                       job_subscriptions, accept_waiters}
 %% set_log_pid(Pid | undefined)     -> ok      log events: {couch_workers_log, Level, What, Fields}
-%% worker_register(Ref, Type, Id, Opts) -> ok | {error, _}  then {Ref, {ok, Registration} | {error, Name}}
+%% worker_register(Ref, Type, Id, Opts) -> ok | {error, _} | dirty  then {Ref, {ok, Registration} | {error, Name}}
 %% worker_unregister(Ref, Registration) -> ok | {error, not_started}  then {Ref, ok | {error, Name}}
-%% membership_watch(Type, Tag)      -> {ok, Watch} | {error, Name}
+%% membership_watch(Type, Tag)      -> {ok, Watch} | {error, Name}     Tag: an atom or a reference
 %%     then {couch_workers_membership_changed, Tag, Type, VS, Workers} on the first read and every change
 %% membership_unwatch(Watch)        -> ok
 %% test_panic(Ref)                  -> ok  then {Ref, {error, {panic, Msg}}}
 %%
-%% job_add(Ref, Type, Id, Info, Priority)     -> ok | {error, _}  then {Ref, ok | {error, Name}}
+%% job_add(Ref, Type, Id, Info, Priority)     -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
 %% job_add_many(Ref, Type, [{Id, Info, Priority}])
 %%                                            -> ok | {error, _}  then {Ref, ok | {error, {already_exists, [Id]}} | {error, Name}}
 %% job_accept(Ref, Type, Worker, TimeoutMs)   -> {ok, Waiter} | {error, _}  then {Ref, {ok, Handle} | {error, Name}}
 %% job_accept_abandon(Waiter)                 -> abandoned | delivered
-%% job_update(Ref, Handle, Info)              -> ok | {error, _}  then {Ref, {ok, Handle} | {error, Name}}
-%% job_finish(Ref, Handle, Result)            -> ok | {error, _}  then {Ref, ok | {error, Name}}
+%% job_update(Ref, Handle, Info)              -> ok | {error, _} | dirty  then {Ref, {ok, Handle} | {error, Name}}
+%% job_finish(Ref, Handle, Result)            -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
 %% job_cancel(Ref, Type, Id)                  -> ok | {error, _}  then {Ref, ok | {error, Name}}
 %% job_remove(Ref, Type, Id)                  -> ok | {error, _}  then {Ref, ok | {error, Name}}
 %% job_get(Ref, Type, Id)                     -> ok | {error, _}  then {Ref, {ok, Job} | {error, Name}}
@@ -35,6 +46,10 @@
 %%     then {couch_workers_job, SubRef, Job | removed} to Pid, and
 %%     {couch_workers_job_ended, SubRef} to the caller after `removed'
 %% job_unsubscribe(Subscription)              -> ok      (nothing of it is sent after this returns)
+%%
+%% worker_register_dirty/4, job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3
+%%                                            the DirtyCpu twins: as above, never `dirty'
+%% budgeted(Nif, Args)                        Nif's answer, through its twin when it is `dirty'
 %% '''
 %%
 %% The job NIFs are documented in full in the NIF crate's `jobs.rs'.
@@ -74,7 +89,15 @@
     job_unsubscribe/1
 ]).
 
--export([wait/2, lib_path/0]).
+%% The DirtyCpu twins of the NIFs that convert a caller's map.
+-export([
+    worker_register_dirty/4,
+    job_add_dirty/5,
+    job_update_dirty/3,
+    job_finish_dirty/3
+]).
+
+-export([wait/2, budgeted/2, lib_path/0]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -84,7 +107,8 @@
 -type watch() :: reference().
 -type waiter() :: reference().
 -type job_subscription() :: reference().
--export_type([registration/0, watch/0, waiter/0, job_subscription/0]).
+-type budgeted_nif() :: worker_register | job_add | job_update | job_finish.
+-export_type([registration/0, watch/0, waiter/0, job_subscription/0, budgeted_nif/0]).
 
 -spec init() -> ok | {error, term()}.
 init() ->
@@ -131,6 +155,23 @@ wait(Ref, Timeout) ->
     after Timeout -> {error, timeout}
     end.
 
+%% @doc Calls `Nif' with `Args' on the calling scheduler; when that
+%% answers `dirty' (the map in `Args' has too many terms to convert
+%% there), calls its DirtyCpu twin `Nif_dirty' with the same arguments.
+%% Either way the answer is the NIF's: `ok', `{error, _}' or a `badarg'
+%% error.
+-spec budgeted(budgeted_nif(), [term()]) -> ok | {error, atom()}.
+budgeted(Nif, Args) ->
+    case erlang:apply(?MODULE, Nif, Args) of
+        dirty -> erlang:apply(?MODULE, dirty_twin(Nif), Args);
+        Answer -> Answer
+    end.
+
+dirty_twin(worker_register) -> worker_register_dirty;
+dirty_twin(job_add) -> job_add_dirty;
+dirty_twin(job_update) -> job_update_dirty;
+dirty_twin(job_finish) -> job_finish_dirty.
+
 %% ---- lifecycle -----------------------------------------------------------
 
 -spec start(reference(), map()) -> ok | {error, term()}.
@@ -150,15 +191,18 @@ test_panic(_Ref) -> erlang:nif_error(nif_not_loaded).
 
 %% ---- workers -------------------------------------------------------------
 
--spec worker_register(reference(), binary(), binary(), map()) -> ok | {error, atom()}.
+-spec worker_register(reference(), binary(), binary(), map()) -> ok | {error, atom()} | dirty.
 worker_register(_Ref, _Type, _Id, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+-spec worker_register_dirty(reference(), binary(), binary(), map()) -> ok | {error, atom()}.
+worker_register_dirty(_Ref, _Type, _Id, _Opts) -> erlang:nif_error(nif_not_loaded).
 
 -spec worker_unregister(reference(), registration()) -> ok | {error, atom()}.
 worker_unregister(_Ref, _Registration) -> erlang:nif_error(nif_not_loaded).
 
 %% ---- membership ----------------------------------------------------------
 
--spec membership_watch(binary(), term()) -> {ok, watch()} | {error, atom()}.
+-spec membership_watch(binary(), atom() | reference()) -> {ok, watch()} | {error, atom()}.
 membership_watch(_Type, _Tag) -> erlang:nif_error(nif_not_loaded).
 
 -spec membership_unwatch(watch()) -> ok.
@@ -166,8 +210,11 @@ membership_unwatch(_Watch) -> erlang:nif_error(nif_not_loaded).
 
 %% ---- jobs ----------------------------------------------------------------
 
--spec job_add(reference(), binary(), binary(), map(), integer()) -> ok | {error, atom()}.
+-spec job_add(reference(), binary(), binary(), map(), integer()) -> ok | {error, atom()} | dirty.
 job_add(_Ref, _Type, _Id, _Info, _Priority) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_add_dirty(reference(), binary(), binary(), map(), integer()) -> ok | {error, atom()}.
+job_add_dirty(_Ref, _Type, _Id, _Info, _Priority) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_add_many(reference(), binary(), [{binary(), map(), integer()}]) -> ok | {error, atom()}.
 job_add_many(_Ref, _Type, _Jobs) -> erlang:nif_error(nif_not_loaded).
@@ -178,11 +225,17 @@ job_accept(_Ref, _Type, _Worker, _TimeoutMs) -> erlang:nif_error(nif_not_loaded)
 -spec job_accept_abandon(waiter()) -> abandoned | delivered.
 job_accept_abandon(_Waiter) -> erlang:nif_error(nif_not_loaded).
 
--spec job_update(reference(), map(), map()) -> ok | {error, atom()}.
+-spec job_update(reference(), map(), map()) -> ok | {error, atom()} | dirty.
 job_update(_Ref, _Handle, _Info) -> erlang:nif_error(nif_not_loaded).
 
--spec job_finish(reference(), map(), map()) -> ok | {error, atom()}.
+-spec job_update_dirty(reference(), map(), map()) -> ok | {error, atom()}.
+job_update_dirty(_Ref, _Handle, _Info) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_finish(reference(), map(), map()) -> ok | {error, atom()} | dirty.
 job_finish(_Ref, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_finish_dirty(reference(), map(), map()) -> ok | {error, atom()}.
+job_finish_dirty(_Ref, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_cancel(reference(), binary(), binary()) -> ok | {error, atom()}.
 job_cancel(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).

@@ -56,6 +56,8 @@ rustler::atoms! {
     transaction_too_large,
     abandoned,
     delivered,
+    // a NIF whose term is too big to convert on a normal scheduler (json.rs)
+    dirty,
     removed,
     couch_workers_job,
     couch_workers_job_ended,

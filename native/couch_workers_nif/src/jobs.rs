@@ -1,14 +1,15 @@
 //! Job queue NIFs (the core's `JobService`, `node.jobs()`).
 //!
 //! ```text
-//! job_add(Ref, Type, Id, Info, Priority)      -> ok | {error, Name}  then {Ref, ok | {error, Name}}
+//! job_add(Ref, Type, Id, Info, Priority)      -> ok | {error, Name} | dirty  then {Ref, ok | {error, Name}}
 //! job_add_many(Ref, Type, [{Id, Info, Priority}])
 //!                                             -> ok | {error, Name}  then {Ref, ok | {error, {already_exists, [Id]}} | {error, Name}}
 //! job_accept(Ref, Type, Worker, TimeoutMs)    -> {ok, Waiter} | {error, Name}
 //!                                                then {Ref, {ok, Handle} | {error, not_found | Name}}
 //! job_accept_abandon(Waiter)                  -> abandoned | delivered
-//! job_update(Ref, Handle, Info)               -> ok | {error, Name}  then {Ref, {ok, Handle} | {error, canceled | not_owner | not_found | Name}}
-//! job_finish(Ref, Handle, Result)             -> ok | {error, Name}  then {Ref, ok | {error, not_owner | not_found | Name}}
+//! job_update(Ref, Handle, Info)               -> ok | {error, Name} | dirty  then {Ref, {ok, Handle} | {error, canceled | not_owner | not_found | Name}}
+//! job_finish(Ref, Handle, Result)             -> ok | {error, Name} | dirty  then {Ref, ok | {error, not_owner | not_found | Name}}
+//! job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3: the same, never dirty
 //! job_cancel(Ref, Type, Id)                   -> ok | {error, Name}  then {Ref, ok | {error, not_found | Name}}
 //! job_remove(Ref, Type, Id)                   -> ok | {error, Name}  then {Ref, ok | {error, not_found | Name}}
 //! job_get(Ref, Type, Id)                      -> ok | {error, Name}  then {Ref, {ok, Job} | {error, not_found | Name}}
@@ -32,6 +33,11 @@
 //! `{error, transaction_too_large}` (an `add_many` batch one transaction
 //! cannot hold), `{error, not_started}`. Key limits and store errors come
 //! in the reply.
+//!
+//! `dirty`: `Info`/`Result` has more terms than a normal scheduler may
+//! convert (see `json.rs`); nothing was done, call the `_dirty` twin
+//! (DirtyCpu) with the same arguments, as `couch_workers_nif:budgeted/2`
+//! does. `job_add_many/3` always runs on a dirty scheduler.
 //!
 //! A `Job` is the map `#{type, id, state, worker, priority, info, result,
 //! attempts, vs, cancel_requested}` (`state` an atom; `worker` and
@@ -69,14 +75,14 @@ use couch_workers_core::jobs::{
     AcceptReply, AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobService, JobSubscription, NewJob,
 };
 use couch_workers_core::log::{Event, Level};
-use couch_workers_core::store::{MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE};
+use couch_workers_core::store::MAX_TRANSACTION_SIZE;
 use couch_workers_core::Error as CoreError;
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term, TermType};
 use serde_json::Value;
 
 use crate::atoms;
-use crate::json::{self, json_bytes_to_term, JsonError};
+use crate::json::{self, budgeted_nif, json_bytes_to_term, Sched};
 use crate::reply::{self, Answer, Replier};
 use crate::runtime;
 use crate::stats::{self, Live};
@@ -197,22 +203,18 @@ fn fence_arg(term: Term) -> NifResult<Fence> {
 }
 
 /// An info or result map as JSON bytes. `Err(Ok(term))`: the answer to
-/// give at once; `Err(Err(badarg))`: not a map.
+/// give at once (`dirty` among them, see `json::map_arg`);
+/// `Err(Err(badarg))`: not a map.
 fn json_arg<'a>(
     env: Env<'a>,
     term: Term<'a>,
-    budget: usize,
+    sched: Sched,
     invalid: rustler::Atom,
 ) -> Result<Vec<u8>, NifResult<Term<'a>>> {
-    match json::map_to_json(term, budget) {
-        None => Err(Err(Error::BadArg)),
-        Some(Ok(map)) => serde_json::to_vec(&Value::Object(map)).map_err(|_| Ok((atoms::error(), invalid).encode(env))),
-        Some(Err(JsonError::TooLarge)) => Err(Ok(error_tuple(env, "value_too_large"))),
-        Some(Err(e)) => {
-            crate::log::emit(Event::new(Level::Debug, "invalid_job_json").with("reason", e.to_string()));
-            Err(Ok((atoms::error(), invalid).encode(env)))
-        }
-    }
+    let map = json::map_arg(env, term, sched, invalid, |e| {
+        crate::log::emit(Event::new(Level::Debug, "invalid_job_json").with("reason", e.to_string()));
+    })?;
+    serde_json::to_vec(&Value::Object(map)).map_err(|_| Ok((atoms::error(), invalid).encode(env)))
 }
 
 /// A priority: an integer (else `badarg`) within i64 (else `None`).
@@ -260,20 +262,22 @@ macro_rules! try_json {
 
 // ---- add --------------------------------------------------------------------
 
-#[rustler::nif]
-fn job_add<'a>(
+budgeted_nif!(job_add, job_add_dirty, add(reference, job_type, id, info, priority));
+
+fn add<'a>(
     env: Env<'a>,
     reference: Term<'a>,
     job_type: Term<'a>,
     id: Term<'a>,
     info: Term<'a>,
     priority: Term<'a>,
+    sched: Sched,
 ) -> NifResult<Term<'a>> {
     check_ref(reference)?;
     let job_type = bytes_arg(job_type)?.to_vec();
     let id = bytes_arg(id)?.to_vec();
     let priority = priority_arg(priority)?;
-    let info = try_json!(json_arg(env, info, MAX_VALUE_SIZE, atoms::invalid_info()));
+    let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
     let Some(priority) = priority else {
         return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
     };
@@ -312,7 +316,7 @@ fn job_add_many<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, list:
     let mut total = 0usize;
     let mut jobs = Vec::with_capacity(len);
     for (id, info, priority) in items {
-        let info = try_json!(json_arg(env, info, MAX_VALUE_SIZE, atoms::invalid_info()));
+        let info = try_json!(json_arg(env, info, Sched::Dirty, atoms::invalid_info()));
         let Some(priority) = priority else {
             return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
         };
@@ -419,11 +423,18 @@ fn job_accept_abandon<'a>(env: Env<'a>, waiter: Term<'a>) -> NifResult<Term<'a>>
 
 // ---- the worker's side: update, finish --------------------------------------
 
-#[rustler::nif]
-fn job_update<'a>(env: Env<'a>, reference: Term<'a>, handle: Term<'a>, info: Term<'a>) -> NifResult<Term<'a>> {
+budgeted_nif!(job_update, job_update_dirty, update(reference, handle, info));
+
+fn update<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    handle: Term<'a>,
+    info: Term<'a>,
+    sched: Sched,
+) -> NifResult<Term<'a>> {
     check_ref(reference)?;
     let fence = fence_arg(handle)?;
-    let info = try_json!(json_arg(env, info, MAX_VALUE_SIZE, atoms::invalid_info()));
+    let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
     let (jobs, rt) = try_service!(env);
     reply::spawn(&rt, Replier::new(env, reference), async move {
         match jobs.update(&fence, &info).await {
@@ -434,11 +445,18 @@ fn job_update<'a>(env: Env<'a>, reference: Term<'a>, handle: Term<'a>, info: Ter
     Ok(atoms::ok().encode(env))
 }
 
-#[rustler::nif]
-fn job_finish<'a>(env: Env<'a>, reference: Term<'a>, handle: Term<'a>, result: Term<'a>) -> NifResult<Term<'a>> {
+budgeted_nif!(job_finish, job_finish_dirty, finish(reference, handle, result));
+
+fn finish<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    handle: Term<'a>,
+    result: Term<'a>,
+    sched: Sched,
+) -> NifResult<Term<'a>> {
     check_ref(reference)?;
     let fence = fence_arg(handle)?;
-    let result = try_json!(json_arg(env, result, MAX_VALUE_SIZE, atoms::invalid_result()));
+    let result = try_json!(json_arg(env, result, sched, atoms::invalid_result()));
     let (jobs, rt) = try_service!(env);
     reply::spawn(&rt, Replier::new(env, reference), async move {
         match jobs.finish(&fence, &result).await {

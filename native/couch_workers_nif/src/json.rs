@@ -18,23 +18,71 @@
 //! [`JsonError`] that says what and where. Nesting is limited to
 //! [`MAX_DEPTH`] containers.
 //!
-//! The conversion runs on the calling scheduler, so it is bounded: it
-//! keeps a lower bound of the encoded size and stops with
-//! [`JsonError::TooLarge`] as soon as that passes the caller's limit (the
-//! store's value limit), so a huge term costs no more than a legal one.
+//! The conversion is bounded twice:
+//!
+//! * in bytes: it keeps a lower bound of the encoded size and stops with
+//!   [`JsonError::TooLarge`] as soon as that passes the caller's limit
+//!   (the store's value limit), so a huge term costs no more than a legal
+//!   one;
+//! * in time, on a normal scheduler ([`Sched::Normal`]): the byte limit
+//!   still allows 100 KB of small terms (a list of 49,000 integers, a map
+//!   of 8,000 keys: 3 to 6 ms), and a NIF never holds a normal scheduler
+//!   that long. So it visits at most [`NORMAL_MAX_NODES`] terms there (a
+//!   binary counts one more for every [`BYTES_PER_NODE`] bytes) and then
+//!   gives up with [`JsonError::NeedsDirty`].
+//!
+//! The NIFs that take a caller's map ([`map_arg`]: `job_add/5`,
+//! `job_update/3`, `job_finish/3`, `worker_register/4`) therefore come in
+//! twins, declared together by [`budgeted_nif!`]: the NIF itself runs on
+//! the calling scheduler with the node budget and, when that runs out,
+//! answers the atom `dirty` at once, having done nothing (nothing sent,
+//! written or logged); its `_dirty` twin runs on a dirty CPU scheduler
+//! with only the byte and depth limits. `couch_workers_nif:budgeted/2`
+//! calls the one and, on `dirty`, the other with the same arguments. The
+//! conversion visits the term in the same order in both, so both answer
+//! alike (`badarg`, `invalid_info`, `value_too_large`, ...): an error
+//! found within the budget is the first error of the term either way.
+//! Small terms (nearly all) stay on the fast path; a call of a dirty
+//! twin costs 20 to 40 µs more (measured on a small map).
 //!
 //! JSON to terms (what the store gives back): objects become maps with
 //! **binary** keys, strings binaries, numbers integers or floats,
 //! true/false/null atoms, arrays lists.
 
-use rustler::{Binary, Encoder, Env, Term, TermType};
+use couch_workers_core::store::MAX_VALUE_SIZE;
+use rustler::{Atom, Binary, Encoder, Env, Error, NifResult, Term, TermType};
 use serde_json::{Map, Number, Value};
 
 use crate::atoms;
-use crate::term::binary;
+use crate::term::{binary, error_tuple};
 
 /// Most nested containers (maps, lists) in one value.
 pub const MAX_DEPTH: usize = 64;
+
+/// Most terms (values and map keys) one conversion visits on a normal
+/// scheduler. The dearest kind, an atom other than true/false/null in a
+/// list, costs about 0.1-0.2 µs each: 2,000 of them take 0.2-0.4 ms (a
+/// map of 1,000 binary keys and integers about 0.25 ms), well under the
+/// 1 ms a NIF may hold a scheduler. Beyond it the conversion belongs on a
+/// dirty scheduler.
+pub const NORMAL_MAX_NODES: usize = 2_000;
+
+/// The bytes of a binary (a string or a key) that count as one more term
+/// against [`NORMAL_MAX_NODES`]: a byte that needs escaping costs about
+/// 6 ns, 16 of them about one term. So strings of up to 32 KB in all
+/// stay on a normal scheduler, and a 99 KB one (0.6 ms when it needs
+/// escaping) goes to a dirty one.
+pub const BYTES_PER_NODE: usize = 16;
+
+/// Where a conversion runs, which bounds its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sched {
+    /// On the calling normal scheduler: at most [`NORMAL_MAX_NODES`]
+    /// terms, else [`JsonError::NeedsDirty`].
+    Normal,
+    /// On a dirty CPU scheduler: the byte and depth limits only.
+    Dirty,
+}
 
 /// Why a term is not JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +91,9 @@ pub enum JsonError {
     TooDeep,
     /// The encoded JSON would be longer than the limit.
     TooLarge,
+    /// More than [`NORMAL_MAX_NODES`] terms on a normal scheduler: not an
+    /// error of the term, convert it again on a dirty one.
+    NeedsDirty,
     /// A binary that is not UTF-8 (path of the value).
     InvalidUtf8(String),
     /// An integer outside i64 and u64.
@@ -60,6 +111,7 @@ impl std::fmt::Display for JsonError {
         match self {
             JsonError::TooDeep => write!(f, "nested deeper than {MAX_DEPTH} levels"),
             JsonError::TooLarge => write!(f, "larger than the value limit once encoded"),
+            JsonError::NeedsDirty => write!(f, "more than {NORMAL_MAX_NODES} terms for a normal scheduler"),
             JsonError::InvalidUtf8(at) => write!(f, "binary at {at} is not valid UTF-8"),
             JsonError::IntegerOutOfRange(at) => write!(f, "integer at {at} does not fit 64 bits"),
             JsonError::BadKey(at) => write!(f, "map key at {at} is neither a binary nor an atom"),
@@ -70,27 +122,83 @@ impl std::fmt::Display for JsonError {
 }
 
 /// Converts `term` to JSON; refuses it once its encoding would exceed
-/// `max_bytes`.
-pub fn term_to_json(term: Term, max_bytes: usize) -> Result<Value, JsonError> {
-    let mut conv = ToJson { budget: max_bytes, path: Vec::new() };
+/// `max_bytes`, and on [`Sched::Normal`] once it has visited
+/// [`NORMAL_MAX_NODES`] terms.
+pub fn term_to_json(term: Term, max_bytes: usize, sched: Sched) -> Result<Value, JsonError> {
+    let nodes = match sched {
+        Sched::Normal => NORMAL_MAX_NODES,
+        Sched::Dirty => usize::MAX,
+    };
+    let mut conv = ToJson { budget: max_bytes, nodes, path: Vec::new() };
     conv.value(term, 0)
 }
 
 /// Converts a map term to a JSON object (the options of a worker, the info
 /// of a job). `None` when `term` is no map.
-pub fn map_to_json(term: Term, max_bytes: usize) -> Option<Result<Map<String, Value>, JsonError>> {
+pub fn map_to_json(term: Term, max_bytes: usize, sched: Sched) -> Option<Result<Map<String, Value>, JsonError>> {
     if !term.is_map() {
         return None;
     }
-    Some(term_to_json(term, max_bytes).map(|v| match v {
+    Some(term_to_json(term, max_bytes, sched).map(|v| match v {
         Value::Object(m) => m,
         _ => unreachable!("a map converts to an object"),
     }))
 }
 
+/// A caller's map argument (a job's info or result, a worker's options)
+/// as a JSON object within the store's value limit, converted as `sched`
+/// allows; or what the NIF answers at once, having done nothing:
+///
+/// * `badarg` when `term` is no map;
+/// * `dirty` when the node budget of [`Sched::Normal`] ran out (the
+///   caller then calls the NIF's `_dirty` twin);
+/// * `{error, value_too_large}`;
+/// * `{error, Invalid}` for a map JSON cannot hold, after
+///   `log_invalid(&why)`.
+pub fn map_arg<'a>(
+    env: Env<'a>,
+    term: Term<'a>,
+    sched: Sched,
+    invalid: Atom,
+    log_invalid: impl FnOnce(&JsonError),
+) -> Result<Map<String, Value>, NifResult<Term<'a>>> {
+    match map_to_json(term, MAX_VALUE_SIZE, sched) {
+        None => Err(Err(Error::BadArg)),
+        Some(Ok(map)) => Ok(map),
+        Some(Err(JsonError::NeedsDirty)) => Err(Ok(atoms::dirty().encode(env))),
+        Some(Err(JsonError::TooLarge)) => Err(Ok(error_tuple(env, "value_too_large"))),
+        Some(Err(e)) => {
+            log_invalid(&e);
+            Err(Ok((atoms::error(), invalid).encode(env)))
+        }
+    }
+}
+
+/// Declares the twins of a NIF that converts a caller's map with
+/// [`map_arg`]: `$normal` on the calling scheduler ([`Sched::Normal`],
+/// may answer `dirty`) and `$dirty` on a dirty CPU scheduler
+/// ([`Sched::Dirty`]). Both call `$body(env, args..., sched)`, which
+/// holds the NIF's whole logic: the two answer alike but for `dirty`.
+macro_rules! budgeted_nif {
+    ($normal:ident, $dirty:ident, $body:ident($($arg:ident),*)) => {
+        #[rustler::nif]
+        fn $normal<'a>(env: Env<'a>, $($arg: Term<'a>),*) -> NifResult<Term<'a>> {
+            $body(env, $($arg,)* $crate::json::Sched::Normal)
+        }
+
+        #[rustler::nif(schedule = "DirtyCpu")]
+        fn $dirty<'a>(env: Env<'a>, $($arg: Term<'a>),*) -> NifResult<Term<'a>> {
+            $body(env, $($arg,)* $crate::json::Sched::Dirty)
+        }
+    };
+}
+pub(crate) use budgeted_nif;
+
 struct ToJson {
     /// Bytes of encoded JSON still allowed.
     budget: usize,
+    /// Terms still allowed to visit (see [`Sched`]).
+    nodes: usize,
     /// Where we are, for error messages: keys and list indexes.
     path: Vec<String>,
 }
@@ -109,7 +217,14 @@ impl ToJson {
         Ok(())
     }
 
+    /// Counts `n` more terms visited.
+    fn visit(&mut self, n: usize) -> Result<(), JsonError> {
+        self.nodes = self.nodes.checked_sub(n).ok_or(JsonError::NeedsDirty)?;
+        Ok(())
+    }
+
     fn value(&mut self, term: Term, depth: usize) -> Result<Value, JsonError> {
+        self.visit(1)?;
         match term.get_type() {
             TermType::Map => self.object(term, depth + 1),
             TermType::List => self.array(term, depth + 1),
@@ -162,8 +277,10 @@ impl ToJson {
         }
     }
 
-    fn string(&self, term: Term) -> Result<String, JsonError> {
+    fn string(&mut self, term: Term) -> Result<String, JsonError> {
         let bin: Binary = term.decode().map_err(|_| JsonError::Unsupported("bitstring", self.at()))?;
+        // Checked, copied and (once converted) escaped byte by byte.
+        self.visit(bin.len() / BYTES_PER_NODE)?;
         std::str::from_utf8(bin.as_slice()).map(str::to_owned).map_err(|_| JsonError::InvalidUtf8(self.at()))
     }
 
@@ -177,6 +294,7 @@ impl ToJson {
         let iter = rustler::MapIterator::new(term).ok_or_else(|| JsonError::Unsupported("map", self.at()))?;
         let mut map = Map::with_capacity(size);
         for (key, value) in iter {
+            self.visit(1)?;
             let key = match key.get_type() {
                 TermType::Binary => self.string(key)?,
                 TermType::Atom => key.atom_to_string().map_err(|_| JsonError::BadKey(self.at()))?,

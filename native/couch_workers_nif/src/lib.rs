@@ -6,12 +6,18 @@
 //! process with exactly one `{Ref, Result}` message (see `reply.rs`).
 //! All logic worth a unit test lives in `couch_workers_core`.
 //!
+//! A NIF never holds a normal scheduler long (1 ms at most). The NIFs
+//! that convert a caller's map to JSON (up to 100 KB of terms) do so on
+//! the calling scheduler only within a budget of terms, and answer
+//! `dirty` past it; their `_dirty` twins (DirtyCpu) convert any size
+//! (`json.rs`). `job_add_many/3` always runs on a dirty scheduler.
+//!
 //! | module          | NIFs                                                    |
 //! | --------------- | ------------------------------------------------------- |
 //! | `node.rs`       | `start/2`, `stop/1`, `stats/0`, `set_log_pid/1`, `test_panic/1` |
-//! | `workers.rs`    | `worker_register/4`, `worker_unregister/2`              |
+//! | `workers.rs`    | `worker_register/4` (and `_dirty`), `worker_unregister/2` |
 //! | `membership.rs` | `membership_watch/2`, `membership_unwatch/1`            |
-//! | `jobs.rs`       | `job_add/5`, `job_add_many/3`, `job_accept/4`, `job_accept_abandon/1`, `job_update/3`, `job_finish/3`, `job_cancel/3`, `job_remove/3`, `job_get/3`, `job_pending_count/2`, `job_subscribe/5`, `job_unsubscribe/1` |
+//! | `jobs.rs`       | `job_add/5`, `job_add_many/3`, `job_accept/4`, `job_accept_abandon/1`, `job_update/3`, `job_finish/3` (the three with `_dirty` twins), `job_cancel/3`, `job_remove/3`, `job_get/3`, `job_pending_count/2`, `job_subscribe/5`, `job_unsubscribe/1` |
 
 mod atoms;
 mod jobs;

@@ -7,9 +7,11 @@
 //! membership_unwatch(Watch) -> ok
 //! ```
 //!
-//! `Type` must be a binary (else `badarg`); `Tag` is any term, copied into
-//! every message (`couch_workers_global` uses a fresh reference per
-//! watcher, so that messages of a stopped watcher are told apart). `VS` is
+//! `Type` must be a binary and `Tag` an atom or a reference (else
+//! `badarg`): the tag is copied into every message, and first (in the
+//! external format) on the calling scheduler, so it must be small
+//! (`couch_workers_global` uses a fresh reference per watcher, so that
+//! messages of a stopped watcher are told apart). `VS` is
 //! the 10-byte versionstamp of the type's last membership change (zeros
 //! when it never changed); every message has a greater one than the one
 //! before. `Workers` is `#{Id => Options}`, options decoded from JSON with
@@ -75,6 +77,9 @@ impl Notifier {
 #[rustler::nif]
 fn membership_watch<'a>(env: Env<'a>, worker_type: Term<'a>, tag: Term<'a>) -> NifResult<Term<'a>> {
     let worker_type = bytes_arg(worker_type)?.to_vec();
+    if !(tag.is_ref() || tag.is_atom()) {
+        return Err(Error::BadArg);
+    }
     let node = match runtime::running() {
         Ok(node) => node,
         Err(e) => return Ok(error_tuple(env, e.name())),

@@ -1,8 +1,9 @@
 //! Worker NIFs.
 //!
 //! ```text
-//! worker_register(Ref, Type, Id, Opts) -> ok | {error, Reason}
+//! worker_register(Ref, Type, Id, Opts) -> ok | {error, Reason} | dirty
 //!     then {Ref, {ok, Registration} | {error, Name}}
+//! worker_register_dirty(Ref, Type, Id, Opts): the same, never dirty
 //! worker_unregister(Ref, Registration) -> ok | {error, not_started}
 //!     then {Ref, ok | {error, Name}}
 //! ```
@@ -13,7 +14,10 @@
 //! limit), `{error, invalid_timeout}` (`timeout`, under an atom or a binary
 //! key, is not a positive integer), `{error, not_started}`. The store's
 //! answers (`key_too_large`, `invalid_timeout` over a week, store errors)
-//! come in the reply.
+//! come in the reply. `dirty`: `Opts` has more terms than a normal
+//! scheduler may convert (see `json.rs`); nothing was done, call
+//! `worker_register_dirty/4` (DirtyCpu) with the same arguments, as
+//! `couch_workers_nif:budgeted/2` does.
 //!
 //! `Registration` is a resource holding the core's `Registration`: the
 //! worker stays registered (and heartbeats) while it lives, and when it is
@@ -22,14 +26,13 @@
 use std::sync::{Arc, Weak};
 
 use couch_workers_core::log::{Event, Level};
-use couch_workers_core::store::MAX_VALUE_SIZE;
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Node, Registration};
 use rustler::{Encoder, Env, Error, NifResult, Resource, ResourceArc, Term};
 use serde_json::Value;
 
 use crate::atoms;
-use crate::json::{self, JsonError};
+use crate::json::{self, budgeted_nif, Sched};
 use crate::reply::{self, Replier};
 use crate::runtime;
 use crate::stats::{self, Live};
@@ -68,32 +71,31 @@ fn timeout_s(options: &serde_json::Map<String, Value>) -> Option<u64> {
     }
 }
 
-#[rustler::nif]
-fn worker_register<'a>(
+budgeted_nif!(worker_register, worker_register_dirty, register(reference, worker_type, id, opts));
+
+fn register<'a>(
     env: Env<'a>,
     reference: Term<'a>,
     worker_type: Term<'a>,
     id: Term<'a>,
     opts: Term<'a>,
+    sched: Sched,
 ) -> NifResult<Term<'a>> {
     if !reference.is_ref() {
         return Err(Error::BadArg);
     }
     let worker_type = bytes_arg(worker_type)?.to_vec();
     let id = bytes_arg(id)?.to_vec();
-    let options = match json::map_to_json(opts, MAX_VALUE_SIZE) {
-        None => return Err(Error::BadArg),
-        Some(Ok(options)) => options,
-        Some(Err(JsonError::TooLarge)) => return Ok(error_tuple(env, "value_too_large")),
-        Some(Err(e)) => {
-            crate::log::emit(
-                Event::new(Level::Debug, "invalid_options")
-                    .with("type", short(&worker_type))
-                    .with("id", short(&id))
-                    .with("reason", e.to_string()),
-            );
-            return Ok((atoms::error(), atoms::invalid_options()).encode(env));
-        }
+    let options = match json::map_arg(env, opts, sched, atoms::invalid_options(), |e| {
+        crate::log::emit(
+            Event::new(Level::Debug, "invalid_options")
+                .with("type", short(&worker_type))
+                .with("id", short(&id))
+                .with("reason", e.to_string()),
+        );
+    }) {
+        Ok(options) => options,
+        Err(answer) => return answer,
     };
     let Some(timeout_s) = timeout_s(&options) else {
         return Ok((atoms::error(), atoms::invalid_timeout()).encode(env));
