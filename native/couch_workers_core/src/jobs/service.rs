@@ -158,7 +158,8 @@ impl JobService {
             dispatchers: Dispatchers::default(),
             watchers: Watchers::default(),
         });
-        shared.spawn(run_sweeper(shared.clone(), shared.cancel.child_token()));
+        let live = Live::new(&shared.counts.sweepers);
+        shared.spawn(run_sweeper(shared.clone(), shared.cancel.child_token(), live));
         JobService { shared }
     }
 

@@ -25,8 +25,10 @@ const LIST_LIMIT: usize = 100;
 /// Longest sleep between passes when no watch fires.
 const PERIOD: Duration = Duration::from_secs(10);
 
-pub(crate) async fn run_sweeper(shared: std::sync::Arc<Shared>, cancel: CancellationToken) {
-    let _live = Live::new(&shared.counts.sweepers);
+/// `live` is taken by the spawner, so the sweeper counts from the moment it
+/// is spawned (a `stats()` right after start sees it).
+pub(crate) async fn run_sweeper(shared: std::sync::Arc<Shared>, cancel: CancellationToken, live: Live) {
+    let _live = live;
     let mut failures: u32 = 0;
     loop {
         let ks = &shared.ks;
