@@ -11,7 +11,7 @@
 -behaviour(application).
 
 -export([start/2, prep_stop/1, stop/1]).
--export([node_config/0, call_timeout/0]).
+-export([node_config/0, call_timeout/0, call/2]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -69,6 +69,20 @@ call_timeout() ->
     case env(tx_timeout_ms, 5000) of
         N when is_integer(N), N > 0 -> N + 5000;
         _ -> 10000
+    end.
+
+%% @doc `gen_server:call/3' to one of the app's servers with
+%% `call_timeout/0', answering `{error, timeout}' or `{error, not_started}'
+%% instead of exiting the caller when the server is slow or not running.
+-spec call(atom(), term()) -> term().
+call(Server, Msg) ->
+    try
+        gen_server:call(Server, Msg, call_timeout())
+    catch
+        exit:{timeout, _} -> {error, timeout};
+        exit:{noproc, _} -> {error, not_started};
+        exit:{shutdown, _} -> {error, not_started};
+        exit:{normal, _} -> {error, not_started}
     end.
 
 start_node() ->

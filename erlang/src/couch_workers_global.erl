@@ -85,14 +85,7 @@ get_workers(Type) ->
     end.
 
 call(Msg) ->
-    try
-        gen_server:call(?MODULE, Msg, couch_workers_app:call_timeout())
-    catch
-        exit:{timeout, _} -> {error, timeout};
-        exit:{noproc, _} -> {error, not_started};
-        exit:{shutdown, _} -> {error, not_started};
-        exit:{normal, _} -> {error, not_started}
-    end.
+    couch_workers_app:call(?MODULE, Msg).
 
 %% ---- gen_server ----------------------------------------------------------
 

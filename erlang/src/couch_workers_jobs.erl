@@ -266,14 +266,7 @@ short(<<Head:64/binary, _, _/binary>>) -> <<Head/binary, "...">>;
 short(Bin) -> Bin.
 
 call(Msg) ->
-    try
-        gen_server:call(?MODULE, Msg, couch_workers_app:call_timeout())
-    catch
-        exit:{timeout, _} -> {error, timeout};
-        exit:{noproc, _} -> {error, not_started};
-        exit:{shutdown, _} -> {error, not_started};
-        exit:{normal, _} -> {error, not_started}
-    end.
+    couch_workers_app:call(?MODULE, Msg).
 
 %% ---- gen_server -------------------------------------------------------------
 
