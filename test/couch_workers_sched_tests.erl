@@ -68,7 +68,7 @@
 %% A NIF call this long is a suspect for (b).
 -define(SUSPECT_US, 1000).
 -define(SLACK_US, 5000).
--define(ROUNDS, 2).
+-define(ROUNDS, 3).
 %% NIFs declared `schedule = "DirtyCpu"' (they leave the normal schedulers).
 -define(DIRTY_NIFS, [
     {job_add_many, 3}, {worker_register_dirty, 4}, {job_add_dirty, 5}, {job_update_dirty, 3}, {job_finish_dirty, 3}
@@ -91,16 +91,37 @@ sched_test_() ->
     }.
 
 no_long_schedule_from_nifs(Kind) ->
-    run_rounds(Kind, terms(Kind), 1).
+    run_rounds(Kind, terms(Kind), 1, all).
 
-run_rounds(Kind, Terms, Round) ->
+%% A NIF fails the test only when it is implicated in every round: on a
+%% loaded 2-core machine the OS can preempt a scheduler thread in the
+%% middle of any cheap NIF call (seen: a 3 ms `job_get/3', which only
+%% checks two binaries and spawns a task), while a NIF that really runs
+%% long does so every time it gets the same terms.
+run_rounds(Kind, Terms, Round, Suspects0) ->
     #{nif := Nif} = Figures = measure(Terms, unique_type("sched")),
     report(Kind, Round, Figures),
-    case Nif of
+    Suspects =
+        case Suspects0 of
+            all -> implicated(Nif);
+            _ -> ordsets:intersection(Suspects0, implicated(Nif))
+        end,
+    case Suspects of
         [] -> ok;
-        _ when Round < ?ROUNDS -> run_rounds(Kind, Terms, Round + 1);
-        _ -> ?assertEqual([], Nif)
+        _ when Round < ?ROUNDS -> run_rounds(Kind, Terms, Round + 1, Suspects);
+        _ -> ?assertEqual([], {Suspects, Nif})
     end.
+
+%% The NIFs (name and arity) a round's long_schedule messages point at:
+%% the traced long NIF calls, or else the NIF named where the process was
+%% scheduled out or in.
+implicated(Nif) ->
+    ordsets:from_list(lists:append([implicated_by(Info) || {nif, Info} <- Nif])).
+
+implicated_by(#{nif_calls := [_ | _] = Calls}) ->
+    [{N, A} || {N, A, _Us} <- Calls];
+implicated_by(Info) ->
+    [{F, A} || {couch_workers_nif, F, A} <- [maps:get(in, Info, none), maps:get(out, Info, none)]].
 
 %% ---- the workload ------------------------------------------------------------
 
