@@ -69,4 +69,14 @@ else
     echo "setup: cargo is missing: install Rust with rustup (https://rustup.rs)" >&2
     exit 1
 fi
+# The FDB type-check runs clippy; a minimal rustup profile lacks it.
+if cargo clippy --version >/dev/null 2>&1; then
+    echo "setup: clippy found: $(cargo clippy --version)"
+elif command -v rustup >/dev/null 2>&1; then
+    echo "setup: rustup component add clippy"
+    rustup component add clippy
+else
+    echo "setup: cargo clippy is missing and there is no rustup to add it" >&2
+    exit 1
+fi
 echo "setup: done. Next: rebar3 compile && rebar3 eunit"
