@@ -80,27 +80,31 @@ pub trait StoreFactory: Send + Sync {
     fn second<'a>(&'a self, first: &'a TestDb) -> BoxFuture<'a, TestDb>;
 }
 
-/// Expands the conformance suite into one tokio test per behaviour. See
-/// the [module doc](crate::conformance).
+/// One `#[tokio::test]` per behaviour name, each calling
+/// `$crate::$module::$name(&$store)` with the caller's attributes. Shared
+/// by this suite's macro and `keyspace_conformance_tests!`.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! store_conformance_tests {
-    // Internal: one test per name, each with the caller's attributes.
-    (@tests [$($attrs:tt)*]) => {};
-    (@tests [$($attrs:tt)*] $name:ident $(, $rest:ident)* $(,)?) => {
+macro_rules! __cw_conformance_cases {
+    ($module:ident, $store:ident, [$($attrs:tt)*]) => {};
+    ($module:ident, $store:ident, [$($attrs:tt)*] $name:ident $(, $rest:ident)* $(,)?) => {
         $($attrs)*
         #[::tokio::test(flavor = "multi_thread")]
         async fn $name() {
-            let _ = $crate::conformance::$name(&__CwConformanceStore).await;
+            $crate::$module::$name(&$store).await;
         }
-        $crate::store_conformance_tests!(@tests [$($attrs)*] $($rest),*);
+        $crate::__cw_conformance_cases!($module, $store, [$($attrs)*] $($rest),*);
     };
-    ($open_fresh:expr, $open_second:expr) => {
-        $crate::store_conformance_tests!($open_fresh, $open_second, attrs:);
-    };
-    ($open_fresh:expr, $open_second:expr, attrs: $(#[$attr:meta])*) => {
-        struct __CwConformanceStore;
+}
 
-        impl $crate::conformance::StoreFactory for __CwConformanceStore {
+/// A [`StoreFactory`] named `$store` from the two opening functions.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __cw_conformance_store {
+    ($store:ident, $open_fresh:expr, $open_second:expr) => {
+        struct $store;
+
+        impl $crate::conformance::StoreFactory for $store {
             fn fresh(&self) -> $crate::conformance::BoxFuture<'_, $crate::conformance::TestDb> {
                 ::std::boxed::Box::pin(($open_fresh)())
             }
@@ -111,8 +115,20 @@ macro_rules! store_conformance_tests {
                 ::std::boxed::Box::pin(($open_second)(first))
             }
         }
+    };
+}
 
-        $crate::store_conformance_tests!(@tests [$(#[$attr])*]
+/// Expands the conformance suite into one tokio test per behaviour. See
+/// the [module doc](crate::conformance).
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($open_fresh:expr, $open_second:expr) => {
+        $crate::store_conformance_tests!($open_fresh, $open_second, attrs:);
+    };
+    ($open_fresh:expr, $open_second:expr, attrs: $(#[$attr:meta])*) => {
+        $crate::__cw_conformance_store!(__CwConformanceStore, $open_fresh, $open_second);
+
+        $crate::__cw_conformance_cases!(conformance, __CwConformanceStore, [$(#[$attr])*]
             read_your_writes,
             get_missing_key,
             set_clear_clear_range,

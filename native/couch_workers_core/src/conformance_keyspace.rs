@@ -52,35 +52,13 @@ use crate::{Error, Node, Settings};
 /// behaviour. See the [module doc](crate::conformance_keyspace).
 #[macro_export]
 macro_rules! keyspace_conformance_tests {
-    // Internal: one test per name, each with the caller's attributes.
-    (@tests [$($attrs:tt)*]) => {};
-    (@tests [$($attrs:tt)*] $name:ident $(, $rest:ident)* $(,)?) => {
-        $($attrs)*
-        #[::tokio::test(flavor = "multi_thread")]
-        async fn $name() {
-            $crate::conformance_keyspace::$name(&__CwKeyspaceConformanceStore).await;
-        }
-        $crate::keyspace_conformance_tests!(@tests [$($attrs)*] $($rest),*);
-    };
     ($open_fresh:expr, $open_second:expr) => {
         $crate::keyspace_conformance_tests!($open_fresh, $open_second, attrs:);
     };
     ($open_fresh:expr, $open_second:expr, attrs: $(#[$attr:meta])*) => {
-        struct __CwKeyspaceConformanceStore;
+        $crate::__cw_conformance_store!(__CwKeyspaceConformanceStore, $open_fresh, $open_second);
 
-        impl $crate::conformance::StoreFactory for __CwKeyspaceConformanceStore {
-            fn fresh(&self) -> $crate::conformance::BoxFuture<'_, $crate::conformance::TestDb> {
-                ::std::boxed::Box::pin(($open_fresh)())
-            }
-            fn second<'a>(
-                &'a self,
-                first: &'a $crate::conformance::TestDb,
-            ) -> $crate::conformance::BoxFuture<'a, $crate::conformance::TestDb> {
-                ::std::boxed::Box::pin(($open_second)(first))
-            }
-        }
-
-        $crate::keyspace_conformance_tests!(@tests [$(#[$attr])*]
+        $crate::__cw_conformance_cases!(conformance_keyspace, __CwKeyspaceConformanceStore, [$(#[$attr])*]
             workers_register_writes_member_health_and_bumps_vs,
             workers_register_again_is_a_new_incarnation,
             workers_heartbeat_renews_health_without_bumping_vs,

@@ -19,7 +19,7 @@ use crate::log::{Event, Level, Logger};
 use crate::services::heartbeat::HeartbeatTask;
 use crate::services::membership::{MembershipWatcher, OnMembership};
 use crate::services::reaper::Reaper;
-use crate::services::{wall_clock_s, LiveGuard, TaskCounts};
+use crate::services::{wall_clock_s, Live, TaskCounts};
 use crate::store::{self, run, Db, StoreConfig, TxOptions};
 use crate::workers::{self, WorkerSpec};
 
@@ -110,7 +110,7 @@ impl Node {
             max_interval: settings.reaper_max_interval,
             tx_options: node.write_options(),
         };
-        let live = LiveGuard::new(&node.counts, |c| &c.reapers);
+        let live = Live::new(&node.counts.reapers);
         node.tasks.spawn_on(reaper.run(live), &node.runtime);
         node
     }
@@ -205,7 +205,7 @@ impl Node {
             cancel: cancel.clone(),
             tx_options: self.write_options(),
         };
-        let live = LiveGuard::new(&self.counts, |c| &c.heartbeats);
+        let live = Live::new(&self.counts.heartbeats);
         self.spawn(task.run(live));
         Ok(Registration { node: Arc::downgrade(self), spec, cancel, removed: AtomicBool::new(false) })
     }
@@ -252,7 +252,7 @@ impl Node {
             cancel: cancel.clone(),
             tx_options: self.read_options(),
         };
-        let live = LiveGuard::new(&self.counts, |c| &c.watchers);
+        let live = Live::new(&self.counts.watchers);
         self.spawn(watcher.run(live));
         Ok(MembershipWatch { cancel })
     }

@@ -54,21 +54,7 @@ pub(crate) struct JobCounts {
     pub sweepers: Arc<AtomicUsize>,
 }
 
-/// Counts a task live for as long as it exists.
-pub(crate) struct Live(Arc<AtomicUsize>);
-
-impl Live {
-    pub fn new(count: &Arc<AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::SeqCst);
-        Live(count.clone())
-    }
-}
-
-impl Drop for Live {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
+pub(crate) use crate::services::Live;
 
 /// What the service's tasks share.
 pub(crate) struct Shared {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{jittered, sleep_or_cancel, wall_clock_s, LiveGuard};
+use super::{jittered, sleep_or_cancel, wall_clock_s, Live};
 use crate::keyspace::Keyspace;
 use crate::log::{Event, Level, Logger};
 use crate::store::{run, Db, TxOptions};
@@ -32,9 +32,7 @@ pub fn period(timeout_s: u64) -> Duration {
 }
 
 impl HeartbeatTask {
-    /// `live` was taken by the spawner, so that the task counts from the
-    /// moment it is spawned, not from its first poll.
-    pub(crate) async fn run(self, live: LiveGuard) {
+    pub(crate) async fn run(self, live: Live) {
         let _live = live;
         let period = period(self.spec.timeout_s);
         let mut failures: u32 = 0;

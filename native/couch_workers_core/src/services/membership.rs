@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{sleep_or_cancel, LiveGuard};
+use super::{sleep_or_cancel, Live};
 use crate::keyspace::Keyspace;
 use crate::log::{Event, Level, Logger};
 use crate::store::{run, Db, StoreError, Tx, TxOptions, Versionstamp, Watch};
@@ -55,7 +55,7 @@ enum Read {
 
 
 impl MembershipWatcher {
-    pub(crate) async fn run(self, live: LiveGuard) {
+    pub(crate) async fn run(self, live: Live) {
         let _live = live;
         let mut known: Option<Known> = None;
         let mut failures: u32 = 0;
@@ -135,14 +135,10 @@ impl MembershipWatcher {
         let before = known.as_ref().map(|k| k.vs);
         match read {
             Read::Full(membership) => {
-                let previous = known.take();
-                let keep_vs = previous.as_ref().is_some_and(|k| k.vs > membership.vs);
-                *known = Some(Known {
-                    // Never step back: a full read can only be at or after
-                    // what was delivered.
-                    vs: if keep_vs { previous.map(|k| k.vs).unwrap_or(membership.vs) } else { membership.vs },
-                    members: membership.workers.into_iter().collect(),
-                });
+                // Never step back: a full read is at or after what was
+                // delivered.
+                let vs = before.map_or(membership.vs, |b| b.max(membership.vs));
+                *known = Some(Known { vs, members: membership.workers.into_iter().collect() });
             }
             Read::Changes(changes) => {
                 if let Some(k) = known.as_mut() {

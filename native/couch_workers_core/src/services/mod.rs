@@ -16,28 +16,26 @@ use tokio_util::sync::CancellationToken;
 /// Live counts of background tasks, for leak tests and `stats/0`.
 #[derive(Debug, Default)]
 pub struct TaskCounts {
-    pub heartbeats: AtomicUsize,
-    pub watchers: AtomicUsize,
-    pub reapers: AtomicUsize,
+    pub heartbeats: Arc<AtomicUsize>,
+    pub watchers: Arc<AtomicUsize>,
+    pub reapers: Arc<AtomicUsize>,
 }
 
-/// Decrements one counter when dropped: a task counts itself live for
-/// exactly as long as its future exists, whichever way it ends.
-pub struct LiveGuard {
-    counts: Arc<TaskCounts>,
-    which: fn(&TaskCounts) -> &AtomicUsize,
-}
+/// Counts a task live for as long as it exists, whichever way it ends.
+/// Taken by the spawner and moved into the task, so that the task counts
+/// from the moment it is spawned, not from its first poll.
+pub struct Live(Arc<AtomicUsize>);
 
-impl LiveGuard {
-    pub fn new(counts: &Arc<TaskCounts>, which: fn(&TaskCounts) -> &AtomicUsize) -> Self {
-        which(counts).fetch_add(1, Ordering::SeqCst);
-        LiveGuard { counts: counts.clone(), which }
+impl Live {
+    pub fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Live(count.clone())
     }
 }
 
-impl Drop for LiveGuard {
+impl Drop for Live {
     fn drop(&mut self) {
-        (self.which)(&self.counts).fetch_sub(1, Ordering::SeqCst);
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

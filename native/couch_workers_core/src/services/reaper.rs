@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{jittered, sleep_or_cancel, LiveGuard};
+use super::{jittered, sleep_or_cancel, Live};
 use crate::keyspace::{Keyspace, WorkerKey};
 use crate::liveness::{self, VERSIONS_PER_SECOND};
 use crate::log::{Event, Level, Logger};
@@ -49,9 +49,7 @@ struct Scan {
 }
 
 impl Reaper {
-    /// `live` was taken by the spawner, so that the task counts from the
-    /// moment it is spawned, not from its first poll.
-    pub(crate) async fn run(self, live: LiveGuard) {
+    pub(crate) async fn run(self, live: Live) {
         let _live = live;
         loop {
             let wait = match self.scan_and_reap().await {
