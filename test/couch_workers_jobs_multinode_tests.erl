@@ -13,7 +13,7 @@
 -import(couch_workers_test_util, [unique_type/1, register_worker/3, wait_job/3]).
 
 %% Run on the peer (through peer:call/4).
--export([peer_start/1, peer_worker/4, peer_accept_blocking/3]).
+-export([peer_worker/4, peer_accept_blocking/3]).
 
 -define(PEER_TIMEOUT, 15000).
 
@@ -39,27 +39,11 @@ jobs_multinode_test_() ->
     }.
 
 setup(Dir) ->
-    Erl = os:find_executable("erl"),
-    OtpLib = code:lib_dir(),
-    Paths = [P || P <- code:get_path(), not lists:prefix(OtpLib, P), P =/= "."],
-    Args = lists:append([["-pa", P] || P <- Paths]),
-    {ok, Peer, _Node} = peer:start(#{
-        exec => Erl,
-        connection => standard_io,
-        args => Args,
-        wait_boot => 30000
-    }),
-    ok = peer:call(Peer, ?MODULE, peer_start, [Dir], ?PEER_TIMEOUT),
-    OsPid = peer:call(Peer, os, getpid, [], ?PEER_TIMEOUT),
-    #{peer => Peer, os_pid => OsPid, type => unique_type("jmn")}.
+    Peer = couch_workers_test_util:start_peer(Dir),
+    Peer#{dir => Dir, type => unique_type("jmn")}.
 
-teardown(#{peer := Peer, os_pid := OsPid}) ->
-    case is_process_alive(Peer) of
-        true -> catch peer:stop(Peer);
-        false -> ok
-    end,
-    os:cmd("kill -9 " ++ OsPid ++ " 2>/dev/null"),
-    ok.
+teardown(Peer) ->
+    couch_workers_test_util:stop_peer(Peer).
 
 %% ---- tests ---------------------------------------------------------------
 
@@ -142,13 +126,6 @@ kill_9_of_peer_sends_its_jobs_back_to_pending(#{peer := Peer, os_pid := OsPid, t
     ok = couch_workers:worker_unregister(W).
 
 %% ---- run on the peer -----------------------------------------------------
-
-peer_start(Dir) ->
-    ok = application:load(couch_workers),
-    logger:set_primary_config(level, warning),
-    ok = application:set_env(couch_workers, store, {embedded, Dir}),
-    {ok, _} = application:ensure_all_started(couch_workers),
-    ok.
 
 %% A long-lived worker process of the peer: registers worker Id (health
 %% timeout TimeoutS) and accepts N jobs, which it keeps running. Answers

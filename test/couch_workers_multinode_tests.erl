@@ -14,7 +14,7 @@
 -import(couch_workers_test_util, [unique_type/1, wait_for/2, wait_membership/3, recv_membership/2]).
 
 %% Run on the peer (through peer:call/4).
--export([peer_start/1, peer_register/3, peer_subscribe/1]).
+-export([peer_register/3, peer_subscribe/1]).
 
 -define(PEER_TIMEOUT, 15000).
 
@@ -41,30 +41,11 @@ multinode_test_() ->
     }.
 
 setup(Dir) ->
-    Erl = os:find_executable("erl"),
-    %% This VM's own code (the app, the tests), not OTP's.
-    OtpLib = code:lib_dir(),
-    Paths = [P || P <- code:get_path(), not lists:prefix(OtpLib, P), P =/= "."],
-    %% (No -noinput: standard_io is the peer's control channel.)
-    Args = lists:append([["-pa", P] || P <- Paths]),
-    {ok, Peer, _Node} = peer:start(#{
-        exec => Erl,
-        connection => standard_io,
-        args => Args,
-        wait_boot => 30000
-    }),
-    ok = peer:call(Peer, ?MODULE, peer_start, [Dir], ?PEER_TIMEOUT),
-    OsPid = peer:call(Peer, os, getpid, [], ?PEER_TIMEOUT),
-    #{peer => Peer, os_pid => OsPid, dir => Dir, type => unique_type("mn")}.
+    Peer = couch_workers_test_util:start_peer(Dir),
+    Peer#{dir => Dir, type => unique_type("mn")}.
 
-teardown(#{peer := Peer, os_pid := OsPid}) ->
-    case is_process_alive(Peer) of
-        true -> catch peer:stop(Peer);
-        false -> ok
-    end,
-    %% Never leave an OS process behind, whatever happened.
-    os:cmd("kill -9 " ++ OsPid ++ " 2>/dev/null"),
-    ok.
+teardown(Peer) ->
+    couch_workers_test_util:stop_peer(Peer).
 
 %% ---- tests ---------------------------------------------------------------
 
@@ -128,13 +109,6 @@ peer_app_stop_removes_its_workers_at_once(#{peer := Peer, type := T}) ->
     ok = couch_workers:membership_unsubscribe(S).
 
 %% ---- run on the peer -----------------------------------------------------
-
-peer_start(Dir) ->
-    ok = application:load(couch_workers),
-    logger:set_primary_config(level, warning),
-    ok = application:set_env(couch_workers, store, {embedded, Dir}),
-    {ok, _} = application:ensure_all_started(couch_workers),
-    ok.
 
 %% Registers in a long-lived process of the peer (the worker's owner);
 %% answers only ok or the error: references do not travel well between
