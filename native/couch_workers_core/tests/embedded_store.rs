@@ -329,3 +329,49 @@ async fn a_change_after_a_quiet_spell_is_seen_within_the_idle_poll() {
     // The idle poll is 4 ms; allow for a loaded machine.
     assert!(latency < Duration::from_millis(100), "{latency:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_wal_stays_bounded_under_a_steady_writer() {
+    // No checkpoint runs inside a commit; the checkpoint thread must still
+    // let the WAL start over while commits never stop (a background
+    // checkpoint alone let it grow to hundreds of MB).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = open(dir.path());
+    let value = vec![7u8; 2_000];
+    let mut longest = 0;
+    for i in 0..30_000u32 {
+        let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
+        tx.set(&i.to_be_bytes(), &value);
+        tx.commit().await.expect("commit");
+        longest = longest.max(db.wal_frames());
+    }
+    // 30,000 commits of ~2 pages each: ~60,000 frames without restarts.
+    assert!(longest >= 1_000, "the WAL grew past the checkpoint start ({longest} frames)");
+    assert!(longest < 20_000, "the WAL restarted: at most {longest} frames");
+    let wal = std::fs::metadata(dir.path().join(format!("{FILE_NAME}-wal"))).expect("wal").len();
+    assert!(wal < 100 * 1024 * 1024, "WAL file {wal} bytes");
+    assert_eq!(get(&db, &29_999u32.to_be_bytes()).await, Some(value));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn local_commits_fire_watches_on_keys_they_write_or_clear() {
+    // The watcher thread is woken only by commits that wrote a watched key
+    // (or cleared a range holding one); the others must still fire
+    // watches on what they did write.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let opts = EmbeddedOptions { watch_poll: Duration::from_secs(3), watch_poll_idle: Duration::from_secs(3), ..EmbeddedOptions::new(dir.path()) };
+    let db = EmbeddedStore::open(opts).expect("open");
+    put(&db, b"a/1", b"x").await;
+    put(&db, b"b", b"x").await;
+    let mut in_range = watch(&db, b"a/1").await;
+    let mut single = watch(&db, b"b").await;
+    // Neither key: no wake; the poll is 3 s away.
+    put(&db, b"c", b"x").await;
+    assert_eq!(fired(&mut single, Duration::from_millis(100)).await, None);
+    let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
+    tx.clear_range(b"a/", b"a0");
+    tx.commit().await.expect("commit");
+    assert_eq!(fired(&mut in_range, Duration::from_millis(500)).await, Some(Ok(())), "cleared range: well before the poll");
+    put(&db, b"b", b"y").await;
+    assert_eq!(fired(&mut single, Duration::from_millis(500)).await, Some(Ok(())), "written key: well before the poll");
+}

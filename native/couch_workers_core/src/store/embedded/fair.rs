@@ -42,6 +42,10 @@ const FRESH_US: u64 = 3_000;
 pub(crate) const QUANTUM: Duration = Duration::from_millis(5);
 /// How long it steps aside.
 pub(crate) const STEP_ASIDE: Duration = Duration::from_millis(2);
+/// The signal is read at most this often (µs): a waiter's signal stays
+/// fresh for [`FRESH_US`], so it is still seen; a writer that commits
+/// back to back saves a `pread` per transaction.
+const LOOK_EVERY_US: u64 = 500;
 
 pub(crate) struct WaitSignal {
     /// `None` when the file cannot be opened: no fairness, nothing else lost.
@@ -49,6 +53,7 @@ pub(crate) struct WaitSignal {
     /// This store's id (two stores of one process are two contenders).
     id: u64,
     last_step_aside: AtomicU64,
+    last_look: AtomicU64,
 }
 
 impl WaitSignal {
@@ -60,7 +65,7 @@ impl WaitSignal {
                 break id;
             }
         };
-        WaitSignal { file, id, last_step_aside: AtomicU64::new(0) }
+        WaitSignal { file, id, last_step_aside: AtomicU64::new(0), last_look: AtomicU64::new(0) }
     }
 
     /// A writer of this store found the lock taken by another process.
@@ -77,6 +82,11 @@ impl WaitSignal {
     /// recently and this one has not stepped aside within a quantum.
     pub(crate) fn should_step_aside(&self) -> bool {
         let Some(file) = &self.file else { return false };
+        let now = monotonic_us();
+        if now.saturating_sub(self.last_look.load(Ordering::Relaxed)) < LOOK_EVERY_US {
+            return false;
+        }
+        self.last_look.store(now, Ordering::Relaxed);
         let mut buf = [0u8; 16];
         if file.read_exact_at(&mut buf, 0).is_err() {
             return false;
@@ -86,7 +96,6 @@ impl WaitSignal {
         id.copy_from_slice(&buf[..8]);
         at.copy_from_slice(&buf[8..]);
         let (id, at) = (u64::from_le_bytes(id), u64::from_le_bytes(at));
-        let now = monotonic_us();
         if id == 0 || id == self.id || now.saturating_sub(at) > FRESH_US {
             return false;
         }
@@ -103,6 +112,11 @@ impl WaitSignal {
 mod tests {
     use super::*;
 
+    /// Past the read throttle, so that the next look reads the file.
+    fn later() {
+        std::thread::sleep(Duration::from_micros(LOOK_EVERY_US + 100));
+    }
+
     #[test]
     fn steps_aside_for_others_once_per_quantum() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -110,10 +124,12 @@ mod tests {
         let b = WaitSignal::open(dir.path());
         assert!(!a.should_step_aside(), "no signal yet");
         a.signal_waiting();
+        later();
         assert!(!a.should_step_aside(), "its own signal");
         assert!(b.should_step_aside(), "another store waits");
         b.signal_waiting();
         a.signal_waiting();
+        later();
         assert!(!b.should_step_aside(), "within the quantum");
         std::thread::sleep(QUANTUM);
         a.signal_waiting();
@@ -121,5 +137,30 @@ mod tests {
         std::thread::sleep(Duration::from_micros(FRESH_US + 1_000));
         std::thread::sleep(QUANTUM);
         assert!(!b.should_step_aside(), "a stale signal");
+    }
+
+    #[test]
+    fn reads_the_signal_at_most_once_per_look_period() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let a = WaitSignal::open(dir.path());
+        // The two looks must fall within one period: on a loaded machine a
+        // preemption between them can break that, so try a few times.
+        for _ in 0..20 {
+            let b = WaitSignal::open(dir.path());
+            let started = std::time::Instant::now();
+            let first = b.should_step_aside();
+            a.signal_waiting();
+            let second = b.should_step_aside();
+            if started.elapsed() >= Duration::from_micros(LOOK_EVERY_US) {
+                // Let this signal go stale before the next try.
+                std::thread::sleep(Duration::from_micros(FRESH_US + 1_000));
+                continue;
+            }
+            assert!(!first && !second, "the signal came after the first look: not read again within the period");
+            later();
+            assert!(b.should_step_aside(), "read again after the period");
+            return;
+        }
+        panic!("never managed two looks within {LOOK_EVERY_US} µs");
     }
 }

@@ -17,6 +17,7 @@
 //! | `transaction.rs` | [`Transaction`](crate::store::Transaction): write and read modes |
 //! | `ops.rs` | versionstamp parameters and ADD, as pure functions |
 //! | `watch.rs` | watch registry and the `cw-embed-watch` thread |
+//! | `checkpoint.rs` | WAL checkpoints: the `cw-embed-ckpt` thread |
 //! | `pool.rs` | pooled read connections |
 //!
 //! Durability: `synchronous=NORMAL` (the default) makes every commit a
@@ -25,15 +26,11 @@
 //! crash may lose the last commits, never corrupt the file. `Full` fsyncs
 //! every commit.
 //!
-//! WAL checkpoints: SQLite's automatic checkpoint (PASSIVE, every 1000
-//! pages of WAL, run by the commit that crosses it). Measured against
-//! PASSIVE checkpoints from a background thread with the automatic ones
-//! off: the automatic ones commit faster (36.5k vs 30.5k empty-ish commits
-//! per second, one task) and keep the WAL at ~4 MB, while under a steady
-//! stream of commits the background checkpoint never catches up with the
-//! end of the WAL, so SQLite never restarts it: it grew to 500 MB in 2 s.
-//! The price is one slower commit every ~400 (the checkpoint's fsync, a few
-//! ms).
+//! WAL checkpoints: never inside a commit. The `cw-embed-ckpt` thread runs
+//! them in the background and briefly holds back this process's writers
+//! only so that the WAL can start over (`checkpoint.rs`). SQLite's automatic
+//! checkpoint, which ran inside the commit that crossed 1,000 pages, made
+//! one commit in ~100 take 1-7 ms (its fsyncs).
 //!
 //! Figures (release build, a loaded 2-CPU VM, `tests/embedded_perf.rs`):
 //! 28k-31k one-key write transactions per second from one task (27k from
@@ -53,6 +50,7 @@ use rusqlite::Connection;
 
 use super::{Database, StoreError, Tx, TxOptions};
 
+mod checkpoint;
 mod clock;
 mod fair;
 mod ops;
@@ -61,6 +59,7 @@ mod schema;
 mod transaction;
 mod watch;
 
+use checkpoint::CheckpointSignal;
 use clock::Clock;
 use fair::WaitSignal;
 use pool::ReadPool;
@@ -126,6 +125,7 @@ pub(crate) struct Shared {
     pub(crate) readers: ReadPool,
     pub(crate) watches: Arc<WatchHub>,
     pub(crate) fair: WaitSignal,
+    checkpoints: Arc<CheckpointSignal>,
     closed: AtomicBool,
 }
 
@@ -140,8 +140,8 @@ pub struct EmbeddedStore {
     shared: Arc<Shared>,
     opts: EmbeddedOptions,
     path: PathBuf,
-    /// The watcher thread, joined by `close`.
-    watcher: Mutex<Option<JoinHandle<()>>>,
+    /// The watcher and checkpoint threads, joined by `close`.
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -155,23 +155,43 @@ impl EmbeddedStore {
     /// watcher thread. Blocks briefly (file setup); other processes may
     /// open the same directory at the same time.
     pub fn open(opts: EmbeddedOptions) -> Result<Arc<EmbeddedStore>, StoreError> {
-        let (writer, clock) = schema::open_store_file(&opts)?;
+        let (mut writer, clock) = schema::open_store_file(&opts)?;
         let path = opts.dir.join(FILE_NAME);
         let watch_conn = schema::open_connection(&path, &opts)?;
+        let checkpoint_conn = schema::open_connection(&path, &opts)?;
+        let checkpoints = Arc::new(CheckpointSignal::default());
+        checkpoint::install_hook(&mut writer, checkpoints.clone())
+            .map_err(|e| schema::io_error("cannot install the WAL hook", &e))?;
+        let writer = Arc::new(tokio::sync::Mutex::new(writer));
         let hub = Arc::new(WatchHub::default());
         let polling = watch::Polling { active: opts.watch_poll, idle: opts.watch_poll_idle };
         let watcher = watch::spawn_watcher(hub.clone(), watch_conn, polling)
             .map_err(|e| StoreError::Io(format!("cannot start the watcher thread: {e}")))?;
+        let checkpointer = match checkpoint::spawn_checkpointer(checkpoints.clone(), checkpoint_conn, writer.clone()) {
+            Ok(handle) => handle,
+            Err(e) => {
+                hub.close();
+                let _ = watcher.join();
+                return Err(StoreError::Io(format!("cannot start the checkpoint thread: {e}")));
+            }
+        };
         let shared = Arc::new(Shared {
             clock,
             max_age: opts.max_transaction_age,
-            writer: Arc::new(tokio::sync::Mutex::new(writer)),
+            writer,
             readers: ReadPool::new(path.clone(), opts.clone()),
             watches: hub,
             fair: WaitSignal::open(&opts.dir),
+            checkpoints,
             closed: AtomicBool::new(false),
         });
-        Ok(Arc::new(EmbeddedStore { shared, opts, path, watcher: Mutex::new(Some(watcher)) }))
+        Ok(Arc::new(EmbeddedStore { shared, opts, path, threads: Mutex::new(vec![watcher, checkpointer]) }))
+    }
+
+    /// The WAL's length after the last commit of this store, in frames
+    /// (pages): what the checkpoint thread keeps bounded.
+    pub fn wal_frames(&self) -> u32 {
+        self.shared.checkpoints.wal_frames()
     }
 
     /// The SQLite file.
@@ -225,8 +245,9 @@ impl Database for EmbeddedStore {
             return;
         }
         self.shared.watches.close();
-        let watcher = self.watcher.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
-        if let Some(handle) = watcher {
+        self.shared.checkpoints.close();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        for handle in threads {
             let _ = handle.join();
         }
         self.shared.readers.clear();

@@ -70,9 +70,9 @@ fn configure(conn: &Connection, opts: &EmbeddedOptions) -> rusqlite::Result<()> 
         Synchronous::Full => "FULL",
     };
     conn.pragma_update(None, "synchronous", sync)?;
-    // SQLite's default, stated: the commit that grows the WAL past 1000
-    // pages runs a PASSIVE checkpoint (see the module doc of `embedded`).
-    conn.pragma_update(None, "wal_autocheckpoint", 1000)?;
+    // No checkpoint inside a commit: the store's checkpoint thread runs
+    // them (`checkpoint.rs`).
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)?;
     conn.set_prepared_statement_cache_capacity(32);
     Ok(())
@@ -219,6 +219,13 @@ pub(crate) fn last_version(conn: &Connection) -> rusqlite::Result<u64> {
 pub(crate) fn set_last_version(conn: &Connection, version: u64) -> rusqlite::Result<()> {
     let v = i64::try_from(version).unwrap_or(i64::MAX);
     meta_set(conn, "last_version", &v)
+}
+
+/// Runs a statement without parameters or rows (`BEGIN IMMEDIATE`,
+/// `COMMIT`, ...) through the connection's statement cache: these run on
+/// every transaction, and `execute_batch` would parse them every time.
+pub(crate) fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 /// `PRAGMA data_version`: changes whenever another connection commits.

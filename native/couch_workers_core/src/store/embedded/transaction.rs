@@ -61,7 +61,7 @@ use tokio::sync::OwnedMutexGuard;
 use super::fair::STEP_ASIDE;
 use super::ops;
 use super::schema::{self, SQL_CLEAR, SQL_CLEAR_RANGE, SQL_GET, SQL_RANGE_FWD, SQL_RANGE_REV, SQL_SET};
-use super::watch::{watch_channel, WatchSender};
+use super::watch::{watch_channel, WatchSender, Written};
 use super::Shared;
 use crate::store::retry::backoff;
 use crate::store::{
@@ -121,6 +121,8 @@ struct TxState {
     error: Option<StoreError>,
     /// Watches to arm at commit.
     watches: Vec<(Vec<u8>, WatchSender)>,
+    /// The keys and ranges written: the local watches they may fire.
+    written: Vec<Written>,
     /// `commit` or `on_error` ran.
     finished: bool,
 }
@@ -175,7 +177,7 @@ impl EmbeddedTransaction {
             if shared.is_closed() {
                 return Err(StoreError::Closed);
             }
-            match guard.execute_batch("BEGIN IMMEDIATE") {
+            match schema::exec_cached(&guard, "BEGIN IMMEDIATE") {
                 Ok(()) => break,
                 Err(e) if schema::is_busy(&e) => {
                     // Another process writes. Keep this process's writer
@@ -198,7 +200,7 @@ impl EmbeddedTransaction {
 
     fn begin_read(shared: Arc<Shared>) -> Result<Self, StoreError> {
         let conn = shared.readers.take()?;
-        if let Err(e) = conn.execute_batch("BEGIN DEFERRED") {
+        if let Err(e) = schema::exec_cached(&conn, "BEGIN DEFERRED") {
             return Err(schema::store_error("cannot begin a read transaction", &e));
         }
         Self::start(shared, Slot::Reader(conn), false, false)
@@ -217,6 +219,7 @@ impl EmbeddedTransaction {
             commit: CommitState::default(),
             error: None,
             watches: Vec::new(),
+            written: Vec::new(),
             finished: false,
         };
         let last = match state.slot.conn().and_then(|c| {
@@ -280,7 +283,7 @@ impl EmbeddedTransaction {
     fn write(
         &self,
         bytes: usize,
-        f: impl FnOnce(&Connection, &mut CommitState) -> Result<(), StoreError>,
+        f: impl FnOnce(&Connection, &mut CommitState) -> Result<Written, StoreError>,
     ) {
         let mut st = self.lock();
         if self.usable(&mut st).is_err() {
@@ -288,7 +291,10 @@ impl EmbeddedTransaction {
         }
         let result = self.write_locked(&mut st, bytes, f);
         match result {
-            Ok(()) => st.wrote = true,
+            Ok(written) => {
+                st.wrote = true;
+                st.written.push(written);
+            }
             Err(e) => self.fail(&mut st, e),
         }
     }
@@ -297,8 +303,8 @@ impl EmbeddedTransaction {
         &self,
         st: &mut TxState,
         bytes: usize,
-        f: impl FnOnce(&Connection, &mut CommitState) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+        f: impl FnOnce(&Connection, &mut CommitState) -> Result<Written, StoreError>,
+    ) -> Result<Written, StoreError> {
         st.written_bytes = st.written_bytes.saturating_add(bytes);
         if st.written_bytes > MAX_TRANSACTION_SIZE {
             return Err(StoreError::TransactionTooLarge);
@@ -360,9 +366,11 @@ impl EmbeddedTransaction {
             commit.stamped = true;
             let filled = ops::fill_versionstamp(bytes, offset, &stamp);
             if stamp_key {
-                Self::put(conn, &filled, value)
+                Self::put(conn, &filled, value)?;
+                Ok(Written::Key(filled))
             } else {
-                Self::put(conn, key, &filled)
+                Self::put(conn, key, &filled)?;
+                Ok(Written::Key(key.to_vec()))
             }
         });
     }
@@ -374,12 +382,12 @@ fn release(shared: &Shared, st: &mut TxState) {
     match std::mem::replace(&mut st.slot, Slot::Released) {
         Slot::Writer(guard) => {
             if !guard.is_autocommit() {
-                let _ = guard.execute_batch("ROLLBACK");
+                let _ = schema::exec_cached(&guard, "ROLLBACK");
             }
         }
         Slot::Reader(conn) => {
             if !conn.is_autocommit() {
-                let _ = conn.execute_batch("ROLLBACK");
+                let _ = schema::exec_cached(&conn, "ROLLBACK");
             }
             shared.readers.put(conn);
         }
@@ -428,7 +436,8 @@ impl Transaction for EmbeddedTransaction {
     fn set(&self, key: &[u8], value: &[u8]) {
         self.write(key.len() + value.len(), |conn, _| {
             Self::check_sizes(key, value)?;
-            Self::put(conn, key, value)
+            Self::put(conn, key, value)?;
+            Ok(Written::Key(key.to_vec()))
         });
     }
 
@@ -439,7 +448,7 @@ impl Transaction for EmbeddedTransaction {
             }
             conn.prepare_cached(SQL_CLEAR)
                 .and_then(|mut s| s.execute([key]))
-                .map(|_| ())
+                .map(|_| Written::Key(key.to_vec()))
                 .map_err(|e| schema::store_error("cannot clear", &e))
         });
     }
@@ -455,7 +464,7 @@ impl Transaction for EmbeddedTransaction {
             }
             conn.prepare_cached(SQL_CLEAR_RANGE)
                 .and_then(|mut s| s.execute([begin, end]))
-                .map(|_| ())
+                .map(|_| Written::Range(begin.to_vec(), end.to_vec()))
                 .map_err(|e| schema::store_error("cannot clear a range", &e))
         });
     }
@@ -469,7 +478,8 @@ impl Transaction for EmbeddedTransaction {
                 .prepare_cached(SQL_GET)
                 .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
                 .map_err(|e| schema::store_error("cannot read for atomic_add", &e))?;
-            Self::put(conn, key, &ops::add_le_i64(existing.as_deref(), delta))
+            Self::put(conn, key, &ops::add_le_i64(existing.as_deref(), delta))?;
+            Ok(Written::Key(key.to_vec()))
         });
     }
 
@@ -500,6 +510,7 @@ impl Transaction for EmbeddedTransaction {
 
     async fn commit(&self) -> Result<CommitInfo, StoreError> {
         let mut armed = Vec::new();
+        let written;
         let info = {
             let mut st = self.lock();
             if let Err(e) = self.usable(&mut st) {
@@ -509,6 +520,7 @@ impl Transaction for EmbeddedTransaction {
             }
             let result = self.commit_locked(&mut st, &mut armed);
             st.finished = true;
+            written = std::mem::take(&mut st.written);
             match result {
                 Ok(info) => {
                     release(&self.shared, &mut st);
@@ -524,7 +536,7 @@ impl Transaction for EmbeddedTransaction {
             }
         };
         if info.version.is_some() {
-            self.shared.watches.notify_commit();
+            self.shared.watches.notify_commit(&written);
         }
         for (key, value, tx) in armed {
             self.shared.watches.register(key, value, tx);
@@ -593,7 +605,7 @@ impl EmbeddedTransaction {
         } else {
             CommitInfo::default()
         };
-        conn.execute_batch("COMMIT").map_err(|e| schema::store_error("cannot commit", &e))?;
+        schema::exec_cached(conn, "COMMIT").map_err(|e| schema::store_error("cannot commit", &e))?;
         Ok(info)
     }
 }

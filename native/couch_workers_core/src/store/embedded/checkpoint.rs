@@ -1,0 +1,148 @@
+//! WAL checkpoints off the commit path: the `cw-embed-ckpt` thread.
+//!
+//! SQLite's automatic checkpoint runs inside the commit that grows the WAL
+//! past 1,000 pages, fsyncs included: measured, one commit in ~100 took
+//! 1-7 ms (bench/RESULTS.md, J3's tail). A background PASSIVE checkpoint
+//! alone is no answer either: under a steady stream of commits it never
+//! catches up with the end of the WAL, SQLite never restarts the log, and
+//! the WAL grew to 500 MB in seconds. So the two are combined:
+//!
+//! * every connection has the automatic checkpoint off; the write
+//!   connection's WAL hook reports the WAL's size after each of its
+//!   commits and wakes this thread past [`START_AT`] frames;
+//! * the thread runs a PASSIVE checkpoint on its own connection, outside
+//!   every lock of this process: it copies the bulk of the WAL and pays the
+//!   fsyncs while the writers go on;
+//! * once the WAL has passed [`RESTART_AT`] frames, it takes the store's
+//!   in-process writer lock and checkpoints again: only the few frames
+//!   written since remain, and with no local writer appending the
+//!   checkpoint reaches the end of the WAL, so the next write transaction
+//!   starts the log over (SQLite restarts a fully checkpointed WAL when a
+//!   writer begins and no reader still uses it);
+//! * passes are at least [`MIN_INTERVAL`] apart, so a steady writer pays
+//!   for a pass per interval, not per commit.
+//!
+//! Other processes' writers are not held back by the lock; they append
+//! while the locked pass runs, which can keep it short of the end. The
+//! next pass tries again; every process runs this thread for its own
+//! commits.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+/// A WAL this long (frames) wakes the thread.
+pub(crate) const START_AT: u32 = 1_000;
+/// A WAL this long after an unlocked pass gets the locked pass that lets
+/// the log restart (frames; ~16 MB with 4 KiB pages).
+pub(crate) const RESTART_AT: u32 = 4_000;
+/// The shortest time between two passes.
+const MIN_INTERVAL: Duration = Duration::from_millis(5);
+
+#[derive(Default)]
+struct State {
+    requested: bool,
+    closed: bool,
+}
+
+/// What the write connection's WAL hook and the thread share.
+#[derive(Default)]
+pub(crate) struct CheckpointSignal {
+    state: Mutex<State>,
+    wake: Condvar,
+    /// The WAL's size after the last local commit (frames), for tests and
+    /// diagnostics.
+    wal_frames: AtomicU32,
+}
+
+impl CheckpointSignal {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Called by the WAL hook after each commit of the write connection.
+    pub(crate) fn committed(&self, wal_frames: u32) {
+        self.wal_frames.store(wal_frames, Ordering::Relaxed);
+        if wal_frames < START_AT {
+            return;
+        }
+        let mut st = self.lock();
+        if !st.requested {
+            st.requested = true;
+            self.wake.notify_one();
+        }
+    }
+
+    /// The WAL's size after the last local commit, in frames.
+    pub(crate) fn wal_frames(&self) -> u32 {
+        self.wal_frames.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.wake.notify_all();
+    }
+
+    /// Waits for a request; `false` once closed.
+    fn wait(&self) -> bool {
+        let mut st = self.lock();
+        while !st.requested && !st.closed {
+            st = self.wake.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.requested = false;
+        !st.closed
+    }
+}
+
+/// Installs the hook on the write connection (and turns its automatic
+/// checkpoint off: the hook replaces it).
+pub(crate) fn install_hook(writer: &mut Connection, signal: Arc<CheckpointSignal>) -> rusqlite::Result<()> {
+    writer.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, frames: std::os::raw::c_int| {
+        signal.committed(u32::try_from(frames).unwrap_or(0));
+        Ok(())
+    }))
+}
+
+/// Starts the thread. `writer` is the store's in-process writer lock, held
+/// for the locked pass.
+pub(crate) fn spawn_checkpointer(
+    signal: Arc<CheckpointSignal>,
+    conn: Connection,
+    writer: Arc<tokio::sync::Mutex<Connection>>,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("cw-embed-ckpt".into())
+        .spawn(move || checkpoint_loop(&signal, &conn, &writer))
+}
+
+fn checkpoint_loop(signal: &CheckpointSignal, conn: &Connection, writer: &tokio::sync::Mutex<Connection>) {
+    while signal.wait() {
+        // A failed pass (busy: another process checkpoints; or an I/O
+        // error) only leaves the WAL longer: nothing committed is lost,
+        // the next commit asks again, and an I/O error shows in the
+        // writers' own commits.
+        if let Ok(log_frames) = passive(conn) {
+            if log_frames >= RESTART_AT {
+                // No local writer may append while this pass runs.
+                let _held = writer.blocking_lock();
+                let _ = passive(conn);
+            }
+        }
+        std::thread::sleep(MIN_INTERVAL);
+    }
+}
+
+/// `PRAGMA wal_checkpoint(PASSIVE)`: the frames in the WAL, or `Err(())`
+/// when it could not run (another checkpoint holds the lock, an error).
+fn passive(conn: &Connection) -> Result<u32, ()> {
+    let (busy, log) = conn
+        .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)))
+        .map_err(|_| ())?;
+    if busy != 0 {
+        return Err(());
+    }
+    Ok(u32::try_from(log).unwrap_or(0))
+}
