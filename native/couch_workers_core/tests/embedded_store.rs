@@ -375,3 +375,119 @@ async fn local_commits_fire_watches_on_keys_they_write_or_clear() {
     put(&db, b"b", b"y").await;
     assert_eq!(fired(&mut single, Duration::from_millis(500)).await, Some(Ok(())), "written key: well before the poll");
 }
+
+/// `n` tasks each running `per_task` write transactions that add 1 to
+/// the counter `key`, all at once.
+async fn concurrent_increments(db: &Arc<EmbeddedStore>, key: &'static [u8], n: usize, per_task: usize) -> Vec<u64> {
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let db = db.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut versions = Vec::new();
+            for _ in 0..per_task {
+                let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
+                let now = tx.get(key, false).await.expect("get").map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+                tx.set(key, &(now + 1).to_le_bytes());
+                versions.push(tx.commit().await.expect("commit").version.expect("version"));
+            }
+            versions
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_writers_share_commits_and_lose_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = open(dir.path());
+    let before = db.sqlite_commits();
+    let mut versions = concurrent_increments(&db, b"counter", 16, 200).await;
+    let commits = db.sqlite_commits() - before;
+    // Every increment counted: each writer saw the ones before it, also
+    // those not yet committed in its batch.
+    assert_eq!(get(&db, b"counter").await, Some(3_200u64.to_le_bytes().to_vec()));
+    // Each transaction kept a version of its own.
+    versions.sort_unstable();
+    versions.dedup();
+    assert_eq!(versions.len(), 3_200, "distinct commit versions");
+    // Seen from another handle (another process would see the same file).
+    let other = open(dir.path());
+    assert_eq!(get(&other, b"counter").await, Some(3_200u64.to_le_bytes().to_vec()));
+    assert!(commits < 3_200, "{commits} SQLite commits for 3,200 queued transactions: no grouping");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_writer_in_a_group_loses_only_its_own_work() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = open(dir.path());
+    let before = db.sqlite_commits();
+    let mut tasks = Vec::new();
+    for i in 0..400u32 {
+        let db = db.clone();
+        tasks.push(tokio::spawn(async move {
+            let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
+            tx.set(format!("k{i}").as_bytes(), b"v");
+            match i % 3 {
+                // Dropped without commit: rolled back.
+                0 => false,
+                // A write over the size limit: the transaction fails.
+                1 => {
+                    tx.set(b"big", &vec![0u8; couch_workers_core::store::MAX_VALUE_SIZE + 1]);
+                    assert_eq!(tx.commit().await, Err(StoreError::ValueTooLarge));
+                    false
+                }
+                _ => {
+                    tx.commit().await.expect("commit");
+                    true
+                }
+            }
+        }));
+    }
+    let mut kept = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        kept.push((i, t.await.expect("task")));
+    }
+    let commits = db.sqlite_commits() - before;
+    let committed = kept.iter().filter(|(_, c)| *c).count() as u64;
+    assert!(commits < committed, "{commits} SQLite commits for {committed} transactions: the failures never ran in a group");
+    let other = open(dir.path());
+    for (i, committed) in kept {
+        let v = get(&other, format!("k{i}").as_bytes()).await;
+        assert_eq!(v.is_some(), committed, "k{i}");
+    }
+    assert_eq!(get(&other, b"big").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_waiting_member_is_dropped_still_commits() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = open(dir.path());
+    let a = db.create_transaction(&TxOptions::write()).await.expect("transaction");
+    a.set(b"a", b"1");
+    // B queues behind A.
+    let queued = {
+        let db = db.clone();
+        tokio::spawn(async move { db.create_transaction(&TxOptions::write()).await.expect("transaction") })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A leaves its commit to B and waits; stop waiting at once.
+    assert!(tokio::time::timeout(Duration::ZERO, a.commit()).await.is_err(), "A must wait for the group");
+    // B gets the lock inside A's open batch, then gives up without commit.
+    let b = queued.await.expect("task");
+    b.set(b"b", b"1");
+    drop(b);
+    // Nobody waits for the batch any more: it must be committed anyway,
+    // and SQLite's write lock let go (a second handle can write).
+    let other = open(dir.path());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while get(&other, b"a").await.is_none() {
+        assert!(Instant::now() < deadline, "A's write never committed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(get(&other, b"b").await, None, "B rolled back");
+    put(&other, b"c", b"1").await;
+}

@@ -27,7 +27,7 @@
 //! next pass tries again; every process runs this thread for its own
 //! commits.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -56,6 +56,8 @@ pub(crate) struct CheckpointSignal {
     /// The WAL's size after the last local commit (frames), for tests and
     /// diagnostics.
     wal_frames: AtomicU32,
+    /// SQLite commits of the write connection (a group commit is one).
+    commits: AtomicU64,
 }
 
 impl CheckpointSignal {
@@ -66,6 +68,7 @@ impl CheckpointSignal {
     /// Called by the WAL hook after each commit of the write connection.
     pub(crate) fn committed(&self, wal_frames: u32) {
         self.wal_frames.store(wal_frames, Ordering::Relaxed);
+        self.commits.fetch_add(1, Ordering::Relaxed);
         if wal_frames < START_AT {
             return;
         }
@@ -79,6 +82,11 @@ impl CheckpointSignal {
     /// The WAL's size after the last local commit, in frames.
     pub(crate) fn wal_frames(&self) -> u32 {
         self.wal_frames.load(Ordering::Relaxed)
+    }
+
+    /// SQLite commits of the write connection so far.
+    pub(crate) fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
     }
 
     pub(crate) fn close(&self) {

@@ -14,6 +14,7 @@
 //! | `schema.rs` | the file's tables, connection settings, setup, SQLite error mapping |
 //! | `clock.rs` | the version clock (`base + CLOCK_MONOTONIC`) |
 //! | `fair.rs` | fair sharing of the write lock between processes |
+//! | `group.rs` | group commit of this process's queued writers |
 //! | `transaction.rs` | [`Transaction`](crate::store::Transaction): write and read modes |
 //! | `ops.rs` | versionstamp parameters and ADD, as pure functions |
 //! | `watch.rs` | watch registry and the `cw-embed-watch` thread |
@@ -53,6 +54,7 @@ use super::{Database, StoreError, Tx, TxOptions};
 mod checkpoint;
 mod clock;
 mod fair;
+mod group;
 mod ops;
 mod pool;
 mod schema;
@@ -62,6 +64,7 @@ mod watch;
 use checkpoint::CheckpointSignal;
 use clock::Clock;
 use fair::WaitSignal;
+use group::GroupCommit;
 use pool::ReadPool;
 use transaction::EmbeddedTransaction;
 use watch::WatchHub;
@@ -125,6 +128,7 @@ pub(crate) struct Shared {
     pub(crate) readers: ReadPool,
     pub(crate) watches: Arc<WatchHub>,
     pub(crate) fair: WaitSignal,
+    pub(crate) group: GroupCommit,
     checkpoints: Arc<CheckpointSignal>,
     closed: AtomicBool,
 }
@@ -182,6 +186,7 @@ impl EmbeddedStore {
             readers: ReadPool::new(path.clone(), opts.clone()),
             watches: hub,
             fair: WaitSignal::open(&opts.dir),
+            group: GroupCommit::default(),
             checkpoints,
             closed: AtomicBool::new(false),
         });
@@ -192,6 +197,12 @@ impl EmbeddedStore {
     /// (pages): what the checkpoint thread keeps bounded.
     pub fn wal_frames(&self) -> u32 {
         self.shared.checkpoints.wal_frames()
+    }
+
+    /// SQLite commits of this store's write connection so far: with group
+    /// commit, fewer than its write transactions when writers queue.
+    pub fn sqlite_commits(&self) -> u64 {
+        self.shared.checkpoints.commits()
     }
 
     /// The SQLite file.

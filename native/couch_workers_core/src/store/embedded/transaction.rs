@@ -46,6 +46,11 @@
 //! never open a second write transaction (it would wait for itself until
 //! its timeout, then fail with `Busy`).
 //!
+//! Writers that queue behind each other share one SQLite commit
+//! (`group.rs`): a writer that finds SQLite's transaction already open
+//! (earlier writers left their work in it for a group commit) runs inside
+//! a `SAVEPOINT`, so that its failure rolls back only its own work.
+//!
 //! The SQLite calls run inline on the calling (tokio worker) thread: they
 //! take microseconds, far less than a hop to a blocking pool would, and
 //! they never wait for a lock (busy_timeout is 0). No std mutex is held
@@ -59,6 +64,7 @@ use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::OwnedMutexGuard;
 
 use super::fair::STEP_ASIDE;
+use super::group;
 use super::ops;
 use super::schema::{self, SQL_CLEAR, SQL_CLEAR_RANGE, SQL_GET, SQL_RANGE_FWD, SQL_RANGE_REV, SQL_SET};
 use super::watch::{watch_channel, WatchSender, Written};
@@ -110,6 +116,9 @@ struct CommitState {
 
 struct TxState {
     slot: Slot,
+    /// A write transaction that runs inside the open SQLite transaction of
+    /// a group commit, under `SAVEPOINT cw`.
+    nested: bool,
     /// Holds SQLite's write lock: from the start in write mode, after the
     /// first write in read mode.
     locked: bool,
@@ -165,9 +174,18 @@ impl EmbeddedTransaction {
 
     async fn begin_write(shared: Arc<Shared>, timeout: Duration) -> Result<Self, StoreError> {
         let started = Instant::now();
+        let queued = shared.group.queue();
         let guard = tokio::time::timeout(timeout, shared.writer.clone().lock_owned())
             .await
             .map_err(|_| StoreError::Busy)?;
+        drop(queued);
+        if !guard.is_autocommit() {
+            // A group commit is open: join it (SQLite's lock is ours).
+            return match schema::exec_cached(&guard, "SAVEPOINT cw") {
+                Ok(()) => Self::start(shared, Slot::Writer(guard), true, true, true),
+                Err(e) => Err(schema::store_error("cannot begin a write transaction", &e)),
+            };
+        }
         if shared.fair.should_step_aside() {
             // Another process has been waiting for the lock: let it in.
             tokio::time::sleep(STEP_ASIDE).await;
@@ -195,7 +213,7 @@ impl EmbeddedTransaction {
         }
         // No await from here on: the transaction owns the open SQLite
         // transaction before anything can cancel this future.
-        Self::start(shared, Slot::Writer(guard), true, true)
+        Self::start(shared, Slot::Writer(guard), true, true, false)
     }
 
     fn begin_read(shared: Arc<Shared>) -> Result<Self, StoreError> {
@@ -203,16 +221,17 @@ impl EmbeddedTransaction {
         if let Err(e) = schema::exec_cached(&conn, "BEGIN DEFERRED") {
             return Err(schema::store_error("cannot begin a read transaction", &e));
         }
-        Self::start(shared, Slot::Reader(conn), false, false)
+        Self::start(shared, Slot::Reader(conn), false, false, false)
     }
 
     /// Takes the snapshot (reading `last_version` starts SQLite's read
     /// transaction) and fixes the read version.
-    fn start(shared: Arc<Shared>, slot: Slot, writes_hint: bool, locked: bool) -> Result<Self, StoreError> {
+    fn start(shared: Arc<Shared>, slot: Slot, writes_hint: bool, locked: bool, nested: bool) -> Result<Self, StoreError> {
         // The clock is read before the snapshot is taken.
         let clock_now = shared.clock.now();
         let mut state = TxState {
             slot,
+            nested,
             locked,
             wrote: false,
             written_bytes: 0,
@@ -377,11 +396,28 @@ impl EmbeddedTransaction {
 }
 
 /// Rolls back whatever is open and gives the connection back (the write
-/// connection by dropping the writer lock guard).
+/// connection by dropping the writer lock guard). A nested writer rolls
+/// back to its savepoint only: the batch it ran in keeps the work of the
+/// writers before it.
 fn release(shared: &Shared, st: &mut TxState) {
     match std::mem::replace(&mut st.slot, Slot::Released) {
         Slot::Writer(guard) => {
-            if !guard.is_autocommit() {
+            if guard.is_autocommit() {
+                // Nothing open (committed), or SQLite rolled back by
+                // itself after an error: then a batch's members lost
+                // their work too.
+                if st.nested && shared.group.has_members() {
+                    let _ = group::commit_batch(&shared.group, &guard);
+                }
+            } else if st.nested {
+                let undone = schema::exec_cached(&guard, "ROLLBACK TO cw")
+                    .and_then(|()| schema::exec_cached(&guard, "RELEASE cw"));
+                if undone.is_err() {
+                    // The savepoint cannot be trusted: give up the batch.
+                    let _ = schema::exec_cached(&guard, "ROLLBACK");
+                    let _ = group::commit_batch(&shared.group, &guard);
+                }
+            } else {
                 let _ = schema::exec_cached(&guard, "ROLLBACK");
             }
         }
@@ -511,7 +547,7 @@ impl Transaction for EmbeddedTransaction {
     async fn commit(&self) -> Result<CommitInfo, StoreError> {
         let mut armed = Vec::new();
         let written;
-        let info = {
+        let (info, deferred) = {
             let mut st = self.lock();
             if let Err(e) = self.usable(&mut st) {
                 self.fail(&mut st, e.clone());
@@ -522,9 +558,15 @@ impl Transaction for EmbeddedTransaction {
             st.finished = true;
             written = std::mem::take(&mut st.written);
             match result {
-                Ok(info) => {
-                    release(&self.shared, &mut st);
-                    info
+                Ok((info, deferred)) => {
+                    if deferred.is_some() {
+                        // The work stays in the batch: let the next writer
+                        // in without rolling anything back.
+                        st.slot = Slot::Released;
+                    } else {
+                        release(&self.shared, &mut st);
+                    }
+                    (info, deferred)
                 }
                 Err(e) => {
                     self.fail(&mut st, e.clone());
@@ -535,6 +577,15 @@ impl Transaction for EmbeddedTransaction {
                 }
             }
         };
+        if let Some((seq, outcome)) = deferred {
+            if let Err(e) = group::wait(&self.shared, seq, outcome).await {
+                self.lock().error = Some(e.clone());
+                for (_, _, tx) in armed {
+                    let _ = tx.send(Err(e.clone()));
+                }
+                return Err(e);
+            }
+        }
         if info.version.is_some() {
             self.shared.watches.notify_commit(&written);
         }
@@ -570,9 +621,16 @@ type Armed = (Vec<u8>, Option<Vec<u8>>, WatchSender);
 impl EmbeddedTransaction {
     /// Reads the watched values, fixes the version, commits. The watches
     /// go to `armed`, also on failure (the caller fails them).
-    fn commit_locked(&self, st: &mut TxState, armed: &mut Vec<Armed>) -> Result<CommitInfo, StoreError> {
+    /// A writer that leaves its commit to the group (`group.rs`) gets the
+    /// batch to wait for.
+    fn commit_locked(
+        &self,
+        st: &mut TxState,
+        armed: &mut Vec<Armed>,
+    ) -> Result<(CommitInfo, Option<(u64, group::Outcome)>), StoreError> {
         let watches = std::mem::take(&mut st.watches);
-        let TxState { slot, wrote, commit, .. } = st;
+        let TxState { slot, wrote, commit, nested, .. } = st;
+        let writer = matches!(slot, Slot::Writer(_));
         let conn = match slot.conn() {
             Ok(conn) => conn,
             Err(e) => {
@@ -605,7 +663,20 @@ impl EmbeddedTransaction {
         } else {
             CommitInfo::default()
         };
-        schema::exec_cached(conn, "COMMIT").map_err(|e| schema::store_error("cannot commit", &e))?;
-        Ok(info)
+        if !writer {
+            schema::exec_cached(conn, "COMMIT").map_err(|e| schema::store_error("cannot commit", &e))?;
+            return Ok((info, None));
+        }
+        if *nested {
+            schema::exec_cached(conn, "RELEASE cw").map_err(|e| schema::store_error("cannot commit", &e))?;
+            // Its work now belongs to the batch: a failure from here on
+            // must not roll back to a savepoint that is gone.
+            *nested = false;
+        }
+        if self.shared.group.should_defer() {
+            return Ok((info, Some(self.shared.group.join())));
+        }
+        group::commit_batch(&self.shared.group, conn)?;
+        Ok((info, None))
     }
 }

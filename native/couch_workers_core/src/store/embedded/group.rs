@@ -1,0 +1,190 @@
+//! Group commit: the write transactions of one process that queue for the
+//! writer lock share one SQLite commit.
+//!
+//! Writers of a process run one at a time on the store's write connection
+//! (`transaction.rs`). Without grouping each pays a whole SQLite commit
+//! (WAL frames for the pages it touched, the WAL-index update, the lock
+//! hand-over), so concurrent callers are bounded by the commit rate: J2's
+//! eight `job_finish` calls queued behind each other, each paying ~35 µs.
+//! Measured on the core, `add_many` of k jobs in one transaction: 14.7k
+//! jobs/s at k = 1, 55.7k at 8, 88.6k at 32.
+//!
+//! So a writer that finishes while others are queued does not commit: its
+//! work stays in the open SQLite transaction (each writer runs inside a
+//! `SAVEPOINT` after the first, so a failing one rolls back only its own
+//! work), it becomes a *member* of the batch, lets the next writer in, and
+//! waits for the batch's outcome. The writer that finds nobody queued (or
+//! the batch full) commits for all and tells every member. A member also
+//! queues for the lock again: if it gets the lock and the batch is still
+//! open (the writers after it failed, gave up or were dropped), it commits
+//! the batch itself, so a batch never stays open for want of a committer.
+//!
+//! As in FoundationDB, which batches the commits of many transactions the
+//! same way, every member keeps its own commit version (they increase
+//! within the batch) and nothing a member wrote is visible to other
+//! connections, or reported as committed, before the batch commits. If the
+//! batch's commit fails, every member fails with that error (retryable or
+//! not, as for a single commit). A lone writer (J1: one awaited call at a
+//! time) never waits: nobody is queued, so it commits at once.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::Connection;
+use tokio::sync::{oneshot, OwnedMutexGuard};
+
+use super::schema;
+use super::Shared;
+use crate::store::StoreError;
+
+/// The most members of one batch: bounds what one failed commit takes with
+/// it and how long the first member waits.
+const MAX_MEMBERS: usize = 32;
+
+/// The outcome of a batch, as its members receive it.
+pub(crate) type Outcome = oneshot::Receiver<Result<(), StoreError>>;
+
+#[derive(Default)]
+struct Batch {
+    /// Counts the batches that ended: a member knows its batch by it.
+    seq: u64,
+    members: Vec<oneshot::Sender<Result<(), StoreError>>>,
+}
+
+#[derive(Default)]
+pub(crate) struct GroupCommit {
+    /// Writers waiting for the writer lock with a transaction to run
+    /// (members queued again to commit a stranded batch are not counted).
+    queued: AtomicUsize,
+    /// Only changed by the holder of the writer lock.
+    batch: Mutex<Batch>,
+}
+
+/// Counts one queued writer while it waits for the lock.
+pub(crate) struct Queued<'a>(&'a GroupCommit);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl GroupCommit {
+    fn lock(&self) -> MutexGuard<'_, Batch> {
+        self.batch.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Call before waiting for the writer lock; drop once it is held (or
+    /// the wait is given up).
+    pub(crate) fn queue(&self) -> Queued<'_> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        Queued(self)
+    }
+
+    /// Whether a writer that just finished should leave its commit to a
+    /// writer queued behind it. Called with the writer lock held.
+    pub(crate) fn should_defer(&self) -> bool {
+        self.queued.load(Ordering::Acquire) > 0 && self.lock().members.len() < MAX_MEMBERS
+    }
+
+    /// Joins the open batch: (the batch's number, its outcome).
+    pub(crate) fn join(&self) -> (u64, Outcome) {
+        let (tx, rx) = oneshot::channel();
+        let mut batch = self.lock();
+        batch.members.push(tx);
+        (batch.seq, rx)
+    }
+
+    /// Whether writes of earlier members are in the open SQLite transaction.
+    pub(crate) fn has_members(&self) -> bool {
+        !self.lock().members.is_empty()
+    }
+
+    /// The batch ended (committed, or lost): tells every member. Called
+    /// with the writer lock held, before it is let go, so that a member
+    /// that gets the lock next already has its outcome.
+    pub(crate) fn finish(&self, result: &Result<(), StoreError>) {
+        let members = {
+            let mut batch = self.lock();
+            batch.seq += 1;
+            std::mem::take(&mut batch.members)
+        };
+        for member in members {
+            let _ = member.send(result.clone());
+        }
+    }
+
+    fn seq(&self) -> u64 {
+        self.lock().seq
+    }
+}
+
+/// Commits the open SQLite transaction of the write connection and ends
+/// the batch with the outcome; rolls back what a failed commit left open.
+pub(crate) fn commit_batch(group: &GroupCommit, conn: &Connection) -> Result<(), StoreError> {
+    let result = if conn.is_autocommit() {
+        // SQLite rolled the transaction back by itself (an I/O error, a
+        // full disk in a statement of a later writer): the members' work
+        // is gone.
+        Err(StoreError::Io("the group commit's transaction was rolled back by SQLite after an error".into()))
+    } else {
+        schema::exec_cached(conn, "COMMIT").map_err(|e| schema::store_error("cannot commit", &e))
+    };
+    if result.is_err() && !conn.is_autocommit() {
+        let _ = schema::exec_cached(conn, "ROLLBACK");
+    }
+    group.finish(&result);
+    result
+}
+
+/// A member's wait for its batch's outcome.
+pub(crate) async fn wait(shared: &Arc<Shared>, seq: u64, mut outcome: Outcome) -> Result<(), StoreError> {
+    let mut stranded = Stranded { shared: shared.clone(), seq, resolved: false };
+    let result = tokio::select! {
+        biased;
+        result = &mut outcome => received(result),
+        guard = shared.writer.clone().lock_owned() => commit_if_open(shared, guard, outcome),
+    };
+    stranded.resolved = true;
+    result
+}
+
+fn received(result: Result<Result<(), StoreError>, impl std::fmt::Debug>) -> Result<(), StoreError> {
+    result.unwrap_or_else(|_| Err(StoreError::Io("the group commit ended without an outcome".into())))
+}
+
+/// Holding the writer lock: the outcome was sent before the lock was let
+/// go, so no outcome means the batch is still open: commit it.
+fn commit_if_open(shared: &Shared, guard: OwnedMutexGuard<Connection>, mut outcome: Outcome) -> Result<(), StoreError> {
+    if let Ok(result) = outcome.try_recv() {
+        return result;
+    }
+    // The outcome goes to every member, this one included.
+    let _ = commit_batch(&shared.group, &guard);
+    received(outcome.try_recv())
+}
+
+/// Commits the batch if a member stops waiting (its future dropped: a
+/// timeout around the commit) and nobody else would: a batch left open
+/// would hold SQLite's write lock for good.
+struct Stranded {
+    shared: Arc<Shared>,
+    seq: u64,
+    resolved: bool,
+}
+
+impl Drop for Stranded {
+    fn drop(&mut self) {
+        if self.resolved {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let (shared, seq) = (self.shared.clone(), self.seq);
+        runtime.spawn(async move {
+            let guard = shared.writer.clone().lock_owned().await;
+            if shared.group.seq() == seq && shared.group.has_members() {
+                let _ = commit_batch(&shared.group, &guard);
+            }
+        });
+    }
+}
