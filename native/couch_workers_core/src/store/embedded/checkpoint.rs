@@ -45,7 +45,7 @@ use rusqlite::Connection;
 /// checkpoint interval.
 pub(crate) const EVERY: u32 = 1_000;
 /// A WAL this long after an unlocked pass gets the locked pass that lets
-/// the log restart (frames; ~16 MB with 4 KiB pages).
+/// the log restart (frames; 4 MB with the store's 1 KiB pages).
 pub(crate) const RESTART_AT: u32 = 4_000;
 /// How long without a local commit makes a quiet moment.
 const QUIET: Duration = Duration::from_millis(1);
