@@ -250,6 +250,7 @@ nest_list(N) -> [nest_list(N - 1)].
 
 flush_watch_messages() ->
     receive
-        {couch_workers_membership_changed, tag, _, _, _} -> flush_watch_messages()
+        {couch_workers_membership_changed, tag, _, _, _} -> flush_watch_messages();
+        {couch_workers_membership_delta, tag, _, _, _, _} -> flush_watch_messages()
     after 100 -> ok
     end.

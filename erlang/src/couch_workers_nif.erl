@@ -27,7 +27,9 @@
 %% worker_register(Ref, Type, Id, Opts) -> ok | {error, _} | dirty  then {Ref, {ok, Registration} | {error, Name}}
 %% worker_unregister(Ref, Registration) -> ok | {error, not_started}  then {Ref, ok | {error, Name}}
 %% membership_watch(Type, Tag)      -> {ok, Watch} | {error, Name}     Tag: an atom or a reference
-%%     then {couch_workers_membership_changed, Tag, Type, VS, Workers} on the first read and every change
+%%     then {couch_workers_membership_changed, Tag, Type, VS, Workers} on the first read, and on every
+%%     change that or {couch_workers_membership_delta, Tag, Type, VS, Joined, Left}: the changes since the
+%%     message before (Joined = [{Id, Opts}] to put, Left = [Id] to remove; see membership.rs)
 %% membership_unwatch(Watch)        -> ok
 %% test_panic(Ref)                  -> ok  then {Ref, {error, {panic, Msg}}}
 %%

@@ -17,7 +17,7 @@ use crate::error::Error;
 use crate::keyspace::Keyspace;
 use crate::log::{Event, Level, Logger};
 use crate::services::heartbeat::HeartbeatTask;
-use crate::services::membership::{MembershipWatcher, OnMembership};
+use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::reaper::Reaper;
 use crate::services::{wall_clock_s, Live, TaskCounts};
 use crate::store::{self, run, Db, StoreConfig, TxOptions};
@@ -238,6 +238,17 @@ impl Node {
     /// current membership at once, then every change. Stops when the
     /// returned handle is dropped.
     pub fn watch_membership(&self, worker_type: Vec<u8>, on_update: OnMembership) -> Result<MembershipWatch, Error> {
+        self.watch_membership_updates(worker_type, Box::new(move |update| on_update(update.to_membership())))
+    }
+
+    /// [`Node::watch_membership`] without the copy: `on_update` borrows the
+    /// watcher's membership and gets the change since its last delivery
+    /// when the watcher knows it (see `services::membership`).
+    pub fn watch_membership_updates(
+        &self,
+        worker_type: Vec<u8>,
+        on_update: OnMembershipUpdate,
+    ) -> Result<MembershipWatch, Error> {
         if self.is_stopped() {
             return Err(Error::Store(store::StoreError::Closed));
         }

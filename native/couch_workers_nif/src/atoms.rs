@@ -36,6 +36,7 @@ rustler::atoms! {
     // messages
     couch_workers_log,
     couch_workers_membership_changed,
+    couch_workers_membership_delta,
     // jobs: map keys
     type_ = "type",
     id,

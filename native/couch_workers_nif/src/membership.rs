@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! membership_watch(Type, Tag) -> {ok, Watch} | {error, Name}
-//!     then, to the caller, on the first read and on every change:
+//!     then, to the caller, on the first read and on every change, one of:
 //!     {couch_workers_membership_changed, Tag, Type, VS, Workers}
+//!     {couch_workers_membership_delta, Tag, Type, VS, Joined, Left}
 //! membership_unwatch(Watch) -> ok
 //! ```
 //!
@@ -14,8 +15,18 @@
 //! messages of a stopped watcher are told apart). `VS` is
 //! the 10-byte versionstamp of the type's last membership change (zeros
 //! when it never changed); every message has a greater one than the one
-//! before. `Workers` is `#{Id => Options}`, options decoded from JSON with
-//! binary keys. The first message comes also when there are no workers.
+//! before. The first message comes also when there are no workers.
+//!
+//! `changed` carries the whole membership: `Workers` is `#{Id => Options}`,
+//! options decoded from JSON with binary keys. The first message is always
+//! one. `delta` carries only what changed since the message before: apply
+//! it to that message's `Workers` (`Left`, `[Id]`, removed; `Joined`,
+//! `[{Id, Options}]`, put: new members and members with new options; no id
+//! in both). So a change costs the NIF in proportion to the change, not to
+//! the membership. A whole map comes again whenever the core watcher read
+//! the whole member range (its log no longer reached back), when the
+//! change is not smaller than the membership, and after a message that
+//! could not be sent.
 //!
 //! `Watch` is a resource: the watcher runs until `membership_unwatch/1` or
 //! until the resource is garbage collected. A message already on its way
@@ -25,8 +36,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Mutex;
 
 use couch_workers_core::log::{Event, Level};
-use couch_workers_core::services::membership::OnMembership;
-use couch_workers_core::workers::Membership;
+use couch_workers_core::services::membership::{MemberChange, MembershipUpdate, OnMembershipUpdate};
 use couch_workers_core::MembershipWatch;
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 
@@ -54,23 +64,53 @@ struct Notifier {
     /// The tag in the external term format (a term cannot outlive its
     /// environment, and the message environment is cleared on every send).
     tag: Vec<u8>,
-    env: Mutex<OwnedEnv>,
+    sender: Mutex<Sender>,
+}
+
+struct Sender {
+    env: OwnedEnv,
+    /// Every message so far was sent: the receiver's map is the watcher's
+    /// previous delivery, so a delta applies to it.
+    in_step: bool,
 }
 
 impl Notifier {
-    fn send(&self, membership: &Membership) -> bool {
-        let mut env = self.env.lock().unwrap_or_else(|p| p.into_inner());
-        env.send_and_clear(&self.pid, |env| self.encode(env, membership)).is_ok()
+    fn send(&self, update: &MembershipUpdate) {
+        let mut sender = self.sender.lock().unwrap_or_else(|p| p.into_inner());
+        let delta = update.changes.filter(|c| sender.in_step && c.len() < update.members.len());
+        // Out of step until this send succeeds (also if encoding panics).
+        sender.in_step = false;
+        let sent = sender.env.send_and_clear(&self.pid, |env| match delta {
+            Some(changes) => self.encode_delta(env, update, changes),
+            None => self.encode_whole(env, update),
+        });
+        sender.in_step = sent.is_ok();
     }
 
-    fn encode<'a>(&self, env: Env<'a>, m: &Membership) -> Term<'a> {
-        let tag = env.binary_to_term(&self.tag).map(|(t, _)| t).unwrap_or_else(|| atoms::undefined().encode(env));
-        let ids: Vec<Term<'a>> = m.workers.iter().map(|(id, _)| binary(env, id)).collect();
-        let options: Vec<Term<'a>> = m.workers.iter().map(|(_, json)| json_bytes_to_term(env, json)).collect();
+    fn tag<'a>(&self, env: Env<'a>) -> Term<'a> {
+        env.binary_to_term(&self.tag).map(|(t, _)| t).unwrap_or_else(|| atoms::undefined().encode(env))
+    }
+
+    fn encode_whole<'a>(&self, env: Env<'a>, u: &MembershipUpdate) -> Term<'a> {
+        let ids: Vec<Term<'a>> = u.members.keys().map(|id| binary(env, id)).collect();
+        let options: Vec<Term<'a>> = u.members.values().map(|json| json_bytes_to_term(env, json)).collect();
         // More than 128 workers: see `json::make_map`.
         let workers = crate::json::make_map(env, &ids, &options);
-        (atoms::couch_workers_membership_changed(), tag, binary(env, &m.worker_type), binary(env, &m.vs), workers)
-            .encode(env)
+        let kind = atoms::couch_workers_membership_changed();
+        (kind, self.tag(env), binary(env, u.worker_type), binary(env, &u.vs), workers).encode(env)
+    }
+
+    fn encode_delta<'a>(&self, env: Env<'a>, u: &MembershipUpdate, changes: &[MemberChange]) -> Term<'a> {
+        let mut joined: Vec<Term<'a>> = Vec::new();
+        let mut left: Vec<Term<'a>> = Vec::new();
+        for (id, options) in changes {
+            match options {
+                Some(json) => joined.push((binary(env, id), json_bytes_to_term(env, json)).encode(env)),
+                None => left.push(binary(env, id)),
+            }
+        }
+        let kind = atoms::couch_workers_membership_delta();
+        (kind, self.tag(env), binary(env, u.worker_type), binary(env, &u.vs), joined, left).encode(env)
     }
 }
 
@@ -84,19 +124,21 @@ fn membership_watch<'a>(env: Env<'a>, worker_type: Term<'a>, tag: Term<'a>) -> N
         Ok(node) => node,
         Err(e) => return Ok(error_tuple(env, e.name())),
     };
-    let notifier =
-        Notifier { pid: env.pid(), tag: tag.to_binary().as_slice().to_vec(), env: Mutex::new(OwnedEnv::new()) };
-    let on_update: OnMembership = Box::new(move |membership: Membership| {
+    let notifier = Notifier {
+        pid: env.pid(),
+        tag: tag.to_binary().as_slice().to_vec(),
+        sender: Mutex::new(Sender { env: OwnedEnv::new(), in_step: false }),
+    };
+    let on_update: OnMembershipUpdate = Box::new(move |update: MembershipUpdate| {
         // Called on a runtime thread. A panic here must not end the
-        // watcher silently: log it and carry on with the next change.
-        let sent = std::panic::catch_unwind(AssertUnwindSafe(|| notifier.send(&membership)));
+        // watcher silently: log it and carry on with the next change
+        // (which goes whole: the receiver missed this one).
+        let sent = std::panic::catch_unwind(AssertUnwindSafe(|| notifier.send(&update)));
         if sent.is_err() {
-            crate::log::emit(
-                Event::new(Level::Error, "membership_notify_failed").with("type", &membership.worker_type),
-            );
+            crate::log::emit(Event::new(Level::Error, "membership_notify_failed").with("type", update.worker_type));
         }
     });
-    match node.watch_membership(worker_type, on_update) {
+    match node.watch_membership_updates(worker_type, on_update) {
         Ok(watch) => {
             let res = ResourceArc::new(WatchResource { watch, _live: Live::new(&stats::WATCHES) });
             Ok((atoms::ok(), res).encode(env))

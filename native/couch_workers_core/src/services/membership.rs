@@ -13,6 +13,12 @@
 //! only at start, and when the log no longer covers its last versionstamp
 //! (entries are kept [`crate::workers::LOG_RETENTION_VERSIONS`]; the log's
 //! floor says how far back it reaches).
+//!
+//! Each delivery ([`MembershipUpdate`]) lends the whole membership and,
+//! when the watcher knows it, what changed since the delivery before, so
+//! that a receiver that keeps its own copy (the NIF) can pass on only the
+//! change. [`OnMembership`] receivers get an owned copy of the whole
+//! membership instead (tests, examples): a copy per delivery.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,15 +31,47 @@ use crate::log::{Event, Level, Logger};
 use crate::store::{run, Db, StoreError, Tx, TxOptions, Versionstamp, Watch};
 use crate::workers::{self, Membership};
 
-/// Called with every new membership; must not block (the NIF sends a
-/// message).
+/// Called with every new membership, as an owned copy; must not block.
 pub type OnMembership = Box<dyn Fn(Membership) + Send + Sync>;
+
+/// Called with every delivery of a watcher; must not block (the NIF
+/// sends a message).
+pub type OnMembershipUpdate = Box<dyn Fn(MembershipUpdate<'_>) + Send + Sync>;
+
+/// A worker that is now a member, with its options JSON, or (`None`) one
+/// that left.
+pub type MemberChange = (Vec<u8>, Option<Vec<u8>>);
+
+/// One delivery: the membership as of `vs`, lent for the call.
+pub struct MembershipUpdate<'a> {
+    pub worker_type: &'a [u8],
+    pub vs: Versionstamp,
+    /// Every member and its options JSON.
+    pub members: &'a BTreeMap<Vec<u8>, Vec<u8>>,
+    /// What turns the previous delivery's members into `members`, at most
+    /// one entry per worker (a join of a member is new options). `None` on
+    /// the first delivery and whenever the watcher read the whole member
+    /// range (or changed its members without a delivery): then only
+    /// `members` tells.
+    pub changes: Option<&'a [MemberChange]>,
+}
+
+impl MembershipUpdate<'_> {
+    /// An owned copy of the whole membership.
+    pub fn to_membership(&self) -> Membership {
+        Membership {
+            worker_type: self.worker_type.to_vec(),
+            vs: self.vs,
+            workers: self.members.iter().map(|(w, o)| (w.clone(), o.clone())).collect(),
+        }
+    }
+}
 
 pub(crate) struct MembershipWatcher {
     pub db: Db,
     pub ks: Keyspace,
     pub worker_type: Vec<u8>,
-    pub on_update: OnMembership,
+    pub on_update: OnMembershipUpdate,
     pub log: Logger,
     pub cancel: CancellationToken,
     pub tx_options: TxOptions,
@@ -43,6 +81,9 @@ pub(crate) struct MembershipWatcher {
 struct Known {
     vs: Versionstamp,
     members: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// `members` changed since the last delivery other than by the changes
+    /// of the next one: that delivery carries no `changes`.
+    resync: bool,
 }
 
 /// The outcome of one read.
@@ -131,38 +172,112 @@ impl MembershipWatcher {
     /// versionstamp moved (the first read is always delivered, also when
     /// empty).
     fn apply(&self, known: &mut Option<Known>, read: Read) {
-        let first = known.is_none();
         let before = known.as_ref().map(|k| k.vs);
-        match read {
+        let changes = match read {
             Read::Full(membership) => {
                 // Never step back: a full read is at or after what was
                 // delivered.
                 let vs = before.map_or(membership.vs, |b| b.max(membership.vs));
-                *known = Some(Known { vs, members: membership.workers.into_iter().collect() });
+                let members = membership.workers.into_iter().collect();
+                *known = Some(Known { vs, members, resync: true });
+                None
             }
             Read::Changes(changes) => {
-                if let Some(k) = known.as_mut() {
-                    for (worker, options) in changes.changes {
-                        match options {
-                            Some(options) => k.members.insert(worker, options),
-                            None => k.members.remove(&worker),
-                        };
-                    }
-                    k.vs = k.vs.max(changes.vs);
+                let Some(k) = known.as_mut() else { return };
+                for (worker, options) in &changes.changes {
+                    match options {
+                        Some(options) => k.members.insert(worker.clone(), options.clone()),
+                        None => k.members.remove(worker),
+                    };
                 }
+                k.vs = k.vs.max(changes.vs);
+                Some(changes.changes)
             }
+        };
+        let Some(k) = known.as_mut() else { return };
+        if before.is_some_and(|b| k.vs <= b) {
+            // Nothing to deliver; changes folded in now are not in the
+            // next delivery's changes.
+            k.resync |= changes.is_some_and(|c| !c.is_empty());
+            return;
         }
-        let Some(k) = known.as_ref() else { return };
-        if first || before.is_some_and(|b| k.vs > b) {
-            (self.on_update)(Membership {
-                worker_type: self.worker_type.clone(),
-                vs: k.vs,
-                workers: k.members.iter().map(|(w, o)| (w.clone(), o.clone())).collect(),
-            });
-        }
+        let changes = if k.resync { None } else { changes.as_deref() };
+        (self.on_update)(MembershipUpdate { worker_type: &self.worker_type, vs: k.vs, members: &k.members, changes });
+        k.resync = false;
     }
 
     fn event(&self, level: Level, what: &'static str) -> Event {
         Event::new(level, what).with("type", &self.worker_type)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::log::Discard;
+    use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
+    use crate::workers::WorkerSpec;
+    use crate::{Node, Settings};
+
+    type Members = BTreeMap<Vec<u8>, Vec<u8>>;
+    type Delivery = (Members, Option<Vec<MemberChange>>);
+
+    async fn next(deliveries: &mut tokio::sync::mpsc::UnboundedReceiver<Delivery>) -> Delivery {
+        let next = tokio::time::timeout(Duration::from_secs(5), deliveries.recv()).await;
+        next.expect("a delivery within 5 s").expect("the watcher is running")
+    }
+
+    fn spec(id: &str, options: &str) -> WorkerSpec {
+        WorkerSpec { worker_type: b"t".to_vec(), id: id.into(), options_json: options.into(), timeout_s: 60 }
+    }
+
+    /// Joins, a leave and new options of a member: the first delivery
+    /// has no `changes`, and every later one's turn the members of the
+    /// delivery before into its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn changes_turn_the_previous_delivery_into_this_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open the store");
+        let node = Node::with_db(store, Settings::default(), Arc::new(Discard));
+        let mut regs = Vec::new();
+        for i in 0..5 {
+            regs.push(node.register_worker(spec(&format!("w{i}"), "{}")).await.expect("register"));
+        }
+        let (sender, mut deliveries) = tokio::sync::mpsc::unbounded_channel::<Delivery>();
+        let _watch = node
+            .watch_membership_updates(
+                b"t".to_vec(),
+                Box::new(move |u| {
+                    let _ = sender.send((u.members.clone(), u.changes.map(<[MemberChange]>::to_vec)));
+                }),
+            )
+            .expect("watch");
+        let (first, changes) = next(&mut deliveries).await;
+        assert_eq!(first.len(), 5);
+        assert!(changes.is_none(), "the first delivery is whole");
+
+        regs.push(node.register_worker(spec("w5", "{}")).await.expect("register"));
+        drop(regs.remove(0));
+        // The same id again: new options of a member.
+        regs.push(node.register_worker(spec("w1", "{\"v\":2}")).await.expect("register"));
+        let mut expected: Members = (1..6).map(|i| (format!("w{i}").into_bytes(), b"{}".to_vec())).collect();
+        expected.insert(b"w1".to_vec(), b"{\"v\":2}".to_vec());
+
+        let mut before = first;
+        while before != expected {
+            let (members, changes) = next(&mut deliveries).await;
+            let changes = changes.expect("a delivery after the first has changes");
+            for (worker, options) in changes {
+                match options {
+                    Some(options) => before.insert(worker, options),
+                    None => before.remove(&worker),
+                };
+            }
+            assert_eq!(before, members);
+        }
+        node.stop().await;
     }
 }
