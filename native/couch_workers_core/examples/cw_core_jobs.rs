@@ -66,7 +66,8 @@ async fn fill(node: &Node, job_type: &[u8], n: usize, batch: usize) {
     }
 }
 
-async fn j2(node: Arc<Node>, n: usize, workers: usize, timeout: Duration) -> (usize, Duration) {
+/// Returns the jobs done, the time, and the SQLite commits in that time.
+async fn j2(node: Arc<Node>, store: &EmbeddedStore, n: usize, workers: usize, timeout: Duration) -> (usize, Duration, u64) {
     let job_type = b"j2".to_vec();
     fill(&node, &job_type, n, 1000).await;
     let mut regs = Vec::new();
@@ -79,6 +80,7 @@ async fn j2(node: Arc<Node>, n: usize, workers: usize, timeout: Duration) -> (us
         };
         regs.push(node.register_worker(spec).await.expect("register"));
     }
+    let commits_before = store.sqlite_commits();
     let started = Instant::now();
     let tasks: Vec<_> = (0..workers)
         .map(|w| {
@@ -104,8 +106,9 @@ async fn j2(node: Arc<Node>, n: usize, workers: usize, timeout: Duration) -> (us
         total += c;
         end = end.max(last);
     }
+    let commits = store.sqlite_commits() - commits_before;
     drop(regs);
-    (total, end - started)
+    (total, end - started, commits)
 }
 
 fn main() {
@@ -176,9 +179,10 @@ fn main() {
             continue;
         }
         let (node, store) = open_node(&rt, &dir.join(name));
-        let (total, took) = rt.block_on(j2(node.clone(), n, 8, timeout));
+        let (total, took, commits) = rt.block_on(j2(node.clone(), &store, n, 8, timeout));
         let s = took.as_secs_f64();
-        line(name, &[("jobs", total as f64), ("seconds", s), ("jobs_per_s", total as f64 / s)]);
+        let per_job = commits as f64 / total.max(1) as f64;
+        line(name, &[("jobs", total as f64), ("seconds", s), ("jobs_per_s", total as f64 / s), ("sqlite_commits_per_job", per_job)]);
         rt.block_on(node.stop());
         store.close();
     }
