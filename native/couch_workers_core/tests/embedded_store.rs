@@ -491,3 +491,29 @@ async fn a_group_whose_waiting_member_is_dropped_still_commits() {
     assert_eq!(get(&other, b"b").await, None, "B rolled back");
     put(&other, b"c", b"1").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_member_commits_its_group_when_the_writers_after_it_give_up() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = open(dir.path());
+    let a = db.create_transaction(&TxOptions::write()).await.expect("transaction");
+    a.set(b"a", b"1");
+    let queued = {
+        let db = db.clone();
+        tokio::spawn(async move { db.create_transaction(&TxOptions::write()).await.expect("transaction") })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A leaves its commit to B and keeps waiting.
+    let commit = tokio::spawn(async move { a.commit().await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!commit.is_finished(), "A waits for the group while B holds the lock");
+    // B runs inside A's batch and gives up: nobody is left to commit but A.
+    let b = queued.await.expect("task");
+    b.set(b"b", b"1");
+    drop(b);
+    let info = tokio::time::timeout(Duration::from_secs(2), commit).await.expect("A's commit answers").expect("task");
+    assert!(info.expect("A committed").version.is_some());
+    let other = open(dir.path());
+    assert_eq!(get(&other, b"a").await, Some(b"1".to_vec()), "A's write is committed");
+    assert_eq!(get(&other, b"b").await, None, "B rolled back");
+}
