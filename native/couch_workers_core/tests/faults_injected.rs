@@ -460,13 +460,18 @@ async fn scenario(s: Scenario) {
     // Ghost accepts: running jobs that no handle holds (an accept whose
     // commit-unknown retry took another job). They belong to a live
     // worker and go back to pending when it goes.
-    let held: BTreeSet<Vec<u8>> = handles.iter().map(|h| h.token.to_vec()).collect();
+    // (A retried round reuses its tokens: a ghost can carry the token of a
+    // handle that holds another job, so jobs are matched by id and token.)
+    let held: BTreeSet<(Vec<u8>, Vec<u8>)> = handles.iter().map(|h| (h.job.id.clone(), h.token.to_vec())).collect();
     let running: Vec<_> = snap
         .jobs
         .iter()
         .filter_map(|(k, r)| r.as_ref().ok().filter(|r| r.state == "running").map(|r| (k, r)))
         .collect();
-    let ghosts = running.iter().filter(|(_, r)| !r.token.as_ref().is_some_and(|t| held.contains(t))).count();
+    let ghosts = running
+        .iter()
+        .filter(|((_, id), r)| !r.token.as_ref().is_some_and(|t| held.contains(&(id.clone(), t.clone()))))
+        .count();
 
     // Every handle that still holds its job finishes, faults off.
     let jobs = node.jobs().clone();
@@ -626,4 +631,70 @@ async fn heavy_faults_exhaust_the_retry_budget() {
         run_for: Duration::from_millis(1_200),
     })
     .await;
+}
+
+/// Accepts whose commit is reported unknown although it happened: the
+/// retry must hand out the job that commit took, not take a second one
+/// that would then run for a worker that never heard of it ("ghost").
+/// Half of all commits fail, a quarter of those as committed-but-unknown;
+/// nothing else fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepts_retried_after_an_unknown_commit_take_no_second_job() {
+    count_panics();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open the store");
+    let inner: Db = store.clone();
+    let plan = FaultPlan {
+        seed: 44,
+        create: 0.0,
+        read: 0.0,
+        write: 0.0,
+        commit: 0.5,
+        watch: 0.0,
+        io_share: 0.0,
+        unknown_committed_share: 1.0,
+        enabled: false,
+    };
+    let faulty = FaultyStore::wrap(inner.clone(), plan);
+    let node = Node::with_db(faulty.clone(), settings(5_000, 200), CaptureLog::new());
+    let jobs = node.jobs().clone();
+    let _reg = node.register_worker(spec(b"w")).await.expect("register");
+    let new_jobs: Vec<NewJob> =
+        (0..400).map(|i| NewJob { id: format!("j{i:03}").into_bytes(), info: b"{}".to_vec(), priority: 0 }).collect();
+    jobs.add_many(T, &new_jobs).await.expect("add");
+
+    faulty.set_enabled(true);
+    let mut handles: Vec<JobHandle> = Vec::new();
+    for i in 0..200 {
+        // Both paths: one transaction (timeout 0) and the dispatcher.
+        let timeout = if i % 2 == 0 { Duration::ZERO } else { Duration::from_secs(2) };
+        handles.push(jobs.accept(T, b"w", timeout).await.expect("accept"));
+    }
+    faulty.set_enabled(false);
+    let unknown = faulty.stats().unknown_committed;
+    assert!(unknown >= 10, "too few committed-but-unknown commits to tell: {unknown}");
+
+    // A retried round reuses its tokens: jobs are matched by id and token.
+    let held: BTreeSet<(Vec<u8>, Vec<u8>)> = handles.iter().map(|h| (h.job.id.clone(), h.token.to_vec())).collect();
+    assert_eq!(held.len(), 200, "each accept its own job");
+    let snap = snapshot(inner.as_ref(), node.keyspace()).await;
+    snap.assert_ok("after the accepts");
+    let running: Vec<_> = snap
+        .jobs
+        .iter()
+        .filter_map(|((_, id), r)| r.as_ref().ok().filter(|r| r.state == "running").map(|r| (id, r)))
+        .collect();
+    let ghosts = running
+        .iter()
+        .filter(|(id, r)| !r.token.as_ref().is_some_and(|t| held.contains(&((*id).clone(), t.clone()))))
+        .count();
+    assert_eq!(ghosts, 0, "jobs running for the worker under no handle it got ({unknown} unknown commits)");
+    assert_eq!(running.len(), 200, "every handle holds a running job");
+    for h in &handles {
+        let rec = snap.record(T, &h.job.id).expect("the handle's job");
+        assert_eq!(rec.token.as_deref(), Some(&h.token[..]), "the handle holds its job");
+        assert_eq!(rec.vs, h.job.vs.to_vec(), "the handle's vs is its job's");
+    }
+    node.stop().await;
+    assert_eq!(panics(), 0);
 }

@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::job::JobHandle;
 use super::ops::{self, Take};
-use super::runner::{commit_vs, run_committed};
+use super::runner::{complete_handle_vs, run_committed};
 use super::service::{Live, Shared};
 use crate::error::Error;
 use crate::log::{Event, Level};
@@ -330,12 +330,17 @@ impl Dispatcher {
         let shared = &self.shared;
         let ks = &shared.ks;
         let job_type = &self.job_type;
-        let w = &workers;
-        let outcome = run_committed(shared.db.as_ref(), shared.write, |tx| async move {
-            let round = ops::accept(&tx, ks, job_type, w).await?;
-            let left = rest > 0 || round.takes.iter().any(|t| matches!(t, Take::NoJob));
-            let watch = if left { Some(ops::pending_watch(&tx, ks, job_type).await?) } else { None };
-            Ok((round, watch))
+        let tokens = ops::new_tokens(workers.len());
+        let mut attempts = 0u32;
+        let outcome = run_committed(shared.db.as_ref(), shared.write, |tx| {
+            attempts += 1;
+            let acceptors = ops::Acceptors { workers: &workers, tokens: &tokens, recheck: attempts > 1 };
+            async move {
+                let round = ops::accept(&tx, ks, job_type, acceptors).await?;
+                let left = rest > 0 || round.takes.iter().any(|t| matches!(t, Take::NoJob));
+                let watch = if left { Some(ops::pending_watch(&tx, ks, job_type).await?) } else { None };
+                Ok((round, watch))
+            }
         })
         .await;
         let ((round, watch), info) = match outcome {
@@ -359,8 +364,8 @@ impl Dispatcher {
                 }
                 Take::Job(mut handle) => {
                     answered += 1;
-                    match commit_vs(&info) {
-                        Ok(stamp) => super::record::complete_vs(&mut handle.job.vs, &stamp),
+                    match complete_handle_vs(&mut handle, &info) {
+                        Ok(()) => {}
                         Err(e) => {
                             // Cannot happen (the round wrote versionstamped
                             // values); give the job back rather than hand

@@ -117,6 +117,34 @@ fn new_token() -> AcceptToken {
     token
 }
 
+/// One fresh accept token per waiter of an accept round. Drawn *outside*
+/// the retry loop, so that every attempt of the round uses the same ones
+/// (see [`Acceptors::recheck`]).
+pub fn new_tokens(n: usize) -> Vec<AcceptToken> {
+    (0..n).map(|_| new_token()).collect()
+}
+
+/// Most running jobs of one worker a retried round reads back looking for
+/// its own accepts (see [`Acceptors::recheck`]).
+pub const RECHECK_MAX_JOBS: usize = 1_000;
+
+/// The waiters of one accept round.
+#[derive(Debug, Clone, Copy)]
+pub struct Acceptors<'a> {
+    /// The worker id each waiter accepts for (several may name one worker).
+    pub workers: &'a [Vec<u8>],
+    /// The token each waiter's accept gets ([`new_tokens`]), the same on
+    /// every attempt of the round.
+    pub tokens: &'a [AcceptToken],
+    /// This attempt follows a failed one. An attempt that failed with
+    /// `commit_unknown_result` may have committed (FoundationDB says so):
+    /// its jobs are then running for the waiters, and taking others would
+    /// leave those running for a worker that never heard of them (until it
+    /// goes). So a retried round first looks for jobs its waiters' workers
+    /// run under its tokens and hands those out again.
+    pub recheck: bool,
+}
+
 /// A running job leaves its worker for `state` (finished, canceled): the
 /// active key goes, and with it the worker and the token.
 fn leave(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, state: JobState) {
@@ -269,7 +297,11 @@ pub struct AcceptRound {
 /// without snapshot, so a concurrent removal of the worker either sees the
 /// new active keys (and requeues them) or makes this round retry and find
 /// the worker gone.
-pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], waiters: &[Vec<u8>]) -> Result<AcceptRound, StoreError> {
+pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Acceptors<'_>) -> Result<AcceptRound, StoreError> {
+    let Acceptors { workers: waiters, tokens, recheck } = acceptors;
+    if tokens.len() != waiters.len() {
+        return Err(StoreError::Invalid("accept: one token per waiter".into()));
+    }
     let mut takes = vec![Take::NoJob; waiters.len()];
     if waiters.is_empty() {
         return Ok(AcceptRound { takes, more: false });
@@ -289,6 +321,13 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], waiters: &[Vec<u
             queue.push(i);
         } else {
             takes[i] = Take::NotRegistered;
+        }
+    }
+    if recheck {
+        let found = taken_before(tx, ks, worker_type, waiters, tokens, &queue).await?;
+        queue.retain(|&i| !found.iter().any(|(w, _)| *w == i));
+        for (i, handle) in found {
+            takes[i] = Take::Job(handle);
         }
     }
     if queue.is_empty() {
@@ -354,7 +393,7 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], waiters: &[Vec<u
         tx.add_read_conflict_key(&ks.job(worker_type, &id));
         let mut rec = rec;
         dequeue(tx, ks, worker_type, &id, &rec);
-        let token = new_token();
+        let token = tokens[waiter];
         rec.state = JobState::Running;
         rec.worker = Some(worker.clone());
         rec.token = Some(token);
@@ -369,6 +408,47 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], waiters: &[Vec<u
     let waiting = next < queue.len();
     let more = waiting && (!budget_left || (full && progress));
     Ok(AcceptRound { takes, more })
+}
+
+/// The jobs that the waiters in `queue` already hold under their tokens:
+/// running for the waiter's worker with the waiter's token (an earlier
+/// attempt of this round committed them). (waiter index, handle).
+async fn taken_before(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    waiters: &[Vec<u8>],
+    tokens: &[AcceptToken],
+    queue: &[usize],
+) -> Result<Vec<(usize, JobHandle)>, StoreError> {
+    let mut found = Vec::new();
+    let mut seen = HashSet::new();
+    for &i in queue {
+        let worker = &waiters[i];
+        if !seen.insert(worker.as_slice()) {
+            continue;
+        }
+        // The worker's running jobs as a snapshot (no conflict with its own
+        // finishes); the records of those jobs are read for real: a job
+        // handed out again must still be the worker's when this commits.
+        let (begin, end) = ks.active_range(worker_type, worker);
+        let rows = tx.get_range(&RangeRequest::new(begin, end).limit(RECHECK_MAX_JOBS).snapshot(true)).await?;
+        let ids: Vec<Option<Vec<u8>>> = rows.iter().map(|(k, _)| ks.parse_active_job_id(worker_type, worker, k)).collect();
+        let values = get_some(tx, ids.iter().map(|id| id.as_ref().map(|id| ks.job(worker_type, id))), false).await?;
+        for (id, value) in ids.iter().zip(values) {
+            let (Some(id), Some(value)) = (id, value) else { continue };
+            let Ok(rec) = Record::decode(&value) else { continue };
+            if rec.state != JobState::Running || rec.worker.as_deref() != Some(worker.as_slice()) {
+                continue;
+            }
+            let Some(token) = rec.token else { continue };
+            let mine = queue.iter().find(|&&j| waiters[j] == *worker && tokens[j] == token && !found.iter().any(|(f, _)| *f == j));
+            if let Some(&j) = mine {
+                found.push((j, JobHandle { job: rec.to_job(worker_type, id), token }));
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Reads the type's `jobs_vs` and returns a watch on it, armed when this

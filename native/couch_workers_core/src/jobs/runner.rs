@@ -11,3 +11,14 @@ pub(crate) fn commit_vs(info: &CommitInfo) -> Result<crate::store::Versionstamp,
     info.versionstamp
         .ok_or_else(|| StoreError::Invalid("the store reported no versionstamp for a versionstamped commit".into()))
 }
+
+/// Fills in a handle's versionstamp from the commit that took its job. A
+/// handle found again by a retried accept round (`ops::Acceptors::recheck`)
+/// already has the versionstamp of the earlier commit, and this commit
+/// may have written nothing versionstamped.
+pub(crate) fn complete_handle_vs(handle: &mut super::job::JobHandle, info: &CommitInfo) -> Result<(), StoreError> {
+    if handle.job.vs[..10] == [0xff; 10] {
+        super::record::complete_vs(&mut handle.job.vs, &commit_vs(info)?);
+    }
+    Ok(())
+}

@@ -22,7 +22,7 @@ use super::dispatcher::{AcceptReply, Dispatchers, Waiter};
 use super::job::{AddManyError, Fence, Job, JobHandle, NewJob};
 use super::ops::{self, Take};
 use super::record::complete_vs;
-use super::runner::{commit_vs, run_committed};
+use super::runner::{commit_vs, complete_handle_vs, run_committed};
 use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
 use super::sweeper::run_sweeper;
 use crate::error::{check_key, Error};
@@ -92,14 +92,19 @@ impl Shared {
     async fn accept_now(&self, worker_type: &[u8], worker: &[u8]) -> Result<JobHandle, Error> {
         let workers = vec![worker.to_vec()];
         let ks = &self.ks;
-        let w = &workers;
         for _ in 0..ACCEPT_NOW_ROUNDS {
-            let (round, info) =
-                run_committed(self.db.as_ref(), self.write, |tx| async move { ops::accept(&tx, ks, worker_type, w).await }).await?;
+            let tokens = ops::new_tokens(1);
+            let mut attempts = 0u32;
+            let (round, info) = run_committed(self.db.as_ref(), self.write, |tx| {
+                attempts += 1;
+                let acceptors = ops::Acceptors { workers: &workers, tokens: &tokens, recheck: attempts > 1 };
+                async move { ops::accept(&tx, ks, worker_type, acceptors).await }
+            })
+            .await?;
             let more = round.more;
             match round.takes.into_iter().next() {
                 Some(Take::Job(mut handle)) => {
-                    complete_vs(&mut handle.job.vs, &commit_vs(&info)?);
+                    complete_handle_vs(&mut handle, &info)?;
                     return Ok(handle);
                 }
                 Some(Take::NoJob) if more => continue,
