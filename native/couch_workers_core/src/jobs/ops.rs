@@ -428,13 +428,14 @@ async fn taken_before(
         if !seen.insert(worker.as_slice()) {
             continue;
         }
-        // The worker's running jobs as a snapshot (no conflict with its own
-        // finishes); the records of those jobs are read for real: a job
-        // handed out again must still be the worker's when this commits.
+        // The worker's running jobs and their records as snapshots (no
+        // conflicts with the worker's own updates and finishes of other
+        // jobs); a job handed out again gets a read conflict below, since
+        // it must still be the worker's when this commits.
         let (begin, end) = ks.active_range(worker_type, worker);
         let rows = tx.get_range(&RangeRequest::new(begin, end).limit(RECHECK_MAX_JOBS).snapshot(true)).await?;
         let ids: Vec<Option<Vec<u8>>> = rows.iter().map(|(k, _)| ks.parse_active_job_id(worker_type, worker, k)).collect();
-        let values = get_some(tx, ids.iter().map(|id| id.as_ref().map(|id| ks.job(worker_type, id))), false).await?;
+        let values = get_some(tx, ids.iter().map(|id| id.as_ref().map(|id| ks.job(worker_type, id))), true).await?;
         for (id, value) in ids.iter().zip(values) {
             let (Some(id), Some(value)) = (id, value) else { continue };
             let Ok(rec) = Record::decode(&value) else { continue };
@@ -444,6 +445,7 @@ async fn taken_before(
             let Some(token) = rec.token else { continue };
             let mine = queue.iter().find(|&&j| waiters[j] == *worker && tokens[j] == token && !found.iter().any(|(f, _)| *f == j));
             if let Some(&j) = mine {
+                tx.add_read_conflict_key(&ks.job(worker_type, id));
                 found.push((j, JobHandle { job: rec.to_job(worker_type, id), token }));
             }
         }
