@@ -462,18 +462,26 @@ async fn a_failing_writer_in_a_group_loses_only_its_own_work() {
     assert_eq!(get(&other, b"big").await, None);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_group_whose_waiting_member_is_dropped_still_commits() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let db = open(dir.path());
+/// Writer A (holding the writer lock, having written `a`) and a task whose
+/// write transaction B waits for the lock behind it.
+async fn a_writer_and_one_queued_behind(
+    db: &Arc<EmbeddedStore>,
+) -> (couch_workers_core::store::Tx, tokio::task::JoinHandle<couch_workers_core::store::Tx>) {
     let a = db.create_transaction(&TxOptions::write()).await.expect("transaction");
     a.set(b"a", b"1");
-    // B queues behind A.
     let queued = {
         let db = db.clone();
         tokio::spawn(async move { db.create_transaction(&TxOptions::write()).await.expect("transaction") })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
+    (a, queued)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_waiting_member_is_dropped_still_commits() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = open(dir.path());
+    let (a, queued) = a_writer_and_one_queued_behind(&db).await;
     // A leaves its commit to B and waits; stop waiting at once.
     assert!(tokio::time::timeout(Duration::ZERO, a.commit()).await.is_err(), "A must wait for the group");
     // B gets the lock inside A's open batch, then gives up without commit.
@@ -496,13 +504,7 @@ async fn a_group_whose_waiting_member_is_dropped_still_commits() {
 async fn a_waiting_member_commits_its_group_when_the_writers_after_it_give_up() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = open(dir.path());
-    let a = db.create_transaction(&TxOptions::write()).await.expect("transaction");
-    a.set(b"a", b"1");
-    let queued = {
-        let db = db.clone();
-        tokio::spawn(async move { db.create_transaction(&TxOptions::write()).await.expect("transaction") })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (a, queued) = a_writer_and_one_queued_behind(&db).await;
     // A leaves its commit to B and keeps waiting.
     let commit = tokio::spawn(async move { a.commit().await });
     tokio::time::sleep(Duration::from_millis(50)).await;
