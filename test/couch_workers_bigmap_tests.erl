@@ -21,33 +21,15 @@
 -define(PEER_TIMEOUT, 30000).
 
 bigmap_test_() ->
-    {
+    couch_workers_test_util:peer_fixture(
         "maps of more than 128 keys, built off the schedulers, do not crash the VM",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            fun(#{dir := Dir}) ->
-                {
-                    foreach,
-                    fun() -> setup(Dir) end,
-                    fun teardown/1,
-                    [
-                        ?TDEF_FE(job_info_of_200_and_8000_keys, 60),
-                        ?TDEF_FE(membership_of_129_and_300_workers, 60),
-                        ?TDEF_FE(worker_options_of_300_keys, 60)
-                    ]
-                }
-            end
-        }
-    }.
-
-setup(Dir) ->
-    Peer = couch_workers_test_util:start_peer(Dir),
-    Peer#{type => unique_type("bigmap")}.
-
-teardown(Peer) ->
-    couch_workers_test_util:stop_peer(Peer).
+        "bigmap",
+        [
+            ?TDEF_FE(job_info_of_200_and_8000_keys, 60),
+            ?TDEF_FE(membership_of_129_and_300_workers, 60),
+            ?TDEF_FE(worker_options_of_300_keys, 60)
+        ]
+    ).
 
 %% ---- tests -------------------------------------------------------------------
 

@@ -42,29 +42,11 @@
 -define(SURVIVORS, [<<"a1">>, <<"a2">>, <<"a3">>, <<"a4">>]).
 
 crash_1000_test_() ->
-    {
+    couch_workers_test_util:peer_fixture(
         "kill -9 of a node running 1,000 jobs: all back to pending in time, each finished once",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            fun(#{dir := Dir}) ->
-                {
-                    foreach,
-                    fun() -> setup(Dir) end,
-                    fun teardown/1,
-                    [?TDEF_FE(kill_9_of_node_with_1000_running_jobs, 90)]
-                }
-            end
-        }
-    }.
-
-setup(Dir) ->
-    Peer = couch_workers_test_util:start_peer(Dir),
-    Peer#{type => unique_type("crash1000")}.
-
-teardown(Peer) ->
-    couch_workers_test_util:stop_peer(Peer).
+        "crash1000",
+        [?TDEF_FE(kill_9_of_node_with_1000_running_jobs, 90)]
+    ).
 
 %% ---- the test --------------------------------------------------------------
 

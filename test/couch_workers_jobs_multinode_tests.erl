@@ -18,32 +18,14 @@
 -define(PEER_TIMEOUT, 15000).
 
 jobs_multinode_test_() ->
-    {
+    couch_workers_test_util:peer_fixture(
         "couch_workers job queue on several nodes",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            fun(#{dir := Dir}) ->
-                {
-                    foreach,
-                    fun() -> setup(Dir) end,
-                    fun teardown/1,
-                    [
-                        ?TDEF_FE(job_added_here_is_pushed_to_peer_acceptor, 30),
-                        ?TDEF_FE(kill_9_of_peer_sends_its_jobs_back_to_pending, 30)
-                    ]
-                }
-            end
-        }
-    }.
-
-setup(Dir) ->
-    Peer = couch_workers_test_util:start_peer(Dir),
-    Peer#{dir => Dir, type => unique_type("jmn")}.
-
-teardown(Peer) ->
-    couch_workers_test_util:stop_peer(Peer).
+        "jmn",
+        [
+            ?TDEF_FE(job_added_here_is_pushed_to_peer_acceptor, 30),
+            ?TDEF_FE(kill_9_of_peer_sends_its_jobs_back_to_pending, 30)
+        ]
+    ).
 
 %% ---- tests ---------------------------------------------------------------
 

@@ -19,33 +19,15 @@
 -define(PEER_TIMEOUT, 15000).
 
 multinode_test_() ->
-    {
+    couch_workers_test_util:peer_fixture(
         "couch_workers on several nodes",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            fun(#{dir := Dir}) ->
-                {
-                    foreach,
-                    fun() -> setup(Dir) end,
-                    fun teardown/1,
-                    [
-                        ?TDEF_FE(peer_worker_seen_with_its_options, 30),
-                        ?TDEF_FE(kill_9_of_peer_removes_its_worker_in_time, 30),
-                        ?TDEF_FE(peer_app_stop_removes_its_workers_at_once, 30)
-                    ]
-                }
-            end
-        }
-    }.
-
-setup(Dir) ->
-    Peer = couch_workers_test_util:start_peer(Dir),
-    Peer#{dir => Dir, type => unique_type("mn")}.
-
-teardown(Peer) ->
-    couch_workers_test_util:stop_peer(Peer).
+        "mn",
+        [
+            ?TDEF_FE(peer_worker_seen_with_its_options, 30),
+            ?TDEF_FE(kill_9_of_peer_removes_its_worker_in_time, 30),
+            ?TDEF_FE(peer_app_stop_removes_its_workers_at_once, 30)
+        ]
+    ).
 
 %% ---- tests ---------------------------------------------------------------
 

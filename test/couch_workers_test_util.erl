@@ -29,6 +29,7 @@
 
 %% Peers, leaks, figures (the reliability suites).
 -export([
+    peer_fixture/3,
     start_peer/1,
     start_peer/2,
     peer_start_app/2,
@@ -237,6 +238,28 @@ job_state(Type, Id) ->
     end.
 
 %% ---- peers -------------------------------------------------------------------
+
+%% The fixture of the multi-node suites: couch_workers runs here on a
+%% fresh store for the whole suite; each test gets a fresh peer node on the
+%% same store (stopped after it) and a fresh worker/job type, as
+%% `#{peer, os_pid, dir, type}'. `Tests': ?TDEF_FE entries.
+peer_fixture(Title, TypePrefix, Tests) ->
+    {
+        Title,
+        {
+            setup,
+            fun start_app/0,
+            fun stop_app/1,
+            fun(#{dir := Dir}) ->
+                {
+                    foreach,
+                    fun() -> (start_peer(Dir))#{dir => Dir, type => unique_type(TypePrefix)} end,
+                    fun stop_peer/1,
+                    Tests
+                }
+            end
+        }
+    }.
 
 %% Starts a peer node: a separate OS process (`erl`, OTP's `peer` over its
 %% standard I/O, so no distribution, epmd or cookie), with this VM's own
