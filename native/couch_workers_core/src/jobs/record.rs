@@ -64,8 +64,13 @@ pub(crate) fn incomplete_vs(user_version: u16) -> JobVs {
 }
 
 /// Fills the commit part of an incomplete versionstamp.
+/// Whether `vs` still waits for its commit's versionstamp.
+pub(crate) fn is_incomplete(vs: &JobVs) -> bool {
+    vs[..10] == [0xff; 10]
+}
+
 pub(crate) fn complete_vs(vs: &mut JobVs, commit: &crate::store::Versionstamp) {
-    if vs[..10] == [0xff; 10] {
+    if is_incomplete(vs) {
         vs[..10].copy_from_slice(commit);
     }
 }

@@ -17,7 +17,7 @@ pub(crate) fn commit_vs(info: &CommitInfo) -> Result<crate::store::Versionstamp,
 /// already has the versionstamp of the earlier commit, and this commit
 /// may have written nothing versionstamped.
 pub(crate) fn complete_handle_vs(handle: &mut super::job::JobHandle, info: &CommitInfo) -> Result<(), StoreError> {
-    if handle.job.vs[..10] == [0xff; 10] {
+    if super::record::is_incomplete(&handle.job.vs) {
         super::record::complete_vs(&mut handle.job.vs, &commit_vs(info)?);
     }
     Ok(())
