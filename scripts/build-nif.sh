@@ -1,9 +1,18 @@
 #!/bin/sh
-# Builds the couch_workers NIF and installs it as erlang/priv/libcouch_workers_nif.so.
+# Builds the couch_workers NIF and installs it as priv/libcouch_workers_nif.so.
 #
-# Run by `rebar3 compile` (pre_hooks in rebar.config); runnable by hand.
+# Run by the pre-compile hook of rebar.config (rebar3 and CouchDB's rebar 2,
+# in place and as a dependency); runnable by hand.
+#
 # COUCH_WORKERS_FEATURES: cargo features of the NIF crate, e.g. "fdb"
-# (needs libfdb_c; see README).
+#   (needs libfdb_c; see docs/fdb.md).
+# CARGO_TARGET_DIR: where cargo builds; default target/ inside this
+#   directory, so the build writes nothing outside it (but cargo's own
+#   download cache, ~/.cargo).
+#
+# Nothing is run, and nothing written, when priv/ already holds a library
+# built with the same features that is newer than every Rust source: a
+# built checkout can be read-only, and a second compile costs no cargo run.
 #
 # The old library is deleted before the new one is copied: overwriting a
 # library that a running VM has loaded can crash that VM (rustler_mix
@@ -14,12 +23,38 @@ ROOT=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
 cd "$ROOT"
 
 FEATURES=${COUCH_WORKERS_FEATURES:-}
+DEST="$ROOT/priv/libcouch_workers_nif.so"
+STAMP="$ROOT/priv/libcouch_workers_nif.stamp"
+WANT_STAMP="features=$FEATURES"
+
+up_to_date() {
+    [ -f "$DEST" ] && [ -f "$STAMP" ] || return 1
+    [ "$(cat "$STAMP")" = "$WANT_STAMP" ] || return 1
+    newer=$(find Cargo.toml Cargo.lock native -newer "$DEST" -print 2>/dev/null | head -n 1)
+    [ -z "$newer" ]
+}
+
+if up_to_date; then
+    echo "build-nif: $DEST is up to date (features: '${FEATURES}'); cargo not run"
+    exit 0
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    cat >&2 <<MSG
+build-nif: cargo is not on the PATH, and $DEST is missing or older than
+build-nif: the Rust sources in $ROOT/native.
+build-nif: couch_workers is an Erlang application with a Rust NIF: install
+build-nif: Rust (https://rustup.rs, then 'source ~/.cargo/env') and compile again.
+MSG
+    exit 1
+fi
+
 if [ -n "$FEATURES" ]; then
-    echo "build-nif: cargo build --release -p couch_workers_nif --features $FEATURES"
-    cargo build --release -p couch_workers_nif --features "$FEATURES"
+    echo "build-nif: cargo build --release --locked -p couch_workers_nif --features $FEATURES"
+    cargo build --release --locked -p couch_workers_nif --features "$FEATURES"
 else
-    echo "build-nif: cargo build --release -p couch_workers_nif"
-    cargo build --release -p couch_workers_nif
+    echo "build-nif: cargo build --release --locked -p couch_workers_nif"
+    cargo build --release --locked -p couch_workers_nif
 fi
 
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -32,13 +67,16 @@ if [ ! -f "$LIB" ]; then
     exit 1
 fi
 
-DEST="$ROOT/erlang/priv/libcouch_workers_nif.so"
-mkdir -p "$ROOT/erlang/priv"
+mkdir -p "$ROOT/priv"
 if [ -f "$DEST" ] && cmp -s "$LIB" "$DEST"; then
+    # Same bytes: refresh the time so the check above skips cargo next time.
+    touch "$DEST"
     echo "build-nif: $DEST is up to date"
-    exit 0
+else
+    rm -f "$DEST"
+    cp "$LIB" "$DEST.tmp.$$"
+    mv "$DEST.tmp.$$" "$DEST"
+    echo "build-nif: installed $DEST"
 fi
-rm -f "$DEST"
-cp "$LIB" "$DEST.tmp.$$"
-mv "$DEST.tmp.$$" "$DEST"
-echo "build-nif: installed $DEST"
+echo "$WANT_STAMP" > "$STAMP.tmp.$$"
+mv "$STAMP.tmp.$$" "$STAMP"

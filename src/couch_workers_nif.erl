@@ -56,7 +56,7 @@
 %%
 %% The job NIFs are documented in full in the NIF crate's `jobs.rs'.
 %%
-%% The library is loaded once, from `priv/libcouch_workers_nif.so'. It
+%% The library is loaded once, from `priv/libcouch_workers_nif.so' of the app. It
 %% has no upgrade callback, so loading this module again fails instead of
 %% loading a second copy of the library (its runtime and node are global
 %% to the VM).
