@@ -49,6 +49,23 @@ MSG
     exit 1
 fi
 
+# rebar 2 exports its port compiler's defaults (CC=cc, AR=ar, ...) to
+# hooks. They are the cc crate's defaults too, but cargo records them in
+# the fingerprint of libsqlite3-sys's build script, so a build from rebar 2
+# and one from rebar3 or a shell would rebuild each other's SQLite in a
+# shared CARGO_TARGET_DIR. Drop those that hold just the default; a value
+# the user set is kept.
+if [ -n "${DRV_CC_TEMPLATE:-}" ]; then
+    for pair in CC=cc CXX=c++ CPP=cpp AR=ar AS=as LD=ld NM=nm RANLIB=ranlib \
+                STRIP=strip OBJCOPY=objcopy OBJDUMP=objdump; do
+        name=${pair%%=*}
+        eval "value=\${$name:-}"
+        if [ "$value" = "${pair#*=}" ]; then
+            unset "$name"
+        fi
+    done
+fi
+
 if [ -n "$FEATURES" ]; then
     echo "build-nif: cargo build --release --locked -p couch_workers_nif --features $FEATURES"
     cargo build --release --locked -p couch_workers_nif --features "$FEATURES"

@@ -18,8 +18,20 @@
 %% Beyond the store's own budget: how long app start/stop wait for the node.
 -define(NODE_TIMEOUT_MS, 30000).
 
+-define(NIF_HINT,
+    "the couch_workers NIF is not built: compile the application with "
+    "rebar3 or rebar (their pre-compile hook runs scripts/build-nif.sh, "
+    "which needs Rust's cargo on the PATH), or run scripts/build-nif.sh "
+    "in its source directory").
+
 -spec start(application:start_type(), term()) -> {ok, pid()} | {error, term()}.
 start(_Type, _Args) ->
+    case nif_loaded() of
+        ok -> start_tree();
+        {error, _} = Error -> Error
+    end.
+
+start_tree() ->
     case couch_workers_sup:start_link() of
         {ok, Sup} ->
             case start_node() of
@@ -52,22 +64,28 @@ stop(_State) ->
     end,
     ok.
 
-%% @doc The map given to the NIF's `start/2', from the application env.
--spec node_config() -> map().
+%% @doc The map given to the NIF's `start/2', from the settings
+%% (`couch_workers_config': the app env, or CouchDB's ini files).
+-spec node_config() -> {ok, map()} | {error, {badconfig, term()}}.
 node_config() ->
-    #{
-        store => store(env(store, {embedded, "couch_workers_data"})),
-        runtime_threads => env(runtime_threads, 2),
-        reaper_max_interval_ms => env(reaper_max_interval_ms, 500),
-        tx_timeout_ms => env(tx_timeout_ms, 5000)
-    }.
+    Keys = [store, runtime_threads, reaper_max_interval_ms, tx_timeout_ms],
+    node_config(Keys, #{}).
+
+node_config([], Config) ->
+    {ok, Config};
+node_config([Key | Keys], Config) ->
+    case couch_workers_config:get(Key) of
+        {ok, Value} when Key =:= store -> node_config(Keys, Config#{store => store(Value)});
+        {ok, Value} -> node_config(Keys, Config#{Key => Value});
+        {error, _} = Error -> Error
+    end.
 
 %% @doc How long an API call waits for an answer that needs the store: the
 %% store's transaction budget plus a margin.
 -spec call_timeout() -> pos_integer().
 call_timeout() ->
-    case env(tx_timeout_ms, 5000) of
-        N when is_integer(N), N > 0 -> N + 5000;
+    case couch_workers_config:get(tx_timeout_ms) of
+        {ok, N} when is_integer(N), N > 0 -> N + 5000;
         _ -> 10000
     end.
 
@@ -86,7 +104,15 @@ call(Server, Msg) ->
     end.
 
 start_node() ->
-    Config = node_config(),
+    case node_config() of
+        {ok, Config} ->
+            start_node(Config);
+        {error, Reason} ->
+            ?LOG_ERROR(#{what => couch_workers_node_start_failed, reason => Reason}),
+            {error, Reason}
+    end.
+
+start_node(Config) ->
     Ref = make_ref(),
     case couch_workers_nif:start(Ref, Config) of
         ok ->
@@ -111,8 +137,24 @@ stop_sup(Sup) ->
         {'DOWN', MRef, process, Sup, _} -> ok
     end.
 
-env(Key, Default) ->
-    application:get_env(couch_workers, Key, Default).
+%% The NIF library is loaded by `couch_workers_nif''s on_load, which
+%% fails when the library was never built (a checkout compiled without
+%% cargo, a release made without priv/). Say so, and how to fix it,
+%% instead of an `undef' from deep inside the start.
+nif_loaded() ->
+    case code:ensure_loaded(couch_workers_nif) of
+        {module, couch_workers_nif} ->
+            ok;
+        {error, Why} ->
+            Lib = couch_workers_nif_lib:file(),
+            Reason =
+                case filelib:is_regular(Lib) of
+                    false -> {nif_not_built, Lib, ?NIF_HINT};
+                    true -> {nif_load_failed, Lib, Why}
+                end,
+            ?LOG_ERROR(#{what => couch_workers_nif_unavailable, reason => Reason}),
+            {error, Reason}
+    end.
 
 %% Paths go to the NIF as absolute binaries.
 store({embedded, Dir}) -> {embedded, path(Dir)};
