@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use crate::conformance::StoreFactory;
 use crate::jobs::{ops, AddManyError, Fence, JobHandle, JobService, JobState, NewJob};
-use crate::keyspace::{Health, Keyspace};
+use crate::keyspace::{Health, Incarnation, Keyspace};
 use crate::liveness;
 use crate::store::{run, run_with_info, CommitInfo, Db, KeyValue, RangeRequest, StoreError, TxOptions, Versionstamp};
 use crate::workers::{self, Heartbeat, Membership, WorkerSpec};
@@ -64,6 +64,8 @@ macro_rules! keyspace_conformance_tests {
             workers_heartbeat_renews_health_without_bumping_vs,
             workers_heartbeat_reinstates_a_removed_worker,
             workers_remove_clears_member_and_health_once,
+            workers_remove_of_an_old_incarnation_leaves_the_new_one,
+            workers_heartbeat_of_an_old_incarnation_renews_nothing,
             workers_read_membership_is_exactly_the_registered_set,
             workers_types_stay_separate,
             workers_reap_spares_a_live_worker,
@@ -95,6 +97,10 @@ const T: &[u8] = b"replicator";
 /// The informational wall clock of the health records written here.
 const TSTAMP: i64 = 1_700_000_000;
 
+/// The incarnation the helpers register, beat and remove as, unless a test
+/// names another (`*_as`).
+const INC: Incarnation = [7; 16];
+
 fn ks_of(db: &Db) -> Keyspace {
     Keyspace::new(&db.prefix())
 }
@@ -120,9 +126,13 @@ fn stamp_at(version: u64) -> Versionstamp {
 
 /// Registers `spec` in a transaction of its own; the commit's versionstamp.
 async fn register(db: &Db, spec: &WorkerSpec) -> Versionstamp {
+    register_as(db, spec, &INC).await
+}
+
+async fn register_as(db: &Db, spec: &WorkerSpec, inc: &Incarnation) -> Versionstamp {
     let ks = &ks_of(db);
     let ((), info) = run_with_info(&**db, TxOptions::write(), |tx| async move {
-        workers::register(&tx, ks, spec, TSTAMP).await
+        workers::register(&tx, ks, spec, inc, TSTAMP).await
     })
     .await
     .expect("register commits");
@@ -130,15 +140,23 @@ async fn register(db: &Db, spec: &WorkerSpec) -> Versionstamp {
 }
 
 async fn heartbeat(db: &Db, spec: &WorkerSpec, tstamp: i64) -> (Heartbeat, CommitInfo) {
+    heartbeat_as(db, spec, &INC, tstamp).await
+}
+
+async fn heartbeat_as(db: &Db, spec: &WorkerSpec, inc: &Incarnation, tstamp: i64) -> (Heartbeat, CommitInfo) {
     let ks = &ks_of(db);
-    run_with_info(&**db, TxOptions::write(), |tx| async move { workers::heartbeat(&tx, ks, spec, tstamp).await })
+    run_with_info(&**db, TxOptions::write(), |tx| async move { workers::heartbeat(&tx, ks, spec, inc, tstamp).await })
         .await
         .expect("heartbeat commits")
 }
 
 async fn remove(db: &Db, worker_type: &[u8], id: &[u8]) -> (bool, CommitInfo) {
+    remove_as(db, worker_type, id, &INC).await
+}
+
+async fn remove_as(db: &Db, worker_type: &[u8], id: &[u8], inc: &Incarnation) -> (bool, CommitInfo) {
     let ks = &ks_of(db);
-    run_with_info(&**db, TxOptions::write(), |tx| async move { workers::remove(&tx, ks, worker_type, id).await })
+    run_with_info(&**db, TxOptions::write(), |tx| async move { workers::remove(&tx, ks, worker_type, id, inc).await })
         .await
         .expect("remove commits")
 }
@@ -186,13 +204,14 @@ async fn read_version(db: &Db) -> u64 {
     run(&**db, TxOptions::read(), |tx| async move { tx.read_version().await }).await.expect("read version")
 }
 
-/// Overwrites a worker's health record by hand: a heartbeat committed at
-/// `version` with `timeout_s`.
+/// Overwrites a worker's health record by hand: a heartbeat of [`INC`]
+/// committed at `version` with `timeout_s`.
 async fn set_health_at(db: &Db, worker_type: &[u8], id: &[u8], version: u64, timeout_s: i64) {
     let value = foundationdb_tuple::pack(&(
         foundationdb_tuple::Versionstamp::complete(stamp_at(version), 0),
         TSTAMP,
         timeout_s,
+        foundationdb_tuple::Bytes::from(&INC[..]),
     ));
     raw_set(db, &ks_of(db).health(worker_type, id), &value).await;
 }
@@ -232,7 +251,7 @@ pub async fn workers_register_writes_member_health_and_bumps_vs(s: &dyn StoreFac
     let vs1 = register(&a.db, &w1).await;
     assert_eq!(raw_get(&b.db, &ks.member(T, b"w1")).await, Some(w1.options_json.clone()));
     let h = health(&b.db, T, b"w1").await.expect("a health record");
-    assert_eq!(h, Health { versionstamp: vs1, tstamp: TSTAMP, timeout_s: 15 });
+    assert_eq!(h, Health { versionstamp: vs1, tstamp: TSTAMP, timeout_s: 15, incarnation: Some(INC) });
     assert_eq!(membership(&b.db, T).await.vs, vs1, "vs is the register's commit versionstamp");
 
     let w2 = spec(T, b"w2", br#"{"n":2}"#, 7);
@@ -242,12 +261,13 @@ pub async fn workers_register_writes_member_health_and_bumps_vs(s: &dyn StoreFac
     assert_eq!(health(&a.db, T, b"w2").await.map(|h| h.timeout_s), Some(7));
 
     let w1_again = spec(T, b"w1", br#"{"n":"again"}"#, 3);
-    let vs3 = register(&a.db, &w1_again).await;
+    let vs3 = register_as(&a.db, &w1_again, &[3; 16]).await;
     assert!(vs3 > vs2);
     let m = membership(&b.db, T).await;
     assert_eq!(m.vs, vs3);
     assert_eq!(m.workers, vec![(b"w1".to_vec(), w1_again.options_json.clone()), (b"w2".to_vec(), w2.options_json.clone())]);
-    assert_eq!(health(&b.db, T, b"w1").await, Some(Health { versionstamp: vs3, tstamp: TSTAMP, timeout_s: 3 }));
+    let again = Health { versionstamp: vs3, tstamp: TSTAMP, timeout_s: 3, incarnation: Some([3; 16]) };
+    assert_eq!(health(&b.db, T, b"w1").await, Some(again));
 }
 
 /// Registering an existing `(type, id)` starts a new incarnation: the jobs
@@ -264,7 +284,7 @@ pub async fn workers_register_again_is_a_new_incarnation(s: &dyn StoreFactory) {
     assert_eq!(count(nb.jobs()).await, 0);
 
     let before = membership(&a.db, T).await.vs;
-    let vs = register(&b.db, &spec(T, b"w", br#"{"incarnation":2}"#, 15)).await;
+    let vs = register_as(&b.db, &spec(T, b"w", br#"{"incarnation":2}"#, 15), &[2; 16]).await;
     assert!(vs > before);
     let job = nb.jobs().get(T, b"j").await.expect("get");
     assert_eq!((job.state, job.worker.clone(), job.attempts), (JobState::Pending, None, 1));
@@ -552,6 +572,56 @@ pub async fn workers_liveness_rule_uses_the_store_read_version(s: &dyn StoreFact
     assert!(!reap(&a.db, T, b"rescued").await.0, "the heartbeat renewed it");
     let left: Vec<Vec<u8>> = membership(&a.db, T).await.workers.into_iter().map(|(id, _)| id).collect();
     assert_eq!(left, vec![b"future".to_vec(), b"long".to_vec(), b"rescued".to_vec(), b"young".to_vec()]);
+}
+
+/// Issue 12: a removal made for an old incarnation (a handle whose
+/// unregister failed, retried or dropped later) finds a newer one and
+/// leaves it alone: member, health, membership `vs` and the jobs it runs.
+/// The newer one's own removal still works.
+pub async fn workers_remove_of_an_old_incarnation_leaves_the_new_one(s: &dyn StoreFactory) {
+    let a = s.fresh().await;
+    let b = s.second(&a).await;
+    let nb = node(&b.db);
+    let ks = ks_of(&a.db);
+    let (old, new) = ([1u8; 16], [2u8; 16]);
+    let w = spec(T, b"w", b"{}", 15);
+    register_as(&a.db, &w, &old).await;
+    let vs = register_as(&b.db, &w, &new).await;
+    nb.jobs().add(T, b"j", &info(1), 0).await.expect("add");
+    let h = accept_now(nb.jobs(), b"w").await;
+
+    let (removed, info_) = remove_as(&a.db, T, b"w", &old).await;
+    assert!(!removed, "the old incarnation is not registered any more");
+    assert_eq!(info_, CommitInfo { version: None, versionstamp: None }, "and nothing is written");
+    assert_eq!(membership(&b.db, T).await.vs, vs);
+    assert_eq!(health(&b.db, T, b"w").await.and_then(|h| h.incarnation), Some(new));
+    assert_eq!(range(&a.db, ks.active_range(T, b"w")).await.len(), 1, "its job keeps running");
+    nb.jobs().finish(&h.fence(), b"{}").await.expect("the new incarnation's handle still holds the job");
+
+    assert!(remove_as(&b.db, T, b"w", &new).await.0, "the current incarnation removes itself");
+    assert!(membership(&a.db, T).await.workers.is_empty());
+    nb.stop().await;
+}
+
+/// Issue 12: two nodes registering one id must not keep each other alive.
+/// A heartbeat of an incarnation that no longer holds the id writes
+/// nothing (`Gone`): the holder's record ages as its own heartbeats leave
+/// it, so that its node's death is seen.
+pub async fn workers_heartbeat_of_an_old_incarnation_renews_nothing(s: &dyn StoreFactory) {
+    let a = s.fresh().await;
+    let b = s.second(&a).await;
+    let w = spec(T, b"w", b"{}", 1);
+    register_as(&a.db, &w, &[1; 16]).await;
+    register_as(&b.db, &w, &[2; 16]).await;
+    let before = health(&a.db, T, b"w").await.expect("health");
+
+    let (beat, info_) = heartbeat_as(&a.db, &w, &[1; 16], TSTAMP + 9).await;
+    assert_eq!(beat, Heartbeat::Gone);
+    assert_eq!(info_, CommitInfo { version: None, versionstamp: None }, "nothing written");
+    assert_eq!(health(&b.db, T, b"w").await, Some(before), "the holder's record is untouched");
+
+    let (beat, _) = heartbeat_as(&b.db, &w, &[2; 16], TSTAMP).await;
+    assert_eq!(beat, Heartbeat::Renewed, "the holder's own heartbeat renews it");
 }
 
 /// Two handles reap the same dead worker at the same time: exactly one
@@ -915,7 +985,7 @@ pub async fn jobs_failover_in_the_removing_transaction(s: &dyn StoreFactory) {
     // A removal whose transaction fails: nothing of it is committed.
     let k = &ks;
     let failed = run(&*a.db, TxOptions::write(), |tx| async move {
-        assert!(workers::remove(&tx, k, T, b"w").await?, "registered");
+        assert!(workers::remove(&tx, k, T, b"w", &INC).await?, "registered");
         Err::<(), _>(StoreError::Invalid("abort".into()))
     })
     .await;

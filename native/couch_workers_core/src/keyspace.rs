@@ -9,7 +9,7 @@
 //! ```text
 //! ("couch_workers", "workers", WorkerType, "vs")                = VS of the last membership change (10 raw bytes)
 //! ("couch_workers", "workers", WorkerType, "member", Worker)    = options, JSON object
-//! ("couch_workers", "workers", WorkerType, "health", Worker)    = tuple (VS, TStamp, Timeout)
+//! ("couch_workers", "workers", WorkerType, "health", Worker)    = tuple (VS, TStamp, Timeout, Incarnation)
 //! ("couch_workers", "workers", WorkerType, "log", VS, Worker)   = tuple (1, "join" | "leave"): member-set changes, kept 60 s
 //! ("couch_workers", "workers", WorkerType, "log_floor")         = version (8 bytes BE) below which the log was trimmed
 //! ("couch_workers", "jobs", JobType, JobId)                      = job record, tuple (1, State, Worker, Priority, Attempts, Token, CancelRequested, VS, Info, Result)
@@ -40,7 +40,11 @@
 //! heartbeat (its first 8 bytes are the commit version, on the store's
 //! clock); `TStamp` is the writer's wall clock in seconds, for humans only,
 //! never used to decide liveness; `Timeout` is the health timeout in
-//! seconds.
+//! seconds; `Incarnation` is the 16 random bytes of the registration that
+//! wrote it: heartbeats and removals act only on the incarnation they
+//! name, so a stale registration never touches a newer one of the same id.
+//! A record of three elements (written before incarnations) names no
+//! registration: no heartbeat renews it, only a reaper removes it.
 
 use foundationdb_tuple::{pack_with_versionstamp, unpack, Bytes, Subspace, Versionstamp as TupleVersionstamp};
 
@@ -97,6 +101,12 @@ pub enum WorkerKey {
     Log { worker_type: Vec<u8>, vs: Versionstamp, worker: Vec<u8> },
 }
 
+/// Tells one registration of a worker id from another (16 random bytes).
+pub type Incarnation = [u8; INCARNATION_LEN];
+
+/// Bytes of an [`Incarnation`].
+pub const INCARNATION_LEN: usize = 16;
+
 /// A decoded health record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Health {
@@ -105,6 +115,9 @@ pub struct Health {
     pub tstamp: i64,
     /// Health timeout, seconds.
     pub timeout_s: i64,
+    /// The registration the record belongs to; `None` in a record written
+    /// before incarnations, which belongs to no registration of this code.
+    pub incarnation: Option<Incarnation>,
 }
 
 impl Health {
@@ -245,17 +258,25 @@ impl Keyspace {
     }
 
     /// The health value to write with `set_versionstamped_value`: the
-    /// packed tuple `(incomplete VS, tstamp, timeout)` plus the 4-byte
-    /// offset of the placeholder.
-    pub fn health_value(tstamp: i64, timeout_s: i64) -> Vec<u8> {
-        pack_with_versionstamp(&(TupleVersionstamp::incomplete(0), tstamp, timeout_s))
+    /// packed tuple `(incomplete VS, tstamp, timeout, incarnation)` plus
+    /// the 4-byte offset of the placeholder.
+    pub fn health_value(tstamp: i64, timeout_s: i64, incarnation: &Incarnation) -> Vec<u8> {
+        pack_with_versionstamp(&(TupleVersionstamp::incomplete(0), tstamp, timeout_s, b(incarnation)))
     }
 
-    /// Decodes a health value written by [`Keyspace::health_value`].
+    /// Decodes a health value written by [`Keyspace::health_value`], or
+    /// one of three elements written before incarnations (`incarnation:
+    /// None`). An incarnation of another length is no record of ours.
     pub fn parse_health(value: &[u8]) -> Option<Health> {
-        let (vs, tstamp, timeout_s) = unpack::<(TupleVersionstamp, i64, i64)>(value).ok()?;
+        let (vs, tstamp, timeout_s, incarnation) = match unpack::<(TupleVersionstamp, i64, i64, Bytes)>(value) {
+            Ok((vs, t, timeout, inc)) => (vs, t, timeout, Some(Incarnation::try_from(&*inc).ok()?)),
+            Err(_) => {
+                let (vs, t, timeout) = unpack::<(TupleVersionstamp, i64, i64)>(value).ok()?;
+                (vs, t, timeout, None)
+            }
+        };
         let versionstamp: Versionstamp = vs.transaction_version().try_into().ok()?;
-        Some(Health { versionstamp, tstamp, timeout_s })
+        Some(Health { versionstamp, tstamp, timeout_s, incarnation })
     }
 
     /// The membership VS value: a 10-byte placeholder plus its offset (0),

@@ -37,7 +37,7 @@ mod tests {
     fn health(version: u64, timeout_s: i64) -> Health {
         let mut versionstamp = [0u8; 10];
         versionstamp[..8].copy_from_slice(&version.to_be_bytes());
-        Health { versionstamp, tstamp: 0, timeout_s }
+        Health { versionstamp, tstamp: 0, timeout_s, incarnation: None }
     }
 
     #[test]

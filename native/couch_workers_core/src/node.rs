@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
-use crate::keyspace::Keyspace;
+use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Event, Level, Logger};
 use crate::services::heartbeat::HeartbeatTask;
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
@@ -175,24 +175,26 @@ impl Node {
 
     // ---- workers --------------------------------------------------------
 
-    /// Registers a worker and starts its heartbeat. The worker stays
-    /// registered while the returned handle lives.
+    /// Registers a worker, as a new incarnation, and starts its heartbeat.
+    /// The worker stays registered while the returned handle lives, unless
+    /// a later registration of the same id (on any node) replaces it.
     pub async fn register_worker(self: &Arc<Self>, spec: WorkerSpec) -> Result<Registration, Error> {
         if self.is_stopped() {
             return Err(Error::Store(store::StoreError::Closed));
         }
         spec.validate(&self.ks)?;
+        let incarnation = workers::new_incarnation();
         let ks = &self.ks;
-        let s = &spec;
+        let (s, inc) = (&spec, &incarnation);
         run(self.db.as_ref(), self.write_options(), |tx| async move {
-            workers::register(&tx, ks, s, wall_clock_s()).await
+            workers::register(&tx, ks, s, inc, wall_clock_s()).await
         })
         .await?;
         if self.is_stopped() {
             // `stop` began while the write was in flight: no heartbeat will
             // run, so take the worker out again rather than leave it for a
             // reaper to find.
-            let _ = self.remove_worker(&spec.worker_type, &spec.id).await;
+            let _ = self.remove_worker(&spec.worker_type, &spec.id, &incarnation).await;
             return Err(Error::Store(store::StoreError::Closed));
         }
         let spec = Arc::new(spec);
@@ -201,23 +203,26 @@ impl Node {
             db: self.db.clone(),
             ks: self.ks.clone(),
             spec: spec.clone(),
+            incarnation,
             log: self.log.clone(),
             cancel: cancel.clone(),
             tx_options: self.write_options(),
         };
         let live = Live::new(&self.counts.heartbeats);
         self.spawn(task.run(live));
-        Ok(Registration { node: Arc::downgrade(self), spec, cancel, removed: AtomicBool::new(false) })
+        Ok(Registration { node: Arc::downgrade(self), spec, incarnation, cancel, removed: AtomicBool::new(false) })
     }
 
     /// Removes the worker of `reg` and stops its heartbeat; its running
-    /// jobs go back to pending in the same transaction. Idempotent.
+    /// jobs go back to pending in the same transaction. Idempotent. A later
+    /// registration of the same id is left alone, also when this runs long
+    /// after it (a retry, the drop).
     pub async fn unregister_worker(&self, reg: &Registration) -> Result<(), Error> {
         reg.cancel.cancel();
         if reg.removed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let result = self.remove_worker(&reg.spec.worker_type, &reg.spec.id).await;
+        let result = self.remove_worker(&reg.spec.worker_type, &reg.spec.id, &reg.incarnation).await;
         if result.is_err() {
             // Let a later unregister (or the drop) try again.
             reg.removed.store(false, Ordering::SeqCst);
@@ -225,10 +230,12 @@ impl Node {
         result
     }
 
-    async fn remove_worker(&self, worker_type: &[u8], id: &[u8]) -> Result<(), Error> {
+    async fn remove_worker(&self, worker_type: &[u8], id: &[u8], incarnation: &Incarnation) -> Result<(), Error> {
         let ks = &self.ks;
-        run(self.db.as_ref(), self.write_options(), |tx| async move { workers::remove(&tx, ks, worker_type, id).await })
-            .await?;
+        run(self.db.as_ref(), self.write_options(), |tx| async move {
+            workers::remove(&tx, ks, worker_type, id, incarnation).await
+        })
+        .await?;
         Ok(())
     }
 
@@ -274,6 +281,9 @@ impl Node {
 pub struct Registration {
     node: std::sync::Weak<Node>,
     spec: Arc<WorkerSpec>,
+    /// What every removal names, so that this handle never removes a
+    /// later registration of the same id.
+    incarnation: Incarnation,
     cancel: CancellationToken,
     removed: AtomicBool,
 }
@@ -295,6 +305,11 @@ impl Registration {
         &self.spec
     }
 
+    /// The incarnation stored in the worker's health record.
+    pub fn incarnation(&self) -> &Incarnation {
+        &self.incarnation
+    }
+
     pub fn is_removed(&self) -> bool {
         self.removed.load(Ordering::SeqCst)
     }
@@ -310,10 +325,10 @@ impl Drop for Registration {
         if node.is_stopped() {
             return;
         }
-        let spec = self.spec.clone();
+        let (spec, incarnation) = (self.spec.clone(), self.incarnation);
         let n = node.clone();
         node.spawn(async move {
-            if let Err(e) = n.remove_worker(&spec.worker_type, &spec.id).await {
+            if let Err(e) = n.remove_worker(&spec.worker_type, &spec.id, &incarnation).await {
                 n.log.log(
                     Event::new(Level::Warning, "worker_remove_failed")
                         .with("type", &spec.worker_type)

@@ -6,10 +6,16 @@
 //! `("couch_workers", "workers", T, "vs")` with the commit's versionstamp:
 //! membership watchers watch that one key, so heartbeats (which only touch
 //! health records) wake nobody.
+//!
+//! Each registration is an incarnation ([`Incarnation`], stored in the
+//! health record). Heartbeats and removals name the incarnation they act
+//! for and leave any other alone: a handle whose removal failed and is
+//! retried late, or a second node that registered the same id, must not
+//! remove, requeue or keep alive the registration that holds the id now.
 
 use crate::error::{check_key, check_value, Error};
 use crate::jobs;
-use crate::keyspace::{Health, Keyspace};
+use crate::keyspace::{Health, Incarnation, Keyspace};
 use crate::liveness;
 use crate::store::{RangeRequest, StoreError, Tx, Versionstamp};
 
@@ -55,8 +61,18 @@ pub enum Heartbeat {
     /// The worker was registered; its health record is renewed.
     Renewed,
     /// The worker had been removed (reaped while this node could not write
-    /// in time); it is registered again, as a new incarnation.
+    /// in time); it is registered again, under the same incarnation.
     Reinstated,
+    /// Another incarnation holds the id now (registered later, here or on
+    /// another node): this registration is gone, and nothing was written.
+    Gone,
+}
+
+/// A fresh incarnation for a new registration.
+pub fn new_incarnation() -> Incarnation {
+    let mut incarnation = Incarnation::default();
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut incarnation);
+    incarnation
 }
 
 /// How long membership log entries are kept, in store versions (60 s).
@@ -107,39 +123,67 @@ fn parse_change(value: &[u8]) -> Option<Change> {
     }
 }
 
-fn write_health(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, tstamp: i64) {
+fn write_health(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) {
     let timeout = i64::try_from(spec.timeout_s).unwrap_or(i64::MAX);
-    tx.set_versionstamped_value(&ks.health(&spec.worker_type, &spec.id), &Keyspace::health_value(tstamp, timeout));
+    let value = Keyspace::health_value(tstamp, timeout, incarnation);
+    tx.set_versionstamped_value(&ks.health(&spec.worker_type, &spec.id), &value);
 }
 
-/// Registers `spec` (a new incarnation): any earlier incarnation of the
-/// same `(type, id)` is replaced, and the jobs it was running go back to
+/// The raw health record of `(worker_type, id)`, read for a write: a
+/// registration or removal of the id committed meanwhile conflicts.
+async fn stored_health(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+    tx.get(&ks.health(worker_type, id), false).await
+}
+
+/// Whether a stored health value belongs to `incarnation`.
+fn held_by(value: &[u8], incarnation: &Incarnation) -> bool {
+    Keyspace::parse_health(value).is_some_and(|h| h.incarnation.as_ref() == Some(incarnation))
+}
+
+/// Registers `spec` as `incarnation`: any other incarnation of the same
+/// `(type, id)` is replaced, and the jobs it was running go back to
 /// pending, since the new incarnation knows nothing of them.
-pub async fn register(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, tstamp: i64) -> Result<(), StoreError> {
+pub async fn register(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) -> Result<(), StoreError> {
     let member_key = ks.member(&spec.worker_type, &spec.id);
     if tx.get(&member_key, false).await?.is_some() {
         jobs::requeue_worker_jobs(tx, ks, &spec.worker_type, &spec.id).await?;
     }
     tx.set(&member_key, &spec.options_json);
-    write_health(tx, ks, spec, tstamp);
+    write_health(tx, ks, spec, incarnation, tstamp);
     record_change(tx, ks, &spec.worker_type, &spec.id, Change::Join).await
 }
 
-/// Renews the worker's health record; reinstates it if it was removed.
-pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, tstamp: i64) -> Result<Heartbeat, StoreError> {
-    let member_key = ks.member(&spec.worker_type, &spec.id);
-    if tx.get(&member_key, false).await?.is_some() {
-        write_health(tx, ks, spec, tstamp);
-        Ok(Heartbeat::Renewed)
-    } else {
-        register(tx, ks, spec, tstamp).await?;
-        Ok(Heartbeat::Reinstated)
+/// Renews the health record of `incarnation`; reinstates it if the worker
+/// was removed. Another incarnation's record is left as it is (`Gone`):
+/// renewing it would keep a registration alive that nobody heartbeats.
+pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) -> Result<Heartbeat, StoreError> {
+    match stored_health(tx, ks, &spec.worker_type, &spec.id).await? {
+        Some(value) if held_by(&value, incarnation) => {
+            write_health(tx, ks, spec, incarnation, tstamp);
+            Ok(Heartbeat::Renewed)
+        }
+        Some(_) => Ok(Heartbeat::Gone),
+        None => {
+            register(tx, ks, spec, incarnation, tstamp).await?;
+            Ok(Heartbeat::Reinstated)
+        }
     }
 }
 
-/// Removes a worker and sends its running jobs back to pending, in this
-/// one transaction. Returns whether it was registered.
-pub async fn remove(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<bool, StoreError> {
+/// Removes the worker if `incarnation` still holds it, and sends its
+/// running jobs back to pending, in this one transaction. Returns whether
+/// it removed it (false: not registered, or registered by another
+/// incarnation, which keeps its registration and its jobs).
+pub async fn remove(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], incarnation: &Incarnation) -> Result<bool, StoreError> {
+    match stored_health(tx, ks, worker_type, id).await? {
+        Some(value) if held_by(&value, incarnation) => remove_current(tx, ks, worker_type, id).await,
+        _ => Ok(false),
+    }
+}
+
+/// Removes whichever incarnation is registered: only for a caller that has
+/// judged the current health record in this transaction (the reaper).
+async fn remove_current(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<bool, StoreError> {
     let member_key = ks.member(worker_type, id);
     if tx.get(&member_key, false).await?.is_none() {
         return Ok(false);
@@ -164,7 +208,7 @@ pub async fn reap_if_dead(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8])
         Some(health) if !liveness::is_dead(&health, read_version) => Ok(false),
         // Dead, or a record no version of this code wrote: remove it, or it
         // would stay in the membership forever.
-        _ => remove(tx, ks, worker_type, id).await,
+        _ => remove_current(tx, ks, worker_type, id).await,
     }
 }
 

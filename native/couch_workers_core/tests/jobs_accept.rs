@@ -246,3 +246,84 @@ async fn node_stop_answers_waiters_and_stops_tasks() {
     assert_eq!(node.jobs().add(T, b"x", b"{}", 0).await, Err(Error::Store(StoreError::Closed)));
     assert_eq!(node.jobs().accept(T, b"w", Duration::from_secs(1)).await, Err(Error::Store(StoreError::Closed)));
 }
+
+/// `n` waiters per node (workers `w0..w9` of that node, ten waiters
+/// each), all waiting in their node's dispatcher before it returns.
+async fn park_waiters(
+    nodes: &[Arc<couch_workers_core::Node>],
+    n: usize,
+    timeout: Duration,
+) -> (Vec<couch_workers_core::Registration>, Vec<tokio::task::JoinHandle<Result<JobHandle, Error>>>) {
+    let mut regs = Vec::new();
+    let mut waiters = Vec::new();
+    for (k, node) in nodes.iter().enumerate() {
+        for w in 0..10 {
+            regs.push(register(node, T, format!("n{k}w{w}").as_bytes()).await);
+        }
+        for i in 0..n {
+            let jobs = node.jobs().clone();
+            let worker = format!("n{k}w{}", i % 10).into_bytes();
+            waiters.push(tokio::spawn(async move { jobs.accept(T, &worker, timeout).await }));
+        }
+    }
+    for node in nodes {
+        assert!(eventually(Duration::from_secs(5), || async { node.jobs().stats().waiters == n as u64 }).await);
+    }
+    (regs, waiters)
+}
+
+async fn add_jobs(node: &couch_workers_core::Node, n: usize) {
+    let batch: Vec<_> = (0..n)
+        .map(|i| couch_workers_core::jobs::NewJob { id: format!("j{i:05}").into_bytes(), info: info(i), priority: 0 })
+        .collect();
+    node.jobs().add_many(T, &batch).await.unwrap();
+}
+
+// Issue 12: a round serves at most ROUND_MAX_WAITERS; the waiters past
+// them must get the next rounds at once, not wait for a watch that no
+// new job will fire.
+#[tokio::test(flavor = "multi_thread")]
+async fn waiters_past_one_round_are_served_while_jobs_are_pending() {
+    let c = Cluster::new();
+    let nodes = [c.node(), c.node()];
+    let (_regs, waiters) = park_waiters(&nodes, 500, Duration::from_secs(5)).await;
+    let started = Instant::now();
+    add_jobs(&nodes[1], 10_000).await;
+    let mut got = HashSet::new();
+    let mut refused = 0;
+    for w in waiters {
+        match w.await.unwrap() {
+            Ok(h) => assert!(got.insert(h.job.id), "a job taken twice"),
+            Err(_) => refused += 1,
+        }
+    }
+    assert_eq!((got.len(), refused), (1_000, 0), "every waiter served while jobs were pending");
+    assert!(started.elapsed() < Duration::from_secs(4), "served at once, not at the timeout: {:?}", started.elapsed());
+    assert_eq!(nodes[0].jobs().pending_count(T).await.unwrap(), 9_000);
+    assert_eq!(pending_keys(&nodes[0], T).await, 9_000);
+    for n in &nodes {
+        n.stop().await;
+    }
+}
+
+// The other side of issue 12: with fewer jobs than waiters, no job is
+// left pending while a waiter times out.
+#[tokio::test(flavor = "multi_thread")]
+async fn more_waiters_than_jobs_leave_nothing_pending() {
+    let c = Cluster::new();
+    let nodes = [c.node(), c.node()];
+    let (_regs, waiters) = park_waiters(&nodes, 500, Duration::from_secs(2)).await;
+    add_jobs(&nodes[0], 600).await;
+    let mut got = HashSet::new();
+    for w in waiters {
+        if let Ok(h) = w.await.unwrap() {
+            assert!(got.insert(h.job.id), "a job taken twice");
+        }
+    }
+    assert_eq!(got.len(), 600, "every job went to a waiter");
+    assert_eq!(nodes[0].jobs().pending_count(T).await.unwrap(), 0);
+    assert_eq!(pending_keys(&nodes[0], T).await, 0);
+    for n in &nodes {
+        n.stop().await;
+    }
+}

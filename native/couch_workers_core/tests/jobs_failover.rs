@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use couch_workers_core::jobs::ops::{self, SweepStep, Take, BATCH_WRITE_BUDGET, REQUEUE_MAX_JOBS};
 use couch_workers_core::jobs::{Fence, JobHandle, JobState, NewJob};
-use couch_workers_core::keyspace::Keyspace;
+use couch_workers_core::keyspace::{Incarnation, Keyspace};
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::{
     run, CommitInfo, Db, KeyValue, RangeRequest, StoreError, Transaction, Tx, TxOptions, Watch,
@@ -24,6 +24,9 @@ use couch_workers_core::Error;
 use jobs_common::*;
 
 const T: &[u8] = b"replicator";
+
+/// The incarnation of the workers these tests register by hand.
+const INC: Incarnation = [9; 16];
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unregistered_worker_jobs_go_back_to_pending_and_its_handles_are_refused() {
@@ -78,11 +81,11 @@ async fn removal_in_the_workers_transaction_and_by_the_reaper() {
     let ks = node.keyspace().clone();
 
     // workers::remove in a transaction of its own (what reap_if_dead does).
-    let _w = register(&node, T, b"w").await;
+    let w = register(&node, T, b"w").await;
     add(jobs, T, b"x", 0).await;
     let hx = accept_now(jobs, T, b"w").await;
-    let k = &ks;
-    let removed = run(node.db().as_ref(), TxOptions::write(), |tx| async move { workers::remove(&tx, k, T, b"w").await })
+    let (k, inc) = (&ks, w.incarnation());
+    let removed = run(node.db().as_ref(), TxOptions::write(), |tx| async move { workers::remove(&tx, k, T, b"w", inc).await })
         .await
         .unwrap();
     assert!(removed);
@@ -93,7 +96,9 @@ async fn removal_in_the_workers_transaction_and_by_the_reaper() {
     // timeout 1 s) is reaped by a node's reaper; its job goes back.
     let short = workers::WorkerSpec { timeout_s: 1, ..spec(T, b"silent") };
     let s = &short;
-    run(node.db().as_ref(), TxOptions::write(), |tx| async move { workers::register(&tx, k, s, 0).await }).await.unwrap();
+    run(node.db().as_ref(), TxOptions::write(), |tx| async move { workers::register(&tx, k, s, &INC, 0).await })
+        .await
+        .unwrap();
     let hs = accept_now(other.jobs(), T, b"silent").await;
     assert_eq!(hs.job.id, b"x");
     assert!(
@@ -176,7 +181,7 @@ async fn remove_metered(db: &Db, ks: &Keyspace, worker: &[u8]) -> (usize, usize)
     let tx = db.create_transaction(&TxOptions::write()).await.unwrap();
     let metered = Arc::new(Metered { inner: tx, written: AtomicUsize::new(0) });
     let as_tx: Tx = metered.clone();
-    assert!(workers::remove(&as_tx, ks, T, worker).await.unwrap());
+    assert!(workers::remove(&as_tx, ks, T, worker, &INC).await.unwrap());
     as_tx.commit().await.unwrap();
     let moved = (count(db, ks).await - before) as usize;
     (moved, metered.written.load(Ordering::SeqCst))
@@ -195,7 +200,7 @@ where
 async fn setup_running(db: &Db, ks: &Keyspace, worker: &[u8], n: usize, info_len: usize) -> Vec<JobHandle> {
     let s = spec(T, worker);
     let s = &s;
-    write(db, |tx| async move { workers::register(&tx, ks, s, 0).await }).await;
+    write(db, |tx| async move { workers::register(&tx, ks, s, &INC, 0).await }).await;
     let filler = "x".repeat(info_len.saturating_sub(10));
     let batch: Vec<NewJob> = (0..n)
         .map(|i| NewJob { id: format!("j{i:05}").into_bytes(), info: format!("{{\"f\":\"{filler}\"}}").into_bytes(), priority: 0 })
@@ -272,7 +277,7 @@ async fn a_worker_with_5000_running_jobs_is_requeued_in_bounded_batches() {
     let s = spec(T, b"w");
     let s = &s;
     let k = &ks;
-    write(&db, |tx| async move { workers::register(&tx, k, s, 0).await }).await;
+    write(&db, |tx| async move { workers::register(&tx, k, s, &[10; 16], 0).await }).await;
     let again = vec![b"w".to_vec()];
     let tokens = ops::new_tokens(1);
     let a = ops::Acceptors { workers: &again, tokens: &tokens, recheck: false };

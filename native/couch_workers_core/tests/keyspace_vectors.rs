@@ -190,10 +190,22 @@ fn worker_ranges() {
 
 #[test]
 fn health_value_bytes() {
-    // (incomplete VS with user version 0, tstamp, timeout) ++ offset 1 LE.
-    same(&Keyspace::health_value(1_700_000_000, 15), &h("33 ffffffffffffffffffff 0000 18 6553f100 15 0f 01000000"));
-    same(&Keyspace::health_value(0, 1), &h("33 ffffffffffffffffffff 0000 14 15 01 01000000"));
-    same(&Keyspace::health_value(-1, i64::MAX), &h("33 ffffffffffffffffffff 0000 13 fe 1c 7fffffffffffffff 01000000"));
+    // (incomplete VS with user version 0, tstamp, timeout, incarnation as
+    // a byte string) ++ offset 1 LE.
+    same(
+        &Keyspace::health_value(1_700_000_000, 15, &[0x11; 16]),
+        &h("33 ffffffffffffffffffff 0000 18 6553f100 15 0f 01 11111111111111111111111111111111 00 01000000"),
+    );
+    // A NUL byte of the incarnation is escaped, as in every byte string.
+    let counting: [u8; 16] = std::array::from_fn(|i| i as u8);
+    same(
+        &Keyspace::health_value(0, 1, &counting),
+        &h("33 ffffffffffffffffffff 0000 14 15 01 01 00ff 0102030405060708090a0b0c0d0e0f 00 01000000"),
+    );
+    same(
+        &Keyspace::health_value(-1, i64::MAX, &[0xff; 16]),
+        &h("33 ffffffffffffffffffff 0000 13 fe 1c 7fffffffffffffff 01 ffffffffffffffffffffffffffffffff 00 01000000"),
+    );
 }
 
 #[test]
@@ -502,16 +514,27 @@ fn commit_versionstamp(param: &[u8], vs10: [u8; 10]) -> Vec<u8> {
 #[test]
 fn health_value_parses_after_commit() {
     let vs10 = [0, 0, 0, 0, 0x3b, 0x9a, 0xca, 0x00, 0x00, 0x07];
-    let stored = commit_versionstamp(&Keyspace::health_value(1_700_000_000, 15), vs10);
-    same(&stored, &h("33 000000003b9aca00 0007 0000 18 6553f100 15 0f"));
+    let stored = commit_versionstamp(&Keyspace::health_value(1_700_000_000, 15, &[0x22; 16]), vs10);
+    same(&stored, &h("33 000000003b9aca00 0007 0000 18 6553f100 15 0f 01 22222222222222222222222222222222 00"));
     let health = Keyspace::parse_health(&stored).expect("health parses");
     assert_eq!(health.versionstamp, vs10);
     assert_eq!(health.tstamp, 1_700_000_000);
     assert_eq!(health.timeout_s, 15);
+    assert_eq!(health.incarnation, Some([0x22; 16]));
     assert_eq!(health.version(), 1_000_000_000);
     assert_eq!(version_of(&vs10), 1_000_000_000);
     // The uncommitted parameter is not a health value.
-    assert!(Keyspace::parse_health(&Keyspace::health_value(1, 1)).is_none());
+    assert!(Keyspace::parse_health(&Keyspace::health_value(1, 1, &[0; 16])).is_none());
+}
+
+#[test]
+fn health_values_before_incarnations_parse_as_no_incarnation() {
+    // Written before incarnations: (VS, TStamp, Timeout).
+    let legacy = h("33 000000003b9aca00 0007 0000 18 6553f100 15 0f");
+    let health = Keyspace::parse_health(&legacy).expect("a legacy record parses");
+    assert_eq!((health.timeout_s, health.incarnation), (15, None));
+    // An incarnation of another length is no record of ours.
+    assert!(Keyspace::parse_health(&h("33 000000003b9aca00 0007 0000 18 6553f100 15 0f 01 2222 00")).is_none());
 }
 
 #[test]

@@ -19,6 +19,9 @@
 //!   [`ROUND_MAX_WAITERS`] waiters, and re-arms the watch in the same
 //!   transaction if waiters are left (no add can slip between the read and
 //!   the watch);
+//! * while the rounds find jobs for every waiter they serve, the next round
+//!   follows at once: waiters past the first [`ROUND_MAX_WAITERS`] are
+//!   served from the jobs already pending, which fire no watch;
 //! * a waiter whose deadline passes gets `not_found`; an accept with
 //!   timeout 0 never comes here (one transaction, no dispatcher);
 //! * when no waiter is left the dispatcher exits (it is started again on
@@ -353,6 +356,11 @@ impl Dispatcher {
                 return Err(e);
             }
         };
+        // A batch with no waiter left over may have stopped short of the
+        // pending jobs only because it was full: the waiters behind it are
+        // due a round now, since no watch fires for jobs already pending.
+        let batch_drained = !round.takes.iter().any(|t| matches!(t, Take::NoJob));
+        let again = round.more || (rest > 0 && batch_drained);
         let mut left = Vec::new();
         let mut answered = 0u64;
         for (waiter, take) in batch.into_iter().zip(round.takes) {
@@ -386,7 +394,7 @@ impl Dispatcher {
         for w in left.into_iter().rev() {
             self.waiters.push_front(w);
         }
-        Ok((round.more, watch))
+        Ok((again, watch))
     }
 }
 

@@ -4,7 +4,9 @@
 //! jitter), so that two heartbeats can be lost before the worker is reaped
 //! (the foundationdb-rs leader-election recipe renews at the same ratio).
 //! A failed heartbeat is logged and retried sooner; it never gives up
-//! while the registration lives.
+//! while the registration lives. It stops when another incarnation holds
+//! the worker's id (`Heartbeat::Gone`): that registration is not ours to
+//! renew, and this one was replaced.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{jittered, sleep_or_cancel, wall_clock_s, Live};
-use crate::keyspace::Keyspace;
+use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Event, Level, Logger};
 use crate::store::{run, Db, TxOptions};
 use crate::workers::{self, Heartbeat, WorkerSpec};
@@ -21,6 +23,7 @@ pub(crate) struct HeartbeatTask {
     pub db: Db,
     pub ks: Keyspace,
     pub spec: Arc<WorkerSpec>,
+    pub incarnation: Incarnation,
     pub log: Logger,
     pub cancel: CancellationToken,
     pub tx_options: TxOptions,
@@ -42,10 +45,10 @@ impl HeartbeatTask {
                 return;
             }
             let spec = self.spec.clone();
-            let ks = &self.ks;
+            let (ks, inc) = (&self.ks, &self.incarnation);
             let beat = run(self.db.as_ref(), self.tx_options, |tx| {
                 let spec = spec.clone();
-                async move { workers::heartbeat(&tx, ks, &spec, wall_clock_s()).await }
+                async move { workers::heartbeat(&tx, ks, &spec, inc, wall_clock_s()).await }
             });
             let outcome = tokio::select! {
                 _ = self.cancel.cancelled() => return,
@@ -61,6 +64,10 @@ impl HeartbeatTask {
                 Ok(Heartbeat::Reinstated) => {
                     failures = 0;
                     self.log.log(self.event(Level::Warning, "worker_reinstated"));
+                }
+                Ok(Heartbeat::Gone) => {
+                    self.log.log(self.event(Level::Warning, "worker_superseded"));
+                    return;
                 }
                 Err(e) => {
                     failures += 1;

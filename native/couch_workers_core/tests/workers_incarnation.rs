@@ -1,0 +1,94 @@
+//! Issue 12: each registration is an incarnation of its worker id. What is
+//! done for one (its removal, its heartbeat, the requeue of its jobs) must
+//! never touch another registration of the same id, on this node or any.
+//! Through the public `Node` API only, as the NIF uses it.
+
+mod jobs_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use couch_workers_core::jobs::JobState;
+use couch_workers_core::log::Discard;
+use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::faulty::{FaultPlan, FaultyStore};
+use couch_workers_core::store::Db;
+use couch_workers_core::workers::WorkerSpec;
+use couch_workers_core::{Node, Settings};
+use jobs_common::*;
+
+const T: &[u8] = b"replicator";
+
+fn spec_of(options: &[u8], timeout_s: u64) -> WorkerSpec {
+    WorkerSpec { worker_type: T.to_vec(), id: b"w".to_vec(), options_json: options.to_vec(), timeout_s }
+}
+
+/// Every commit fails with an I/O error while enabled: a store that turns
+/// an unregister down.
+fn failing_commits() -> FaultPlan {
+    FaultPlan {
+        seed: 12,
+        create: 0.0,
+        read: 0.0,
+        write: 0.0,
+        commit: 1.0,
+        watch: 0.0,
+        io_share: 1.0,
+        unknown_committed_share: 0.0,
+        enabled: false,
+    }
+}
+
+/// A node on `c`'s directory whose commits can be made to fail.
+fn faulty_node(c: &Cluster) -> (Arc<Node>, Arc<FaultyStore>) {
+    let inner: Db = EmbeddedStore::open(EmbeddedOptions::new(c.dir.path())).expect("open store");
+    let faulty = FaultyStore::wrap(inner, failing_commits());
+    (Node::with_db(faulty.clone(), Settings::default(), Arc::new(Discard)), faulty)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_handle_does_not_remove_the_next_registration() {
+    let c = Cluster::new();
+    let (node, faulty) = faulty_node(&c);
+    let observer = c.node();
+    let old = node.register_worker(spec_of(br#"{"n":1}"#, 15)).await.expect("register");
+    faulty.set_enabled(true);
+    assert!(node.unregister_worker(&old).await.is_err(), "the store turned the unregister down");
+    faulty.set_enabled(false);
+    // The owner registers again (the Erlang side forgets a handle whose
+    // unregister failed), and the new registration takes a job.
+    let new = node.register_worker(spec_of(br#"{"n":2}"#, 15)).await.expect("register again");
+    add(node.jobs(), T, b"j", 0).await;
+    let h = accept_now(node.jobs(), T, b"w").await;
+
+    drop(old);
+    // `stop` waits for every task of the node, the old handle's removal too.
+    node.stop().await;
+    drop(new);
+
+    assert_eq!(raw_get(&observer, &ks(&observer).member(T, b"w")).await, Some(br#"{"n":2}"#.to_vec()), "still registered");
+    let job = get(observer.jobs(), T, b"j").await;
+    assert_eq!((job.state, job.worker), (JobState::Running, Some(b"w".to_vec())), "its job was not requeued");
+    assert_eq!(job.vs, h.job.vs, "nor touched");
+    observer.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_registrations_of_one_id_do_not_keep_each_other_alive() {
+    let c = Cluster::new();
+    let (a, b) = (c.node(), c.node());
+    let _first = a.register_worker(spec_of(b"{}", 1)).await.expect("register on a");
+    let _second = b.register_worker(spec_of(b"{}", 1)).await.expect("register on b, replacing a's");
+    // b's node dies: nothing heartbeats its registration any more, and
+    // nothing removes it but a reaper.
+    b.stop().await;
+    let member = ks(&a).member(T, b"w");
+    assert!(
+        eventually(Duration::from_secs(5), || async { raw_get(&a, &member).await.is_none() }).await,
+        "a's heartbeats kept b's registration alive"
+    );
+    assert_eq!(a.stats().heartbeats, 0, "a's heartbeat stopped: its registration is gone");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(raw_get(&a, &member).await, None, "and nothing brings it back");
+    a.stop().await;
+}
