@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs what couch_workers needs on a fresh Debian/Ubuntu machine, and
 # only what is missing: Erlang/OTP (with headers, EUnit and PropEr),
-# rebar3, and libclang (bindgen, for the FoundationDB store's headers).
+# rebar3, rebar 2, and libclang (bindgen, for the FoundationDB store's headers).
 # Cargo is expected to be installed already (rustup). Idempotent: a second
 # run installs nothing.
 set -eu
@@ -42,6 +42,13 @@ if command -v dpkg-query >/dev/null 2>&1; then
     want erlang-eunit "rebar3 eunit"
     want erlang-proper "property tests"
     want libclang-dev "bindgen (FoundationDB headers)"
+fi
+# CouchDB builds with rebar 2; Debian's 2.6.4 stands in for it in the
+# integration test of a CouchDB-shaped tree (test/integration).
+if command -v rebar >/dev/null 2>&1; then
+    echo "setup: rebar found at $(command -v rebar)"
+else
+    want rebar "rebar 2, CouchDB's build tool"
 fi
 if command -v rebar3 >/dev/null 2>&1; then
     echo "setup: rebar3 found at $(command -v rebar3)"

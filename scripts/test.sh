@@ -2,8 +2,9 @@
 # Runs every test: the Rust core (unit + conformance + key-space vectors +
 # fault tests), the FoundationDB store's type-check, a benchmark smoke run,
 # and the EUnit suites (including the multi-node tests with real `erl`
-# nodes, the PropEr model and the reliability suites). Installs what is
-# missing first.
+# nodes, the PropEr model and the reliability suites), and the integration
+# builds of test/integration (CouchDB's rebar 2 tree, a rebar3 dependency,
+# their releases). Installs what is missing first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -19,3 +20,9 @@ bench/run --smoke
 
 echo "==> rebar3 eunit (builds the NIF through cargo first)"
 rebar3 eunit
+
+echo "==> integration: a CouchDB-shaped tree built with rebar 2 (compile, generate, boot, eunit)"
+test/integration/couchdb_tree.sh
+
+echo "==> integration: a rebar3 project depending on couch_workers by git (release, boot), rebar3 shell in place"
+test/integration/rebar3_dep.sh
