@@ -15,7 +15,12 @@
 %% dirty CPU scheduler and convert any size; otherwise the twins answer
 %% alike. Call them through `budgeted/2', which does the one and then, if
 %% need be, the other: small maps (nearly all) stay on the fast path. See
-%% the NIF crate's `json.rs'.
+%% the NIF crate's `json.rs'. The other NIFs that touch the store only
+%% check small arguments and hand the request to the Rust runtime; its
+%% threads run under Linux's `SCHED_BATCH', so that the thread a NIF wakes
+%% never preempts the calling scheduler thread while it builds a big
+%% reply (the NIF crate's `runtime.rs'). test/couch_workers_sched_tests.erl
+%% times every NIF that runs on a normal scheduler.
 %%
 %% ```
 %% start(Ref, Config)               -> ok | {error, _}  then {Ref, ok | {error, Name}}

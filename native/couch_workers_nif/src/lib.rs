@@ -10,7 +10,10 @@
 //! that convert a caller's map to JSON (up to 100 KB of terms) do so on
 //! the calling scheduler only within a budget of terms, and answer
 //! `dirty` past it; their `_dirty` twins (DirtyCpu) convert any size
-//! (`json.rs`). `job_add_many/3` always runs on a dirty scheduler.
+//! (`json.rs`). `job_add_many/3` always runs on a dirty scheduler. The
+//! runtime threads that NIFs wake are `SCHED_BATCH`, so that waking one
+//! never preempts the scheduler thread still inside the NIF
+//! (`runtime.rs`).
 //!
 //! | module          | NIFs                                                    |
 //! | --------------- | ------------------------------------------------------- |

@@ -15,6 +15,29 @@
 //!   A `start` in any state but `Stopped` is `{error, already_started}`
 //!   (`stopping` while a stop is in progress); a `stop` of a node that is
 //!   not running is `{error, not_started}`.
+//!
+//! ## Why the runtime threads are `SCHED_BATCH` (Linux)
+//!
+//! Every NIF that touches the store hands its work to the runtime, which
+//! wakes a parked runtime thread (a futex wake inside `spawn`, still on
+//! the calling scheduler thread, still inside the NIF). With the default
+//! policy Linux lets the woken thread preempt the waker at once when it
+//! lands on the waker's CPU; the woken thread then runs the request to
+//! its end (for a job near the value limit: reading it and building a
+//! 100 KB reply term, 1-3 ms), while the scheduler thread waits, runnable,
+//! in the middle of a NIF call that needs microseconds of CPU (a perf
+//! trace of `sched_switch` showed the scheduler thread switched out inside
+//! that futex wake; figures in docs/reliability.md). `SCHED_BATCH` changes
+//! only that: a woken batch thread never preempts on wakeup (it runs on a
+//! free CPU, or
+//! when the running thread's slice ends) and keeps its nice-0 share of
+//! the CPU.
+//! Tokio calls the hook for its worker and blocking threads alike; threads
+//! that the store starts from a runtime thread (the embedded store's
+//! watcher and checkpoint threads) inherit the policy, which suits them:
+//! no scheduler thread wakes them. A failure (not Linux, a seccomp
+//! filter) leaves the default policy. test/couch_workers_sched_tests.erl
+//! checks the policy.
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -48,6 +71,7 @@ pub fn ensure(threads: usize) -> Result<(&'static Runtime, bool), String> {
     let rt = Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name(THREAD_NAME)
+        .on_thread_start(batch_policy)
         .enable_all()
         .build()
         .map_err(|e| format!("cannot build the tokio runtime: {e}"))?;
@@ -55,6 +79,32 @@ pub fn ensure(threads: usize) -> Result<(&'static Runtime, bool), String> {
     let _ = RUNTIME.set(rt);
     Ok((RUNTIME.get().expect("runtime just set"), true))
 }
+
+/// Puts the calling thread under `SCHED_BATCH` (see the module doc):
+/// waking it never preempts a scheduler thread.
+#[cfg(target_os = "linux")]
+fn batch_policy() {
+    // From <sched.h>; std links libc, and the NIF crate has no libc
+    // dependency of its own for three lines.
+    #[repr(C)]
+    struct SchedParam {
+        sched_priority: i32,
+    }
+    const SCHED_BATCH: i32 = 3;
+    extern "C" {
+        fn sched_setscheduler(pid: i32, policy: i32, param: *const SchedParam) -> i32;
+    }
+    let param = SchedParam { sched_priority: 0 };
+    // pid 0: the calling thread. Unprivileged, and allowed for any thread
+    // of one's own. A failure keeps the default policy: slower worst
+    // cases, nothing wrong.
+    // SAFETY: a plain syscall wrapper given a valid pointer to a
+    // `struct sched_param` that outlives the call.
+    let _ = unsafe { sched_setscheduler(0, SCHED_BATCH, &param) };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn batch_policy() {}
 
 /// The runtime's handle, if it was built.
 pub fn handle() -> Option<Handle> {
