@@ -104,11 +104,10 @@
     job_finish_dirty/3
 ]).
 
--export([wait/2, budgeted/2, lib_path/0]).
+-export([wait/2, budgeted/2]).
 
 -include_lib("kernel/include/logger.hrl").
 
--define(LIB, "libcouch_workers_nif").
 
 -type registration() :: reference().
 -type watch() :: reference().
@@ -119,13 +118,13 @@
 
 -spec init() -> ok | {error, term()}.
 init() ->
-    Path = lib_path(),
+    Path = couch_workers_nif_lib:path(),
     case filelib:is_regular(Path ++ ".so") of
         false ->
             ?LOG_ERROR(#{
                 what => nif_library_missing,
                 path => Path ++ ".so",
-                hint => "build it with `rebar3 compile` (runs scripts/build-nif.sh)"
+                hint => "build it with `rebar3 compile` or `rebar compile` (their hook runs scripts/build-nif.sh; needs cargo)"
             }),
             {error, {nif_library_missing, Path ++ ".so"}};
         true ->
@@ -137,22 +136,6 @@ init() ->
                     Error
             end
     end.
-
-%% @doc The library's path without the extension (as `erlang:load_nif/2'
-%% wants it).
--spec lib_path() -> file:filename().
-lib_path() ->
-    Priv =
-        case code:priv_dir(couch_workers) of
-            {error, bad_name} ->
-                %% Not on the code path as an application (a bare -pa of
-                %% the ebin directory): priv is its sibling.
-                Ebin = filename:dirname(code:which(?MODULE)),
-                filename:join(filename:dirname(Ebin), "priv");
-            Dir ->
-                Dir
-        end,
-    filename:join(Priv, ?LIB).
 
 %% @doc Waits for the `{Ref, Result}' answer of an asynchronous NIF.
 -spec wait(reference(), timeout()) -> term().
