@@ -12,6 +12,16 @@ scripts/setup.sh
 echo "==> cargo test (core crate: store conformance, key space, liveness, jobs)"
 cargo test -p couch_workers_core
 
+# The disk-fault tests mount file systems and set file attributes, so a
+# plain cargo test ignores them; as root they run here, and fail if the
+# fault cannot be made.
+if [ "$(id -u)" -eq 0 ]; then
+    echo "==> cargo test: the disk-fault tests that need root (tmpfs, bind mounts, chattr)"
+    cargo test -p couch_workers_core --test faults_disk -- --ignored
+else
+    echo "==> NOT RUN: the disk-fault tests that need root (tests/faults_disk.rs, ignored): run as root to include them"
+fi
+
 echo "==> FoundationDB store: type-check (cargo check + clippy --features fdb)"
 scripts/check-fdb.sh
 
