@@ -85,40 +85,33 @@ pub enum Sched {
 }
 
 /// Why a term is not JSON.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JsonError {
     /// More than [`MAX_DEPTH`] nested containers.
+    #[error("nested deeper than {MAX_DEPTH} levels")]
     TooDeep,
     /// The encoded JSON would be longer than the limit.
+    #[error("larger than the value limit once encoded")]
     TooLarge,
     /// More than [`NORMAL_MAX_NODES`] terms on a normal scheduler: not an
     /// error of the term, convert it again on a dirty one.
+    #[error("more than {NORMAL_MAX_NODES} terms for a normal scheduler")]
     NeedsDirty,
     /// A binary that is not UTF-8 (path of the value).
+    #[error("binary at {0} is not valid UTF-8")]
     InvalidUtf8(String),
     /// An integer outside i64 and u64.
+    #[error("integer at {0} does not fit 64 bits")]
     IntegerOutOfRange(String),
     /// A map key that is neither a binary nor an atom.
+    #[error("map key at {0} is neither a binary nor an atom")]
     BadKey(String),
     /// The same key twice (as atom and as binary).
+    #[error("key {0} given twice (as atom and binary)")]
     DuplicateKey(String),
     /// A term with no JSON form: what it is, and where.
+    #[error("{0} at {1} has no JSON form")]
     Unsupported(&'static str, String),
-}
-
-impl std::fmt::Display for JsonError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            JsonError::TooDeep => write!(f, "nested deeper than {MAX_DEPTH} levels"),
-            JsonError::TooLarge => write!(f, "larger than the value limit once encoded"),
-            JsonError::NeedsDirty => write!(f, "more than {NORMAL_MAX_NODES} terms for a normal scheduler"),
-            JsonError::InvalidUtf8(at) => write!(f, "binary at {at} is not valid UTF-8"),
-            JsonError::IntegerOutOfRange(at) => write!(f, "integer at {at} does not fit 64 bits"),
-            JsonError::BadKey(at) => write!(f, "map key at {at} is neither a binary nor an atom"),
-            JsonError::DuplicateKey(at) => write!(f, "key {at} given twice (as atom and binary)"),
-            JsonError::Unsupported(what, at) => write!(f, "{what} at {at} has no JSON form"),
-        }
-    }
 }
 
 /// Converts `term` to JSON; refuses it once its encoding would exceed
