@@ -59,7 +59,9 @@
 %% budgeted(Nif, Args)                        Nif's answer, through its twin when it is `dirty'
 %% '''
 %%
-%% The job NIFs are documented in full in the NIF crate's `jobs.rs'.
+%% This list is the one description of the NIF protocol; argument shapes
+%% and the accept and subscription state machines are in the NIF crate's
+%% `jobs.rs'.
 %%
 %% The library is loaded once, from `priv/libcouch_workers_nif.so' of the app. It
 %% has no upgrade callback, so loading this module again fails instead of

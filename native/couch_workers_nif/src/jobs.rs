@@ -1,26 +1,10 @@
 //! Job queue NIFs (the core's `JobService`, `node.jobs()`).
 //!
-//! ```text
-//! job_add(Ref, Type, Id, Info, Priority)      -> ok | {error, Name} | dirty  then {Ref, ok | {error, Name}}
-//! job_add_many(Ref, Type, [{Id, Info, Priority}])
-//!                                             -> ok | {error, Name}  then {Ref, ok | {error, {already_exists, [Id]}} | {error, Name}}
-//! job_accept(Ref, Type, Worker, TimeoutMs)    -> {ok, Waiter} | {error, Name}
-//!                                                then {Ref, {ok, Handle} | {error, not_found | Name}}
-//! job_accept_abandon(Waiter)                  -> abandoned | delivered
-//! job_update(Ref, Handle, Info)               -> ok | {error, Name} | dirty  then {Ref, {ok, Handle} | {error, canceled | not_owner | not_found | Name}}
-//! job_finish(Ref, Handle, Result)             -> ok | {error, Name} | dirty  then {Ref, ok | {error, not_owner | not_found | Name}}
-//! job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3: the same, never dirty
-//! job_cancel(Ref, Type, Id)                   -> ok | {error, Name}  then {Ref, ok | {error, not_found | Name}}
-//! job_remove(Ref, Type, Id)                   -> ok | {error, Name}  then {Ref, ok | {error, not_found | Name}}
-//! job_get(Ref, Type, Id)                      -> ok | {error, Name}  then {Ref, {ok, Job} | {error, not_found | Name}}
-//! job_pending_count(Ref, Type)                -> ok | {error, Name}  then {Ref, {ok, Count} | {error, Name}}
-//! job_subscribe(Ref, Type, Id, Pid, SubRef)   -> ok | {error, Name}  then {Ref, {ok, Subscription, Job} | {error, not_found | Name}}
-//!     then to Pid:    {couch_workers_job, SubRef, Job}     on every change
-//!                     {couch_workers_job, SubRef, removed} when the job is removed (the end),
-//!     and to the caller of job_subscribe/5 (couch_workers_jobs), after that:
-//!                     {couch_workers_job_ended, SubRef}
-//! job_unsubscribe(Subscription)               -> ok    (no message of it is sent after this returns)
-//! ```
+//! Signatures, immediate answers and the `{Ref, Result}` replies of these
+//! NIFs are listed once, in the `@doc` of `src/couch_workers_nif.erl` (the
+//! stubs Erlang calls); this module documents what that list does not:
+//! argument shapes, the immediate errors, and how accepts and
+//! subscriptions keep "exactly one answer".
 //!
 //! Shapes (else `badarg`): `Type`, `Id`, `Worker` binaries; `Info` and
 //! `Result` maps; `Priority` an integer; `TimeoutMs` a non-negative
