@@ -31,8 +31,7 @@
 //!   empty there;
 //! * nodes started by a test (their reaper, sweeper and dispatchers) are
 //!   stopped at its end with [`Node::stop`], which closes their handle;
-//! * every test takes well under 3 s on an idle machine (the one that
-//!   waits for a health timeout on the store's clock about 1.1 s).
+//! * every test takes well under 3 s on an idle machine.
 //!
 //! Each behaviour is a `pub async fn(&dyn StoreFactory)`, callable on its
 //! own, and each checks an outcome.
@@ -43,7 +42,6 @@ use std::time::{Duration, Instant};
 use crate::conformance::StoreFactory;
 use crate::jobs::{ops, AddManyError, Fence, JobHandle, JobService, JobState, NewJob};
 use crate::keyspace::{Health, Incarnation, Keyspace};
-use crate::liveness;
 use crate::store::{run, run_with_info, CommitInfo, Db, KeyValue, RangeRequest, StoreError, TxOptions, Versionstamp};
 use crate::workers::{self, Heartbeat, Membership, WorkerSpec};
 use crate::{Error, Node, Settings};
@@ -68,9 +66,9 @@ macro_rules! keyspace_conformance_tests {
             workers_heartbeat_of_an_old_incarnation_renews_nothing,
             workers_read_membership_is_exactly_the_registered_set,
             workers_types_stay_separate,
-            workers_reap_spares_a_live_worker,
-            workers_reap_after_timeout_on_the_store_clock,
-            workers_liveness_rule_uses_the_store_read_version,
+            workers_reap_spares_a_renewed_worker,
+            workers_reap_removes_the_observed_record,
+            workers_reap_leaves_another_incarnation,
             workers_concurrent_reap_removes_once,
             membership_watch_fires_on_change_not_on_heartbeat,
             membership_changes_since_a_versionstamp,
@@ -117,13 +115,6 @@ fn stamp_of(info: &CommitInfo) -> Versionstamp {
     info.versionstamp.expect("the commit wrote a versionstamp")
 }
 
-/// A 10-byte versionstamp whose commit version is `version`.
-fn stamp_at(version: u64) -> Versionstamp {
-    let mut vs = [0u8; 10];
-    vs[..8].copy_from_slice(&version.to_be_bytes());
-    vs
-}
-
 /// Registers `spec` in a transaction of its own; the commit's versionstamp.
 async fn register(db: &Db, spec: &WorkerSpec) -> Versionstamp {
     register_as(db, spec, &INC).await
@@ -161,9 +152,10 @@ async fn remove_as(db: &Db, worker_type: &[u8], id: &[u8], inc: &Incarnation) ->
         .expect("remove commits")
 }
 
-async fn reap(db: &Db, worker_type: &[u8], id: &[u8]) -> (bool, CommitInfo) {
+/// Reaps `id` if its health record is still `observed`.
+async fn reap(db: &Db, worker_type: &[u8], id: &[u8], observed: &[u8]) -> (bool, CommitInfo) {
     let ks = &ks_of(db);
-    run_with_info(&**db, TxOptions::write(), |tx| async move { workers::reap_if_dead(&tx, ks, worker_type, id).await })
+    run_with_info(&**db, TxOptions::write(), |tx| async move { workers::reap(&tx, ks, worker_type, id, observed).await })
         .await
         .expect("reap commits")
 }
@@ -198,22 +190,6 @@ async fn raw_set(db: &Db, key: &[u8], value: &[u8]) {
 async fn range(db: &Db, (begin, end): (Vec<u8>, Vec<u8>)) -> Vec<KeyValue> {
     let r = &RangeRequest::new(begin, end);
     run(&**db, TxOptions::read(), |tx| async move { tx.get_range(r).await }).await.expect("range read")
-}
-
-async fn read_version(db: &Db) -> u64 {
-    run(&**db, TxOptions::read(), |tx| async move { tx.read_version().await }).await.expect("read version")
-}
-
-/// Overwrites a worker's health record by hand: a heartbeat of [`INC`]
-/// committed at `version` with `timeout_s`.
-async fn set_health_at(db: &Db, worker_type: &[u8], id: &[u8], version: u64, timeout_s: i64) {
-    let value = foundationdb_tuple::pack(&(
-        foundationdb_tuple::Versionstamp::complete(stamp_at(version), 0),
-        TSTAMP,
-        timeout_s,
-        foundationdb_tuple::Bytes::from(&INC[..]),
-    ));
-    raw_set(db, &ks_of(db).health(worker_type, id), &value).await;
 }
 
 fn node(db: &Db) -> Arc<Node> {
@@ -471,107 +447,89 @@ pub async fn workers_types_stay_separate(s: &dyn StoreFactory) {
     assert_eq!(membership(&a.db, b"").await.vs, stamps[3]);
 }
 
-/// `reap_if_dead` leaves a worker whose heartbeat is fresh, and a worker
-/// that is not registered, and writes nothing either way.
-pub async fn workers_reap_spares_a_live_worker(s: &dyn StoreFactory) {
+/// The stored health record of `id`, as a reaper observes it.
+async fn observe(db: &Db, worker_type: &[u8], id: &[u8]) -> Vec<u8> {
+    raw_get(db, &ks_of(db).health(worker_type, id)).await.expect("a health record")
+}
+
+/// `reap` leaves a worker whose heartbeat renewed its record after it was
+/// observed, and a worker that is not registered, and writes nothing
+/// either way.
+pub async fn workers_reap_spares_a_renewed_worker(s: &dyn StoreFactory) {
     let a = s.fresh().await;
     let b = s.second(&a).await;
     let w = spec(T, b"w", b"{}", 1);
-    let vs = register(&a.db, &w).await;
+    register(&a.db, &w).await;
+    let observed = observe(&b.db, T, b"w").await;
+    let (beat, _) = heartbeat(&a.db, &w, TSTAMP).await;
+    assert_eq!(beat, Heartbeat::Renewed);
+    let vs = membership(&b.db, T).await.vs;
     for db in [&a.db, &b.db] {
-        let (reaped, info) = reap(db, T, b"w").await;
-        assert!(!reaped, "a fresh worker is alive");
+        let (reaped, info) = reap(db, T, b"w", &observed).await;
+        assert!(!reaped, "a heartbeat since the observation: alive");
         assert_eq!(info.versionstamp, None);
     }
-    let (reaped, info) = reap(&b.db, T, b"nobody").await;
+    let (reaped, info) = reap(&b.db, T, b"nobody", &observed).await;
     assert!(!reaped);
     assert_eq!(info.version, None);
     let m = membership(&b.db, T).await;
     assert_eq!((m.vs, m.workers.len()), (vs, 1));
 }
 
-/// A worker with a 1 s timeout and no heartbeat is alive until the store's
-/// clock is more than 1 s past its health record, and reaped after.
-pub async fn workers_reap_after_timeout_on_the_store_clock(s: &dyn StoreFactory) {
+/// A record still as observed is removed: member, health and the jobs it
+/// ran (back to pending), with one bump of the type's `vs`; a second reap
+/// of the same observation finds nothing.
+pub async fn workers_reap_removes_the_observed_record(s: &dyn StoreFactory) {
     let a = s.fresh().await;
     let b = s.second(&a).await;
+    let nb = node(&b.db);
     let ks = ks_of(&a.db);
-    let vs = register(&a.db, &spec(T, b"short", b"{}", 1)).await;
-    let h = health(&b.db, T, b"short").await.expect("health");
-    assert_eq!((h.versionstamp, h.timeout_s), (vs, 1));
-    assert!(!reap(&b.db, T, b"short").await.0, "alive right after registering");
+    register(&a.db, &spec(T, b"silent", b"{}", 1)).await;
+    nb.jobs().add(T, b"j", &info(1), 0).await.expect("add");
+    let h = accept_now(nb.jobs(), b"silent").await;
+    let observed = observe(&a.db, T, b"silent").await;
 
-    // Wait ~1.1 s of the store's clock (never a wall clock).
-    let limit = Instant::now() + Duration::from_secs(3);
-    let target = h.version() + liveness::timeout_versions(1) + 100_000;
-    while read_version(&b.db).await <= target {
-        assert!(Instant::now() < limit, "the store's read version did not pass the timeout within 3 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let (reaped, info) = reap(&b.db, T, b"short").await;
-    assert!(reaped, "dead past its timeout");
+    let (reaped, info_) = reap(&b.db, T, b"silent", &observed).await;
+    assert!(reaped, "unchanged since observed: reaped");
     let m = membership(&a.db, T).await;
-    assert_eq!(m.vs, stamp_of(&info), "the reap bumps vs");
+    assert_eq!(m.vs, stamp_of(&info_), "the reap bumps vs");
     assert!(m.workers.is_empty());
-    assert_eq!(raw_get(&a.db, &ks.health(T, b"short")).await, None);
-    assert!(!reap(&a.db, T, b"short").await.0, "reaped once");
+    assert_eq!(raw_get(&a.db, &ks.health(T, b"silent")).await, None);
+    assert_eq!(nb.jobs().get(T, b"j").await.map(|j| j.state), Ok(JobState::Pending), "its job went back");
+    assert_eq!(nb.jobs().finish(&h.fence(), b"{}").await, Err(Error::NotOwner));
+    assert!(!reap(&a.db, T, b"silent", &observed).await.0, "reaped once");
+    nb.stop().await;
 }
 
-/// The liveness rule, against the read version of the reaping
-/// transaction: dead exactly when that version is more than the timeout
-/// past the health record's version. Checked with records written by hand
-/// (old, young, in the future, unreadable), and a heartbeat rescues an
-/// expired worker that was not reaped yet.
-pub async fn workers_liveness_rule_uses_the_store_read_version(s: &dyn StoreFactory) {
+/// A record of another incarnation (the id registered again, here or on
+/// another node) is another record: the reap of the old observation
+/// leaves it, and its jobs, alone. A record no version of this code
+/// wrote is removed when it is still the one observed (it would otherwise
+/// stay in the membership forever).
+pub async fn workers_reap_leaves_another_incarnation(s: &dyn StoreFactory) {
     let a = s.fresh().await;
     let b = s.second(&a).await;
+    let nb = node(&b.db);
     let ks = ks_of(&a.db);
-    // (id, age in versions (negative: ahead of the store), timeout s, dead?)
-    let cases: [(&[u8], i64, i64, bool); 5] = [
-        (b"old", 2_000_000, 1, true),
-        (b"young", 200_000, 1, false),
-        (b"long", 10_000_000, 15, false),
-        (b"expired", 20_000_000, 15, true),
-        (b"future", -1_000_000, 1, false),
-    ];
-    for (id, _, _, _) in &cases {
-        register(&a.db, &spec(T, id, b"{}", 15)).await;
-    }
+    let w = spec(T, b"w", b"{}", 1);
+    register_as(&a.db, &w, &[1; 16]).await;
+    let observed = observe(&a.db, T, b"w").await;
+    let vs = register_as(&b.db, &w, &[2; 16]).await;
+    nb.jobs().add(T, b"j", &info(1), 0).await.expect("add");
+    let h = accept_now(nb.jobs(), b"w").await;
+
+    let (reaped, info_) = reap(&a.db, T, b"w", &observed).await;
+    assert!(!reaped, "the observed incarnation is gone");
+    assert_eq!(info_.versionstamp, None, "nothing written");
+    assert_eq!(membership(&a.db, T).await.vs, vs);
+    assert_eq!(health(&a.db, T, b"w").await.and_then(|h| h.incarnation), Some([2; 16]));
+    nb.jobs().finish(&h.fence(), b"{}").await.expect("the new incarnation still holds its job");
+
     register(&a.db, &spec(T, b"corrupt", b"{}", 15)).await;
-    register(&a.db, &spec(T, b"rescued", b"{}", 1)).await;
-
-    let now = read_version(&a.db).await;
-    for (id, age, timeout, _) in &cases {
-        set_health_at(&a.db, T, id, now.saturating_add_signed(-age), *timeout).await;
-    }
-    set_health_at(&a.db, T, b"rescued", now.saturating_sub(5_000_000), 1).await;
     raw_set(&a.db, &ks.health(T, b"corrupt"), b"\xffnot a health record").await;
-
-    for (i, (id, _, _, dead)) in cases.iter().enumerate() {
-        let db = if i % 2 == 0 { &b.db } else { &a.db };
-        let ks = &ks;
-        let (rv, h, reaped) = run(&**db, TxOptions::write(), |tx| async move {
-            let rv = tx.read_version().await?;
-            let h = workers::read_health(&tx, ks, T, id).await?;
-            let reaped = workers::reap_if_dead(&tx, ks, T, id).await?;
-            Ok((rv, h, reaped))
-        })
-        .await
-        .expect("reap commits");
-        let h = h.expect("the hand-written record parses");
-        let age = i128::from(rv) - i128::from(h.version());
-        let name = String::from_utf8_lossy(id);
-        assert_eq!(reaped, *dead, "{name}: age {age} versions, timeout {} s", h.timeout_s);
-        assert_eq!(reaped, liveness::is_dead(&h, rv), "reap_if_dead follows liveness::is_dead at its read version");
-        assert_eq!(raw_get(&a.db, &ks.member(T, id)).await.is_some(), !dead);
-    }
-    assert!(reap(&b.db, T, b"corrupt").await.0, "an unreadable health record is removed, not kept forever");
-
-    let (beat, _) = heartbeat(&b.db, &spec(T, b"rescued", b"{}", 1), TSTAMP).await;
-    assert_eq!(beat, Heartbeat::Renewed, "not reaped yet: still a member");
-    assert!(!reap(&a.db, T, b"rescued").await.0, "the heartbeat renewed it");
-    let left: Vec<Vec<u8>> = membership(&a.db, T).await.workers.into_iter().map(|(id, _)| id).collect();
-    assert_eq!(left, vec![b"future".to_vec(), b"long".to_vec(), b"rescued".to_vec(), b"young".to_vec()]);
+    assert!(reap(&b.db, T, b"corrupt", b"\xffnot a health record").await.0, "an unreadable record is removed");
+    assert_eq!(raw_get(&a.db, &ks.member(T, b"corrupt")).await, None);
+    nb.stop().await;
 }
 
 /// Issue 12: a removal made for an old incarnation (a handle whose
@@ -635,19 +593,18 @@ pub async fn workers_concurrent_reap_removes_once(s: &dyn StoreFactory) {
     for round in 0..4u8 {
         let id = vec![b'd', b'0' + round];
         register(&a.db, &spec(T, &id, b"{}", 1)).await;
-        let now = read_version(&b.db).await;
-        set_health_at(&a.db, T, &id, now.saturating_sub(5_000_000), 1).await;
+        let observed = observe(&b.db, T, &id).await;
         let before = membership(&a.db, T).await.vs;
         let opts = if round % 2 == 0 { TxOptions::write() } else { TxOptions::read() };
         let barrier = Arc::new(tokio::sync::Barrier::new(2));
         let tasks: Vec<_> = [a.db.clone(), b.db.clone()]
             .into_iter()
             .map(|db| {
-                let (ks, id, barrier) = (ks.clone(), id.clone(), barrier.clone());
+                let (ks, id, barrier, observed) = (ks.clone(), id.clone(), barrier.clone(), observed.clone());
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    let (ks, id) = (&ks, &id);
-                    run_with_info(&*db, opts, |tx| async move { workers::reap_if_dead(&tx, ks, T, id).await })
+                    let (ks, id, observed) = (&ks, &id, &observed);
+                    run_with_info(&*db, opts, |tx| async move { workers::reap(&tx, ks, T, id, observed).await })
                         .await
                         .expect("reap commits")
                 })

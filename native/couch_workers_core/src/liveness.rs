@@ -1,17 +1,66 @@
-//! The liveness rule, on the store's clock only.
+//! The liveness rule: what a reaper must have seen before it may call a
+//! worker dead.
 //!
-//! A heartbeat's health record carries the versionstamp of the commit that
-//! wrote it; its first 8 bytes are that commit's version. Store versions
-//! advance at about one million per second (FoundationDB's rate, which the
-//! embedded store copies), so a worker is dead when the store's current
-//! read version is more than `timeout` seconds' worth of versions past its
-//! last heartbeat. No node's wall clock takes part: two nodes whose clocks
-//! disagree by an hour still agree on who is dead.
+//! A heartbeat rewrites the worker's health record (a new versionstamp
+//! each time). A worker is dead when this reaper has *itself* seen the
+//! same record, byte for byte, for at least the worker's timeout measured
+//! both in store versions and on its own monotonic clock, while the store
+//! was writable.
+//!
+//! Why both measures: store versions are the store's order, not its clock.
+//! FoundationDB moves them forward by 100 s' worth at every recovery, and
+//! the embedded store's versions run on while another process holds
+//! SQLite's write lock and no heartbeat can commit. Local time alone would
+//! count a stretch in which this reaper could not read the store. Nothing
+//! here reads a wall clock, so nodes whose clocks disagree still agree.
+//!
+//! "While the store was writable" is what the reaper's own transactions
+//! show: each pass starts with a write transaction, and every transaction
+//! of the reaper is a [`Look`]. The [`Observer`] forgets everything it saw
+//! (observation starts again) when:
+//!
+//! * versions advanced more than the local time between two looks can
+//!   explain (a recovery jump);
+//! * a look took longer than [`Observer::stall_bound`], or came later after
+//!   the previous one than the reaper's cadence allows (the store, or the
+//!   reaper itself, stalled), or a transaction of the reaper failed (the
+//!   reaper calls [`Observer::restart`]);
+//! * the reaper starts (a new, empty observer).
+//!
+//! After a restart a live worker has a whole timeout to heartbeat again
+//! before any reaper can reap it; a dead one is reaped one timeout after
+//! its last record was first seen, so within its timeout plus one reaper
+//! interval of its death.
 
-use crate::keyspace::Health;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::keyspace::Keyspace;
+use crate::workers::MAX_TIMEOUT_S;
 
 /// Store versions per second (FoundationDB's `VERSIONS_PER_SECOND`).
 pub const VERSIONS_PER_SECOND: u64 = 1_000_000;
+
+/// Versions may advance at most this many times faster than local time
+/// between two looks before it counts as a jump. FoundationDB hands out
+/// versions at about the rate of its master's clock; twice that rate is
+/// beyond any healthy drift and far below a recovery's 100 s jump.
+const JUMP_RATE_FACTOR: u64 = 2;
+
+/// Versions a look may be ahead of the rate allowance without counting as
+/// a jump: read versions are fixed somewhere inside their transaction, and
+/// FoundationDB batches them.
+const JUMP_SLACK_VERSIONS: u64 = VERSIONS_PER_SECOND / 2;
+
+/// The timeout applied to a health record that does not parse or holds a
+/// timeout no registration can have: the API's default timeout. Such a
+/// record is removed (it would otherwise stay in the membership forever),
+/// but never sooner than a live worker's record could be.
+const UNREADABLE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The smallest timeout a registration can have, the stall bound when no
+/// worker is observed.
+const MIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The versions that `timeout_s` seconds span (a negative timeout, which
 /// only a corrupt record can hold, counts as zero).
@@ -19,61 +68,424 @@ pub fn timeout_versions(timeout_s: i64) -> u64 {
     u64::try_from(timeout_s).unwrap_or(0).saturating_mul(VERSIONS_PER_SECOND)
 }
 
-/// Whether the worker whose last heartbeat is `health` is dead at
-/// `read_version`.
-pub fn is_dead(health: &Health, read_version: u64) -> bool {
-    read_version > health.version().saturating_add(timeout_versions(health.timeout_s))
+/// The versions that `d` spans at [`VERSIONS_PER_SECOND`].
+fn versions_in(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).saturating_mul(VERSIONS_PER_SECOND / 1_000_000)
 }
 
-/// Versions left before the worker is dead at `read_version` (0 if it is).
-pub fn versions_until_dead(health: &Health, read_version: u64) -> u64 {
-    health.version().saturating_add(timeout_versions(health.timeout_s)).saturating_sub(read_version)
+/// The local time that `versions` span at [`VERSIONS_PER_SECOND`].
+fn duration_of(versions: u64) -> Duration {
+    Duration::from_micros(versions / (VERSIONS_PER_SECOND / 1_000_000))
+}
+
+/// The timeout a stored health record asks for.
+pub fn record_timeout(record: &[u8]) -> Duration {
+    match Keyspace::parse_health(record).and_then(|h| u64::try_from(h.timeout_s).ok()) {
+        Some(s) if (1..=MAX_TIMEOUT_S).contains(&s) => Duration::from_secs(s),
+        _ => UNREADABLE_TIMEOUT,
+    }
+}
+
+/// One transaction of the reaper: the read version it got, and the local
+/// instants just before it began and just after it ended (the read version
+/// was fixed somewhere between them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Look {
+    pub read_version: u64,
+    pub started: Instant,
+    pub finished: Instant,
+}
+
+/// Why observation started again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restart {
+    /// Versions advanced faster than local time can explain.
+    VersionJump,
+    /// Versions went backwards.
+    VersionBack,
+    /// A look took longer than the stall bound.
+    SlowLook,
+    /// A look came too long after the previous one.
+    Quiet,
+}
+
+impl Restart {
+    pub fn name(self) -> &'static str {
+        match self {
+            Restart::VersionJump => "version_jump",
+            Restart::VersionBack => "version_back",
+            Restart::SlowLook => "slow_transaction",
+            Restart::Quiet => "reaper_stalled",
+        }
+    }
+}
+
+/// What the observer says about one worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not (yet) dead: at least `left` more must pass in both measures.
+    Alive { left: Duration },
+    /// Seen unchanged for its timeout in both measures.
+    Dead,
+}
+
+/// The first sighting of a record, kept while it stays unchanged.
+#[derive(Debug, Clone)]
+struct Sighting {
+    record: Vec<u8>,
+    timeout: Duration,
+    /// The read version it was first seen at.
+    version: u64,
+    /// The end of that look: the latest moment it can have been written
+    /// (so the time credited to it is never more than it was there).
+    at: Instant,
+    /// The pass that last saw it.
+    pass: u64,
+}
+
+/// `(worker type, worker id)`.
+pub type WorkerId = (Vec<u8>, Vec<u8>);
+
+/// One reaper's observation of the health records.
+#[derive(Debug)]
+pub struct Observer {
+    seen: HashMap<WorkerId, Sighting>,
+    last: Option<Look>,
+    pass: u64,
+    /// The longest the reaper plans to wait between two looks.
+    max_sleep: Duration,
+}
+
+impl Observer {
+    /// An observer that has seen nothing (a reaper that just started).
+    /// `max_sleep` is the longest the reaper sleeps between passes.
+    pub fn new(max_sleep: Duration) -> Self {
+        Observer { seen: HashMap::new(), last: None, pass: 0, max_sleep }
+    }
+
+    /// Forgets everything seen: after a failed transaction of the reaper,
+    /// and from [`Observer::look`] after a jump or a stall.
+    pub fn restart(&mut self) {
+        self.seen.clear();
+        self.last = None;
+    }
+
+    /// The end of the last look since observation (re)started.
+    pub fn last_finished(&self) -> Option<Instant> {
+        self.last.map(|l| l.finished)
+    }
+
+    /// Workers under observation.
+    pub fn watching(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// How long one look may take, and by how much it may come later than
+    /// planned, before it counts as a stall: a quarter of the smallest
+    /// timeout observed. A stall shorter than that, unseen, delays a
+    /// heartbeat (renewed every third of the timeout) by less than a
+    /// quarter of it, so a live worker still renews within its timeout.
+    pub fn stall_bound(&self) -> Duration {
+        self.seen.values().map(|s| s.timeout).min().unwrap_or(MIN_TIMEOUT) / 4
+    }
+
+    /// Records a look; restarts the observation (and says why) when it
+    /// shows a stall or a jump of the store's versions. Every transaction
+    /// of the reaper that gets a read version is one.
+    pub fn look(&mut self, look: Look) -> Option<Restart> {
+        let why = self.check(&look);
+        if why.is_some() {
+            self.restart();
+        }
+        self.last = Some(look);
+        why
+    }
+
+    fn check(&self, look: &Look) -> Option<Restart> {
+        let bound = self.stall_bound();
+        if look.finished.saturating_duration_since(look.started) > bound {
+            return Some(Restart::SlowLook);
+        }
+        let last = self.last?;
+        if look.started.saturating_duration_since(last.finished) > self.max_sleep + bound {
+            return Some(Restart::Quiet);
+        }
+        let Some(advanced) = look.read_version.checked_sub(last.read_version) else {
+            return Some(Restart::VersionBack);
+        };
+        // The widest local window that can hold both read versions.
+        let elapsed = look.finished.saturating_duration_since(last.started);
+        let allowed = versions_in(elapsed).saturating_mul(JUMP_RATE_FACTOR).saturating_add(JUMP_SLACK_VERSIONS);
+        (advanced > allowed).then_some(Restart::VersionJump)
+    }
+
+    /// Judges the record of `worker` as read in `look` (recorded with
+    /// [`Observer::look`] first). A record other than the one seen before
+    /// starts that worker's observation again.
+    pub fn judge(&mut self, worker: &WorkerId, record: &[u8], look: &Look) -> Verdict {
+        let pass = self.pass;
+        let sighting = match self.seen.get_mut(worker) {
+            Some(s) if s.record == record => s,
+            _ => {
+                let timeout = record_timeout(record);
+                let fresh = Sighting { record: record.to_vec(), timeout, version: look.read_version, at: look.finished, pass };
+                self.seen.insert(worker.clone(), fresh);
+                return Verdict::Alive { left: timeout };
+            }
+        };
+        sighting.pass = pass;
+        let local = look.started.saturating_duration_since(sighting.at);
+        let versions = look.read_version.saturating_sub(sighting.version);
+        let local_left = sighting.timeout.saturating_sub(local);
+        let versions_left = versions_in(sighting.timeout).saturating_sub(versions);
+        if local_left.is_zero() && versions_left == 0 {
+            Verdict::Dead
+        } else {
+            Verdict::Alive { left: local_left.max(duration_of(versions_left)) }
+        }
+    }
+
+    /// Ends a pass over every health record: forgets the workers it did not
+    /// see (removed), so that a later registration starts afresh.
+    pub fn end_pass(&mut self) {
+        let pass = self.pass;
+        self.seen.retain(|_, s| s.pass == pass);
+        self.pass += 1;
+    }
+
+    /// Forgets `worker` (reaped, or found changed by the reap).
+    pub fn forget(&mut self, worker: &WorkerId) {
+        self.seen.remove(worker);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn health(version: u64, timeout_s: i64) -> Health {
-        let mut versionstamp = [0u8; 10];
-        versionstamp[..8].copy_from_slice(&version.to_be_bytes());
-        Health { versionstamp, tstamp: 0, timeout_s, incarnation: None }
+    const SLEEP: Duration = Duration::from_millis(500);
+
+    /// A health record as a heartbeat of incarnation `inc` at `version`
+    /// would store it.
+    fn health_value(version: u64, tstamp: i64, timeout_s: i64, inc: &[u8; 16]) -> Vec<u8> {
+        let mut vs = [0u8; 10];
+        vs[..8].copy_from_slice(&version.to_be_bytes());
+        let vs = foundationdb_tuple::Versionstamp::complete(vs, 0);
+        foundationdb_tuple::pack(&(vs, tstamp, timeout_s, foundationdb_tuple::Bytes::from(&inc[..])))
+    }
+
+    fn record(version: u64, timeout_s: i64) -> Vec<u8> {
+        health_value(version, 0, timeout_s, &[7; 16])
+    }
+
+    fn worker(id: &str) -> WorkerId {
+        (b"t".to_vec(), id.as_bytes().to_vec())
+    }
+
+    /// A clock for the tests: looks at chosen local times and versions,
+    /// each taking 1 ms.
+    struct Clock {
+        origin: Instant,
+    }
+
+    impl Clock {
+        fn new() -> Self {
+            Clock { origin: Instant::now() }
+        }
+
+        fn at(&self, ms: u64, read_version: u64) -> Look {
+            let started = self.origin + Duration::from_millis(ms);
+            Look { read_version, started, finished: started + Duration::from_millis(1) }
+        }
+    }
+
+    /// Looks every `step_ms` from `from_ms` to `to_ms`, versions in step
+    /// with local time (plus `offset`), judging one record each time.
+    fn watch(o: &mut Observer, c: &Clock, w: &WorkerId, rec: &[u8], (from_ms, to_ms, step_ms): (u64, u64, u64), offset: u64) -> Verdict {
+        let mut verdict = Verdict::Alive { left: Duration::MAX };
+        for ms in (from_ms..=to_ms).step_by(step_ms as usize) {
+            let look = c.at(ms, offset + ms * 1000);
+            assert_eq!(o.look(look), None, "no restart at {ms} ms");
+            verdict = o.judge(w, rec, &look);
+            o.end_pass();
+        }
+        verdict
     }
 
     #[test]
-    fn alive_within_timeout() {
-        let h = health(10_000_000, 15);
-        assert!(!is_dead(&h, 10_000_000));
-        assert!(!is_dead(&h, 25_000_000), "exactly at the timeout is still alive");
-        assert_eq!(versions_until_dead(&h, 20_000_000), 5_000_000);
+    fn unchanged_for_the_timeout_in_both_measures_is_dead() {
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        let rec = record(1, 1);
+        assert_eq!(watch(&mut o, &c, &w, &rec, (0, 900, 100), 0), Verdict::Alive { left: Duration::from_millis(101) });
+        assert_eq!(watch(&mut o, &c, &w, &rec, (1000, 1000, 100), 0), Verdict::Alive { left: Duration::from_millis(1) });
+        assert_eq!(watch(&mut o, &c, &w, &rec, (1100, 1100, 100), 0), Verdict::Dead);
     }
 
     #[test]
-    fn dead_past_timeout() {
-        let h = health(10_000_000, 15);
-        assert!(is_dead(&h, 25_000_001));
-        assert_eq!(versions_until_dead(&h, 30_000_000), 0);
+    fn versions_advanced_but_local_time_not_is_alive() {
+        // Versions run at the allowed maximum (twice local time): the
+        // version measure passes the 1 s timeout after 0.5 s, the local one
+        // has not.
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        let rec = record(1, 1);
+        for ms in (0..=900).step_by(100) {
+            let look = c.at(ms, ms * 2000);
+            assert_eq!(o.look(look), None);
+            assert!(matches!(o.judge(&w, &rec, &look), Verdict::Alive { .. }), "at {ms} ms");
+        }
     }
 
     #[test]
-    fn read_version_before_heartbeat_is_alive() {
-        // A reader whose version predates the heartbeat never reaps it.
-        let h = health(10_000_000, 1);
-        assert!(!is_dead(&h, 5));
+    fn local_time_passed_but_versions_not_is_alive() {
+        // A store whose read versions stand still (FoundationDB read
+        // versions that lag) never makes a worker dead on local time alone.
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        let rec = record(1, 1);
+        for ms in (0..=3000).step_by(100) {
+            let look = c.at(ms, 5_000_000);
+            assert_eq!(o.look(look), None);
+            assert!(matches!(o.judge(&w, &rec, &look), Verdict::Alive { .. }), "at {ms} ms");
+        }
     }
 
     #[test]
-    fn absurd_records_do_not_overflow() {
-        assert!(!is_dead(&health(u64::MAX - 1, i64::MAX), u64::MAX));
-        assert!(is_dead(&health(0, -5), 1), "a negative timeout counts as zero");
+    fn a_version_jump_restarts_observation() {
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        let rec = record(1, 1);
+        watch(&mut o, &c, &w, &rec, (0, 900, 100), 0);
+        // FoundationDB's recovery: 100 s of versions within 100 ms.
+        let jumped = c.at(1000, 1000 * 1000 + 100 * VERSIONS_PER_SECOND);
+        assert_eq!(o.look(jumped), Some(Restart::VersionJump));
+        assert_eq!(o.watching(), 0, "everything seen before is forgotten");
+        assert_eq!(o.judge(&w, &rec, &jumped), Verdict::Alive { left: Duration::from_secs(1) });
+        // A whole timeout must pass again, in both measures, after the jump.
+        let offset = 100 * VERSIONS_PER_SECOND;
+        assert!(matches!(watch(&mut o, &c, &w, &rec, (1100, 1900, 100), offset), Verdict::Alive { .. }));
+        assert_eq!(watch(&mut o, &c, &w, &rec, (2100, 2100, 100), offset), Verdict::Dead);
+    }
+
+    #[test]
+    fn versions_going_back_restart_observation() {
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        watch(&mut o, &c, &w, &record(1, 1), (0, 500, 100), 1_000_000);
+        assert_eq!(o.look(c.at(600, 10)), Some(Restart::VersionBack));
+    }
+
+    #[test]
+    fn a_slow_look_restarts_observation() {
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        let rec = record(1, 1);
+        watch(&mut o, &c, &w, &rec, (0, 900, 100), 0);
+        // A transaction of the reaper that took 300 ms (the bound is a
+        // quarter of the 1 s timeout): the store stalled meanwhile.
+        let mut slow = c.at(1000, 1_000_000);
+        slow.finished = slow.started + Duration::from_millis(300);
+        assert_eq!(o.look(slow), Some(Restart::SlowLook));
+        assert_eq!(o.judge(&w, &rec, &slow), Verdict::Alive { left: Duration::from_secs(1) });
+    }
+
+    #[test]
+    fn a_quiet_gap_restarts_observation() {
+        // The reaper did not look for longer than its cadence allows (its
+        // process was stopped, its runtime starved): what happened to the
+        // store meanwhile is unknown.
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        watch(&mut o, &c, &w, &record(1, 1), (0, 200, 100), 0);
+        assert_eq!(o.look(c.at(200 + 760, 960_000)), Some(Restart::Quiet));
+        assert_eq!(o.watching(), 0);
+    }
+
+    #[test]
+    fn an_explicit_restart_forgets_everything() {
+        // What the reaper does after a failed transaction, and what a new
+        // reaper starts with.
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        let rec = record(1, 1);
+        watch(&mut o, &c, &w, &rec, (0, 900, 100), 0);
+        o.restart();
+        assert!(matches!(watch(&mut o, &c, &w, &rec, (1000, 2000, 100), 0), Verdict::Alive { .. }));
+        assert_eq!(watch(&mut o, &c, &w, &rec, (2100, 2100, 100), 0), Verdict::Dead);
+    }
+
+    #[test]
+    fn a_changed_record_restarts_that_worker_only() {
+        let (c, mut o) = (Clock::new(), Observer::new(SLEEP));
+        let (a, b) = (worker("a"), worker("b"));
+        let (a1, a2, b1) = (record(1, 1), record(2, 1), record(3, 1));
+        for ms in (0..=1100).step_by(100) {
+            let look = c.at(ms, ms * 1000);
+            o.look(look);
+            // a heartbeats at 600 ms; b never does.
+            let rec_a = if ms < 600 { &a1 } else { &a2 };
+            let va = o.judge(&a, rec_a, &look);
+            let vb = o.judge(&b, &b1, &look);
+            o.end_pass();
+            if ms == 1100 {
+                assert!(matches!(va, Verdict::Alive { .. }), "a renewed at 600 ms");
+                assert_eq!(vb, Verdict::Dead, "b did not");
+            }
+        }
+        // Another incarnation with the same versionstamp is another record.
+        let other = health_value(2, 0, 1, &[8; 16]);
+        let look = c.at(1200, 1_200_000);
+        o.look(look);
+        assert_eq!(o.judge(&a, &other, &look), Verdict::Alive { left: Duration::from_secs(1) });
+    }
+
+    #[test]
+    fn a_worker_missing_from_a_pass_is_forgotten() {
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        watch(&mut o, &c, &w, &record(1, 1), (0, 500, 100), 0);
+        o.look(c.at(600, 600_000));
+        o.end_pass();
+        assert_eq!(o.watching(), 0);
+    }
+
+    #[test]
+    fn the_stall_bound_is_a_quarter_of_the_smallest_timeout() {
+        let (c, mut o) = (Clock::new(), Observer::new(SLEEP));
+        assert_eq!(o.stall_bound(), Duration::from_millis(250), "nothing observed: the smallest timeout there is");
+        let look = c.at(0, 0);
+        o.look(look);
+        o.judge(&worker("a"), &record(1, 8), &look);
+        assert_eq!(o.stall_bound(), Duration::from_secs(2));
+        o.judge(&worker("b"), &record(1, 2), &look);
+        assert_eq!(o.stall_bound(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn unreadable_records_get_the_default_timeout() {
+        assert_eq!(record_timeout(b"\xffjunk"), UNREADABLE_TIMEOUT);
+        assert_eq!(record_timeout(&record(1, -5)), UNREADABLE_TIMEOUT);
+        assert_eq!(record_timeout(&record(1, 0)), UNREADABLE_TIMEOUT);
+        assert_eq!(record_timeout(&record(1, 3)), Duration::from_secs(3));
     }
 
     #[test]
     fn wall_clock_plays_no_part() {
-        let mut a = health(10_000_000, 3);
-        let mut b = a;
-        a.tstamp = 0;
-        b.tstamp = 4_000_000_000;
-        assert_eq!(is_dead(&a, 13_500_000), is_dead(&b, 13_500_000));
+        // Two records that differ only in their writer's wall clock are
+        // judged alike (each is its own record, seen for the same time).
+        let (c, mut o) = (Clock::new(), Observer::new(SLEEP));
+        let early = health_value(1, 0, 1, &[7; 16]);
+        let late = health_value(1, 4_000_000_000, 1, &[7; 16]);
+        let mut verdicts = Vec::new();
+        for ms in (0..=1100).step_by(100) {
+            let look = c.at(ms, ms * 1000);
+            o.look(look);
+            verdicts.push((o.judge(&worker("a"), &early, &look), o.judge(&worker("b"), &late, &look)));
+        }
+        assert!(verdicts.iter().all(|(a, b)| a == b), "{verdicts:?}");
+        assert_eq!(verdicts.last().map(|v| v.0), Some(Verdict::Dead));
+    }
+
+    #[test]
+    fn absurd_versions_do_not_overflow() {
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        let look = c.at(0, u64::MAX - 1);
+        o.look(look);
+        o.judge(&w, &record(1, 1), &look);
+        let later = c.at(100, u64::MAX);
+        assert_eq!(o.look(later), None);
+        assert!(matches!(o.judge(&w, &record(1, 1), &later), Verdict::Alive { .. }));
     }
 }

@@ -195,20 +195,18 @@ async fn remove_current(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -
     Ok(true)
 }
 
-/// Removes the worker if, at this transaction's read version, its health
-/// record says it is dead. Re-reading the record inside the transaction is
-/// what makes concurrent reapers safe: a heartbeat or another reaper that
-/// commits first makes this transaction conflict and re-check.
-pub async fn reap_if_dead(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<bool, StoreError> {
-    let Some(value) = tx.get(&ks.health(worker_type, id), false).await? else {
-        return Ok(false);
-    };
-    let read_version = tx.read_version().await?;
-    match Keyspace::parse_health(&value) {
-        Some(health) if !liveness::is_dead(&health, read_version) => Ok(false),
-        // Dead, or a record no version of this code wrote: remove it, or it
-        // would stay in the membership forever.
-        _ => remove_current(tx, ks, worker_type, id).await,
+/// Reaps the worker if its health record is still, byte for byte,
+/// `observed`: the record a reaper has seen unchanged for the worker's
+/// timeout (`liveness.rs` decides that; this only re-checks). A heartbeat
+/// (a new versionstamp) or another registration (another incarnation)
+/// makes it a different record, which is left alone; so is an absent one.
+/// Reading the record for a write is what makes concurrent reapers safe: a
+/// heartbeat or another reap that commits first makes this transaction
+/// conflict and re-check. Returns whether it removed the worker.
+pub async fn reap(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], observed: &[u8]) -> Result<bool, StoreError> {
+    match stored_health(tx, ks, worker_type, id).await? {
+        Some(value) if value == observed => remove_current(tx, ks, worker_type, id).await,
+        _ => Ok(false),
     }
 }
 

@@ -21,9 +21,8 @@
 
 mod faults_common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use couch_workers_core::jobs::{JobHandle, JobService, JobState};
@@ -31,6 +30,7 @@ use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore, FILE_N
 use couch_workers_core::store::{run, Database, Db, StoreError, TxOptions};
 use couch_workers_core::workers::{self, WorkerSpec};
 use couch_workers_core::{Error, Node, Settings};
+use faults_common::lock::{self, LockHolder};
 use faults_common::*;
 
 const T: &[u8] = b"replicator";
@@ -400,129 +400,8 @@ async fn read_only_mount_refuses_to_open_then_opens_when_writable() {
 
 // ---- the store's file locked by another process --------------------------
 
-const ROLE: &str = "CW_FAULTS_ROLE";
-const ROLE_DIR: &str = "CW_FAULTS_DIR";
-const ROLE_MODE: &str = "CW_FAULTS_MODE";
-const ROLE_TAG: &str = "CW_FAULTS_TAG";
+/// The test a lock holder re-executes (see `faults_common::lock`).
 const LOCK_TEST: &str = "store_locked_by_another_process_times_out_then_recovers";
-
-/// Another OS process (this test binary, re-executed) that opens the
-/// store's file with plain SQLite, takes its write lock (`BEGIN
-/// IMMEDIATE`, or the whole file with `locking_mode=EXCLUSIVE`), writes
-/// `locker/<tag>`, says `LOCKED`, and holds the lock until told `commit`
-/// or `rollback` on its standard input, or until it is killed.
-struct LockHolder {
-    child: Child,
-    /// The child's standard output, line by line (read by a thread, so
-    /// that a silent child cannot hang the test).
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-impl LockHolder {
-    fn spawn(dir: &Path, mode: &str, tag: &str) -> LockHolder {
-        let mut child = Command::new(std::env::current_exe().expect("current exe"))
-            .args(["--exact", LOCK_TEST, "--nocapture", "--test-threads=1"])
-            .env(ROLE, "lock-holder")
-            .env(ROLE_DIR, dir)
-            .env(ROLE_MODE, mode)
-            .env(ROLE_TAG, tag)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the lock holder");
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let (send, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stdout.lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let holder = LockHolder { child, lines };
-        // libtest prints `test <name> ... ` first, on the same line.
-        let line = holder.wait_line(&["LOCKED", "LOCK-FAILED"]);
-        assert!(line.ends_with("LOCKED"), "the lock holder could not take the lock: {line}");
-        holder
-    }
-
-    /// The next line that contains one of `marks`, within 10 s.
-    fn wait_line(&self, marks: &[&str]) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if marks.iter().any(|m| line.contains(m)) => return line,
-                Ok(_) => continue,
-                Err(e) => panic!("the lock holder said none of {marks:?} within 10 s ({e})"),
-            }
-        }
-    }
-
-    /// Tells it to end its transaction and exit; waits for the exit.
-    fn release(mut self, how: &str) {
-        let mut stdin = self.child.stdin.take().expect("stdin");
-        writeln!(stdin, "{how}").expect("tell the lock holder");
-        drop(stdin);
-        self.wait_line(&["RELEASED"]);
-        let status = self.child.wait().expect("the lock holder exits");
-        assert!(status.success(), "lock holder: {status:?}");
-    }
-
-    /// `kill -9` while it holds the lock.
-    fn kill(mut self) {
-        self.child.kill().expect("kill -9 the lock holder");
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for LockHolder {
-    fn drop(&mut self) {
-        // Never leave a lock holder behind (a failed assertion).
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The child's side of [`LockHolder`].
-fn hold_lock() {
-    let dir = std::env::var(ROLE_DIR).expect("dir");
-    let mode = std::env::var(ROLE_MODE).expect("mode");
-    let tag = std::env::var(ROLE_TAG).expect("tag");
-    let take = || -> rusqlite::Result<rusqlite::Connection> {
-        let conn = rusqlite::Connection::open(Path::new(&dir).join(FILE_NAME))?;
-        conn.busy_timeout(if mode == "exclusive" { Duration::from_millis(300) } else { Duration::from_secs(5) })?;
-        if mode == "exclusive" {
-            conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
-        }
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        conn.execute(
-            "INSERT INTO kv(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            rusqlite::params![format!("locker/{tag}").into_bytes(), b"1".to_vec()],
-        )?;
-        if mode == "exclusive" {
-            // In exclusive mode the file lock is taken for good at the
-            // first write; make sure of it before saying so.
-            conn.query_row("SELECT count(*) FROM kv", [], |r| r.get::<_, i64>(0))?;
-        }
-        Ok(conn)
-    };
-    let conn = match take() {
-        Ok(conn) => conn,
-        Err(e) => {
-            println!("LOCK-FAILED {e}");
-            return;
-        }
-    };
-    println!("LOCKED");
-    let mut line = String::new();
-    let _ = std::io::stdin().read_line(&mut line);
-    let end = if line.trim() == "commit" { "COMMIT" } else { "ROLLBACK" };
-    conn.execute_batch(end).expect("end the transaction");
-    drop(conn);
-    println!("RELEASED");
-}
 
 async fn raw_get(db: &Db, key: &[u8]) -> Option<Vec<u8>> {
     run(db.as_ref(), TxOptions::read(), |tx| async move { tx.get(key, false).await }).await.expect("read")
@@ -535,8 +414,8 @@ fn is_lock_timeout(e: &Error) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_locked_by_another_process_times_out_then_recovers() {
-    if std::env::var(ROLE).as_deref() == Ok("lock-holder") {
-        return hold_lock();
+    if lock::serve_if_holder() {
+        return;
     }
     count_panics();
     let tmp = tempfile::tempdir().expect("temp dir");
@@ -554,7 +433,7 @@ async fn store_locked_by_another_process_times_out_then_recovers() {
     let started = Instant::now();
 
     // 1. A writer of another process holds the write lock, then commits.
-    let holder = LockHolder::spawn(&dir, "immediate", "committed");
+    let holder = LockHolder::spawn(LOCK_TEST, &dir, "immediate", "committed");
     let t0 = Instant::now();
     let err = answer("add while locked", jobs.add(T, b"during", b"{}", 0)).await.expect_err("no write while locked");
     let waited = t0.elapsed();
@@ -583,7 +462,7 @@ async fn store_locked_by_another_process_times_out_then_recovers() {
     log.wait_for("heartbeat_recovered", 1, Duration::from_secs(3)).await.expect("the heartbeat recovers");
 
     // 2. The holder is killed (kill -9) in the middle of its transaction.
-    let holder = LockHolder::spawn(&dir, "immediate", "killed");
+    let holder = LockHolder::spawn(LOCK_TEST, &dir, "immediate", "killed");
     let err = answer("add while locked", jobs.add(T, b"during-2", b"{}", 0)).await.expect_err("no write while locked");
     assert!(is_lock_timeout(&err), "{err:?}");
     holder.kill();
@@ -594,7 +473,7 @@ async fn store_locked_by_another_process_times_out_then_recovers() {
     //    store opens at once (an already set-up store is opened without
     //    writing), reads work through it, its writes wait and time out,
     //    then go through once the lock is released.
-    let holder = LockHolder::spawn(&dir, "immediate", "at-open");
+    let holder = LockHolder::spawn(LOCK_TEST, &dir, "immediate", "at-open");
     let t0 = Instant::now();
     let second = EmbeddedStore::open(EmbeddedOptions::new(&dir)).expect("opens while another process writes");
     assert!(t0.elapsed() < Duration::from_secs(1), "open did not wait for the lock: {:?}", t0.elapsed());
@@ -628,12 +507,7 @@ async fn store_locked_by_another_process_times_out_then_recovers() {
     // open: every WAL connection holds a shared lock on the file, so the
     // taker gets SQLITE_BUSY. Checked here, since it bounds what "locked
     // by another process" can mean.
-    let mut child = Command::new(std::env::current_exe().expect("current exe"))
-        .args(["--exact", LOCK_TEST, "--nocapture", "--test-threads=1"])
-        .env(ROLE, "lock-holder")
-        .env(ROLE_DIR, &dir)
-        .env(ROLE_MODE, "exclusive")
-        .env(ROLE_TAG, "exclusive")
+    let mut child = lock::holder_command(LOCK_TEST, &dir, "exclusive", "exclusive")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

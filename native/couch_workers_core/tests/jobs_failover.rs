@@ -80,7 +80,7 @@ async fn removal_in_the_workers_transaction_and_by_the_reaper() {
     let jobs = node.jobs();
     let ks = node.keyspace().clone();
 
-    // workers::remove in a transaction of its own (what reap_if_dead does).
+    // workers::remove in a transaction of its own (what a reap does).
     let w = register(&node, T, b"w").await;
     add(jobs, T, b"x", 0).await;
     let hx = accept_now(jobs, T, b"w").await;

@@ -1,31 +1,47 @@
 //! The reaper: every node runs one; it removes workers whose heartbeats
-//! stopped.
+//! stopped, by the liveness rule of `liveness.rs` (dead only after this
+//! reaper itself saw the record unchanged for the timeout, in store
+//! versions and on its own monotonic clock, while the store was writable).
 //!
-//! A scan walks the health records of every worker type in small read
-//! transactions (skipping from type to type, so member options are never
-//! read), compares each with the store's read version (the liveness rule
-//! in `liveness.rs`), and reaps each dead worker in its own transaction
-//! that re-checks the record. Reapers on several nodes may race: the
-//! re-check under serializable transactions means a worker is removed
-//! once, and never while a heartbeat renewed it.
+//! A pass: first a write transaction that writes nothing (it shows the
+//! store takes writes now: on the embedded store it takes SQLite's write
+//! lock, which another process may hold); then the health records of every
+//! worker type in small read transactions (skipping from type to type, so
+//! member options are never read), each judged by the [`Observer`]; then
+//! each dead worker is reaped in its own transaction that removes it only
+//! if its record is still the one observed. Every transaction is a
+//! [`Look`] for the observer, and each is cut off at the observer's stall
+//! bound: a transaction that fails or takes longer starts observation
+//! again. Reapers on several nodes may race: the re-check under
+//! serializable transactions means a worker is removed once, and never
+//! after a heartbeat renewed it.
 //!
-//! Between scans it sleeps until the earliest worker could expire (so a
+//! Between passes it sleeps until the earliest worker could be dead (so a
 //! dead worker goes within milliseconds of its timeout), bounded by
-//! `max_interval` (so new workers are picked up) and jittered.
+//! `max_interval` and by the stall bound (so a fresh heartbeat is seen
+//! soon after it is written: its observation starts only then), jittered.
 
-use std::time::Duration;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use super::{jittered, sleep_or_cancel, Live};
 use crate::keyspace::{Keyspace, WorkerKey};
-use crate::liveness::{self, VERSIONS_PER_SECOND};
+use crate::liveness::{Look, Observer, Restart, Verdict, WorkerId};
 use crate::log::{Event, Level, Logger};
-use crate::store::{run, Db, RangeRequest, StoreError, TxOptions};
+use crate::store::{run, Db, RangeRequest, StoreError, Tx, TxOptions};
 use crate::workers;
 
 /// Health records read per scan transaction.
 const SCAN_BATCH: usize = 1000;
+
+/// The jitter of the sleep between passes (a share of it).
+const JITTER: f64 = 0.2;
+
+/// How far past the earliest possible death the reaper wakes, so that
+/// both measures have surely passed it.
+const WAKE_MARGIN: Duration = Duration::from_millis(20);
 
 pub(crate) struct Reaper {
     pub db: Db,
@@ -36,89 +52,153 @@ pub(crate) struct Reaper {
     pub tx_options: TxOptions,
 }
 
-/// A worker that looked dead in a scan.
+/// A worker the observer found dead, with the record it observed.
 struct Suspect {
-    worker_type: Vec<u8>,
-    id: Vec<u8>,
+    worker: WorkerId,
+    record: Vec<u8>,
 }
 
+/// What a scan found.
+#[derive(Default)]
 struct Scan {
     suspects: Vec<Suspect>,
-    /// Versions until the earliest live worker could expire.
-    next_expiry: Option<u64>,
+    /// The least time until a live worker could be dead.
+    next_death: Option<Duration>,
 }
 
 impl Reaper {
     pub(crate) async fn run(self, live: Live) {
         let _live = live;
+        // A new observer: a reaper that (re)starts has seen nothing.
+        let mut observer = Observer::new(self.max_interval.mul_f64(1.0 + JITTER));
         loop {
-            let wait = match self.scan_and_reap().await {
-                Ok(Some(versions)) => {
-                    // Wake just after the earliest expiry (plus 20 ms so the
-                    // store's clock has surely passed it).
-                    let until = Duration::from_micros(versions.saturating_mul(1_000_000 / VERSIONS_PER_SECOND));
-                    (until + Duration::from_millis(20)).min(jittered(self.max_interval, 0.2))
-                }
-                Ok(None) => jittered(self.max_interval, 0.2),
+            let next_death = match self.pass(&mut observer).await {
+                Ok(next) => next,
                 Err(e) => {
                     if self.cancel.is_cancelled() {
                         return;
                     }
+                    // A failed transaction of its own: what it saw may
+                    // span a stretch where the store took no writes.
+                    observer.restart();
                     self.log.log(Event::new(Level::Warning, "reaper_scan_failed").with("reason", e.to_string()));
-                    jittered(self.max_interval, 0.2)
+                    None
                 }
             };
+            let cadence = jittered(self.max_interval, JITTER).min(observer.stall_bound());
+            let wait = next_death.map_or(cadence, |d| (d + WAKE_MARGIN).min(cadence));
             if !sleep_or_cancel(wait, &self.cancel).await {
                 return;
             }
         }
     }
 
-    /// One pass; returns the versions until the next possible expiry.
-    async fn scan_and_reap(&self) -> Result<Option<u64>, StoreError> {
-        let scan = self.scan().await?;
-        for suspect in scan.suspects {
-            if self.cancel.is_cancelled() {
+    /// One pass; returns the time until the next possible death.
+    async fn pass(&self, observer: &mut Observer) -> Result<Option<Duration>, StoreError> {
+        let writable = self.tx(observer, true);
+        self.look(observer, writable, |tx| async move { tx.read_version().await.map(|v| ((), v)) }).await?;
+        let scan = self.scan(observer).await?;
+        observer.end_pass();
+        for suspect in &scan.suspects {
+            if self.cancel.is_cancelled() || !self.reap(observer, suspect).await? {
                 break;
             }
-            let ks = &self.ks;
-            let s = &suspect;
-            let reaped = run(self.db.as_ref(), self.tx_options, |tx| async move {
-                workers::reap_if_dead(&tx, ks, &s.worker_type, &s.id).await
-            })
-            .await;
-            match reaped {
-                Ok(true) => self.log.log(
-                    Event::new(Level::Notice, "worker_reaped").with("type", &suspect.worker_type).with("id", &suspect.id),
-                ),
-                Ok(false) => {}
-                Err(e) => self.log.log(
-                    Event::new(Level::Warning, "reap_failed")
-                        .with("type", &suspect.worker_type)
-                        .with("id", &suspect.id)
-                        .with("reason", e.to_string()),
-                ),
-            }
         }
-        Ok(scan.next_expiry)
+        Ok(scan.next_death)
     }
 
-    async fn scan(&self) -> Result<Scan, StoreError> {
-        let mut scan = Scan { suspects: Vec::new(), next_expiry: None };
-        let (_, all_end) = self.ks.all_workers_range();
-        let (mut cursor, _) = self.ks.all_workers_range();
-        let read = TxOptions { writes: false, ..self.tx_options };
+    /// Options of a reaper transaction: cut off at the stall bound, since
+    /// a longer one restarts the observation anyway.
+    fn tx(&self, observer: &Observer, writes: bool) -> TxOptions {
+        TxOptions { writes, timeout: self.tx_options.timeout.min(observer.stall_bound()), ..self.tx_options }
+    }
+
+    /// Runs `f` (which returns its value and the transaction's read
+    /// version) and shows the transaction to the observer.
+    async fn look<T, F, Fut>(&self, observer: &mut Observer, opts: TxOptions, f: F) -> Result<(T, Look), StoreError>
+    where
+        F: FnMut(Tx) -> Fut,
+        Fut: Future<Output = Result<(T, u64), StoreError>>,
+    {
+        let started = Instant::now();
+        let (value, read_version) = run(self.db.as_ref(), opts, f).await?;
+        let look = Look { read_version, started, finished: Instant::now() };
+        // The bound the look is judged by (a restart resets it).
+        let bound = observer.stall_bound();
+        if let Some(why) = observer.look(look) {
+            self.note_restart(why, bound);
+        }
+        Ok((value, look))
+    }
+
+    fn note_restart(&self, why: Restart, bound: Duration) {
+        let bound_ms = i64::try_from(bound.as_millis()).unwrap_or(i64::MAX);
+        self.log.log(
+            Event::new(Level::Notice, "reaper_observation_restarted")
+                .with("reason", why.name())
+                .with("stall_bound_ms", bound_ms),
+        );
+    }
+
+    /// Reaps one suspect if its record is still the one observed. Returns
+    /// whether the pass may go on reaping (false: observation restarted).
+    async fn reap(&self, observer: &mut Observer, suspect: &Suspect) -> Result<bool, StoreError> {
+        let Some(since) = observer.last_finished() else { return Ok(false) };
+        let bound = observer.stall_bound();
+        let (ks, s) = (&self.ks, suspect);
+        let (worker_type, id) = (&s.worker.0, &s.worker.1);
+        let opts = self.tx(observer, true);
+        let reaped = self
+            .look(observer, opts, |tx| async move {
+                let read_version = tx.read_version().await?;
+                // Waiting for the store (another process's write lock) or
+                // being held up since the last look is a stall: the store
+                // may not have taken the worker's heartbeats meanwhile.
+                if since.elapsed() > bound {
+                    return Err(StoreError::TimedOut);
+                }
+                Ok((workers::reap(&tx, ks, worker_type, id, &s.record).await?, read_version))
+            })
+            .await;
+        observer.forget(&suspect.worker);
+        match reaped {
+            Ok((true, _)) => {
+                self.log.log(Event::new(Level::Notice, "worker_reaped").with("type", worker_type).with("id", id));
+            }
+            Ok((false, _)) => {}
+            Err(e) if is_this_workers_fault(&e) => self.log_reap_failed(suspect, &e),
+            Err(e) => {
+                self.log_reap_failed(suspect, &e);
+                return Err(e);
+            }
+        }
+        Ok(observer.last_finished().is_some())
+    }
+
+    fn log_reap_failed(&self, suspect: &Suspect, e: &StoreError) {
+        self.log.log(
+            Event::new(Level::Warning, "reap_failed")
+                .with("type", &suspect.worker.0)
+                .with("id", &suspect.worker.1)
+                .with("reason", e.to_string()),
+        );
+    }
+
+    async fn scan(&self, observer: &mut Observer) -> Result<Scan, StoreError> {
+        let mut scan = Scan::default();
+        let (mut cursor, all_end) = self.ks.all_workers_range();
         loop {
             // The next worker type at or after the cursor.
-            let ks = &self.ks;
             let (begin, end) = (cursor.clone(), all_end.clone());
-            let first = run(self.db.as_ref(), read, |tx| {
-                let r = RangeRequest::new(begin.clone(), end.clone()).limit(1).snapshot(true);
-                async move { tx.get_range(&r).await }
-            })
-            .await?;
+            let opts = self.tx(observer, false);
+            let (first, _) = self
+                .look(observer, opts, |tx| {
+                    let r = RangeRequest::new(begin.clone(), end.clone()).limit(1).snapshot(true);
+                    async move { Ok((tx.get_range(&r).await?, tx.read_version().await?)) }
+                })
+                .await?;
             let Some((key, _)) = first.into_iter().next() else { break };
-            let worker_type = match ks.parse_worker_key(&key) {
+            let worker_type = match self.ks.parse_worker_key(&key) {
                 Some(WorkerKey::Vs { worker_type })
                 | Some(WorkerKey::Member { worker_type, .. })
                 | Some(WorkerKey::Health { worker_type, .. })
@@ -131,39 +211,34 @@ impl Reaper {
                     continue;
                 }
             };
-            self.scan_type(&worker_type, read, &mut scan).await?;
+            self.scan_type(&worker_type, observer, &mut scan).await?;
             // Skip past every key of this type.
-            cursor = ks.worker_type_range(&worker_type).1;
+            cursor = self.ks.worker_type_range(&worker_type).1;
         }
         Ok(scan)
     }
 
-    async fn scan_type(&self, worker_type: &[u8], read: TxOptions, scan: &mut Scan) -> Result<(), StoreError> {
+    async fn scan_type(&self, worker_type: &[u8], observer: &mut Observer, scan: &mut Scan) -> Result<(), StoreError> {
         let (mut begin, end) = self.ks.health_range(worker_type);
         loop {
-            let ks = &self.ks;
             let (b, e) = (begin.clone(), end.clone());
-            let (rows, read_version) = run(self.db.as_ref(), read, |tx| {
-                let r = RangeRequest::new(b.clone(), e.clone()).limit(SCAN_BATCH).snapshot(true);
-                async move {
-                    let rows = tx.get_range(&r).await?;
-                    Ok((rows, tx.read_version().await?))
-                }
-            })
-            .await?;
-            let full = rows.len() == SCAN_BATCH;
+            let opts = self.tx(observer, false);
+            let (rows, look) = self
+                .look(observer, opts, |tx| {
+                    let r = RangeRequest::new(b.clone(), e.clone()).limit(SCAN_BATCH).snapshot(true);
+                    async move { Ok((tx.get_range(&r).await?, tx.read_version().await?)) }
+                })
+                .await?;
             for (key, value) in &rows {
-                let Some(WorkerKey::Health { worker, .. }) = ks.parse_worker_key(key) else { continue };
-                match Keyspace::parse_health(value) {
-                    Some(h) if !liveness::is_dead(&h, read_version) => {
-                        let left = liveness::versions_until_dead(&h, read_version);
-                        scan.next_expiry = Some(scan.next_expiry.map_or(left, |n| n.min(left)));
-                    }
-                    _ => scan.suspects.push(Suspect { worker_type: worker_type.to_vec(), id: worker }),
+                let Some(WorkerKey::Health { worker, .. }) = self.ks.parse_worker_key(key) else { continue };
+                let worker = (worker_type.to_vec(), worker);
+                match observer.judge(&worker, value, &look) {
+                    Verdict::Dead => scan.suspects.push(Suspect { worker, record: value.clone() }),
+                    Verdict::Alive { left } => scan.next_death = Some(scan.next_death.map_or(left, |n| n.min(left))),
                 }
             }
             match rows.last() {
-                Some((last, _)) if full => {
+                Some((last, _)) if rows.len() == SCAN_BATCH => {
                     begin = last.clone();
                     begin.push(0);
                 }
@@ -171,4 +246,14 @@ impl Reaper {
             }
         }
     }
+}
+
+/// Errors that say something about the one worker's removal (its jobs are
+/// too many for one transaction, a key of it is malformed), not about the
+/// store: they leave the observation of the others standing.
+fn is_this_workers_fault(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::TransactionTooLarge | StoreError::KeyTooLarge | StoreError::ValueTooLarge | StoreError::Invalid(_)
+    )
 }

@@ -2,10 +2,13 @@
 //! invariant check over the whole key space read in one snapshot, real
 //! file-system faults (tmpfs and read-only bind mounts, the immutable
 //! attribute) behind guards that undo them even when a test fails, the
-//! process's resident memory, and a count of panics anywhere in the
-//! process (background tasks included).
+//! process's resident memory, a count of panics anywhere in the process
+//! (background tasks included), and another process holding the store's
+//! SQLite write lock (`lock`).
 
 #![allow(dead_code)]
+
+pub mod lock;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;

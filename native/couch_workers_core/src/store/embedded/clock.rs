@@ -15,6 +15,7 @@
 //! clock). Commit versions are additionally forced above the last one, so
 //! they strictly increase even if the clock misbehaves.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Microseconds on CLOCK_MONOTONIC: one clock for every process of a boot.
@@ -63,14 +64,23 @@ pub(crate) fn boot_id() -> String {
 }
 
 /// The clock of one store: `base + CLOCK_MONOTONIC`, in microseconds.
-#[derive(Debug, Clone, Copy)]
+/// `base` is atomic only so that [`Clock::jump`] can move it.
+#[derive(Debug)]
 pub(crate) struct Clock {
-    base: i64,
+    base: AtomicI64,
 }
 
 impl Clock {
     pub(crate) fn new(base: i64) -> Self {
-        Clock { base }
+        Clock { base: AtomicI64::new(base) }
+    }
+
+    /// Moves this clock forward by `us` microseconds, as a FoundationDB
+    /// recovery moves versions forward (fault tests only). Versions keep
+    /// rising at their rate from there; they never go back.
+    pub(crate) fn jump(&self, us: u64) {
+        let us = i64::try_from(us).unwrap_or(i64::MAX);
+        let _ = self.base.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| Some(b.saturating_add(us)));
     }
 
     /// The base this boot's clock was started with (stored in `meta`).
@@ -84,7 +94,7 @@ impl Clock {
     /// The current version on this clock.
     pub(crate) fn now(&self) -> u64 {
         let mono = i64::try_from(monotonic_us()).unwrap_or(i64::MAX);
-        u64::try_from(self.base.saturating_add(mono)).unwrap_or(0)
+        u64::try_from(self.base.load(Ordering::Acquire).saturating_add(mono)).unwrap_or(0)
     }
 }
 
@@ -111,6 +121,17 @@ mod tests {
         let far = wall + 3_600_000_000;
         let clock = Clock::new(Clock::base_for_new_boot(far));
         assert!(clock.now() > far);
+    }
+
+    #[test]
+    fn a_jump_moves_the_clock_forward_and_it_keeps_rising() {
+        let clock = Clock::new(Clock::base_for_new_boot(0));
+        let before = clock.now();
+        clock.jump(100_000_000);
+        let after = clock.now();
+        assert!(after - before >= 100_000_000 && after - before < 101_000_000, "{before} -> {after}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(clock.now() >= after + 5_000);
     }
 
     #[test]

@@ -226,6 +226,17 @@ impl EmbeddedStore {
     pub fn clock_now(&self) -> u64 {
         self.shared.clock.now()
     }
+
+    /// Fault tests only: moves this handle's version clock forward by
+    /// `by`, as every FoundationDB recovery moves versions by 100 s' worth
+    /// (`MAX_VERSIONS_IN_FLIGHT`). Versions then rise at their usual rate.
+    /// Only this handle's clock moves (other handles and processes keep
+    /// the base they read at open): use it where one handle serves the
+    /// test's nodes.
+    #[doc(hidden)]
+    pub fn jump_versions(&self, by: Duration) {
+        self.shared.clock.jump(u64::try_from(by.as_micros()).unwrap_or(u64::MAX));
+    }
 }
 
 #[async_trait]

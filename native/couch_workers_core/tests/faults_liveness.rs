@@ -1,0 +1,257 @@
+//! The failure detector never reaps a live worker for the store's sake
+//! (issue 12): not while another OS process holds the embedded store's
+//! SQLite write lock for several of the worker's timeouts (no heartbeat
+//! can commit, the store's versions run on), and not when the store's
+//! versions jump by 100 s as at every FoundationDB recovery. A worker
+//! whose node really died is still reaped within its timeout plus 1 s.
+//!
+//! Each test runs four nodes, each with its own reaper: node A holds the
+//! worker and its running job, nodes B, C and D only reap (three other
+//! nodes of a cluster, racing A's heartbeat for the store once it takes
+//! writes again). Afterwards the worker must still be A's registration
+//! (the same incarnation, never reaped nor reinstated) and its job's
+//! handle must still finish the job.
+
+mod faults_common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use couch_workers_core::jobs::JobState;
+use couch_workers_core::keyspace::Keyspace;
+use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::{run, Db, TxOptions};
+use couch_workers_core::workers::{self, WorkerSpec};
+use couch_workers_core::{Node, Registration, Settings};
+use faults_common::lock::{self, LockHolder};
+use faults_common::*;
+
+const T: &[u8] = b"replicator";
+
+/// The worker's health timeout: the smallest there is, so that the tests
+/// are short and a stall is many timeouts long.
+const TIMEOUT_S: u64 = 1;
+
+/// The test a lock holder re-executes (see `faults_common::lock`).
+const LOCK_ENTRY: &str = "worker_survives_another_process_holding_the_write_lock_for_2x_its_timeout";
+
+/// Reaper-only nodes besides A.
+const OTHERS: usize = 3;
+
+fn settings() -> Settings {
+    // The app's transaction timeout (5 s): a heartbeat, and a reap, wait
+    // that long for the lock.
+    Settings { reaper_max_interval: Duration::from_millis(200), ..Settings::default() }
+}
+
+fn spec(id: &str) -> WorkerSpec {
+    WorkerSpec { worker_type: T.to_vec(), id: id.as_bytes().to_vec(), options_json: b"{}".to_vec(), timeout_s: TIMEOUT_S }
+}
+
+/// Node A (with worker `w` running job `j`) and [`OTHERS`] reaper-only
+/// nodes.
+struct Cluster {
+    a: Arc<Node>,
+    log_a: Arc<CaptureLog>,
+    others: Vec<(Arc<Node>, Arc<CaptureLog>)>,
+    reg: Registration,
+    job: couch_workers_core::jobs::JobHandle,
+}
+
+impl Cluster {
+    /// `db(i)`: the store handle of node `i` (0 is A).
+    async fn start(db: impl Fn(usize) -> Db) -> Cluster {
+        let log_a = CaptureLog::new();
+        let a = Node::with_db(db(0), settings(), log_a.clone());
+        let others = (1..=OTHERS)
+            .map(|i| {
+                let log = CaptureLog::new();
+                (Node::with_db(db(i), settings(), log.clone()), log)
+            })
+            .collect();
+        let reg = a.register_worker(spec("w")).await.expect("register");
+        a.jobs().add(T, b"j", b"{}", 0).await.expect("add");
+        let job = a.jobs().accept(T, b"w", Duration::ZERO).await.expect("accept");
+        Cluster { a, log_a, others, reg, job }
+    }
+
+    fn b(&self) -> &Arc<Node> {
+        &self.others[0].0
+    }
+
+    /// Events named `what` on every node.
+    fn named(&self, what: &str) -> Vec<couch_workers_core::log::Event> {
+        let mut all = self.log_a.named(what);
+        for (_, log) in &self.others {
+            all.extend(log.named(what));
+        }
+        all
+    }
+
+    fn count(&self, what: &str) -> usize {
+        self.named(what).len()
+    }
+
+    /// The worker is A's registration still, never reaped nor reinstated,
+    /// and its job is still running under the same accept.
+    async fn assert_never_reaped(&self, when: &str) {
+        assert_eq!(self.count("worker_reaped"), 0, "{when}: a live worker was reaped");
+        assert_eq!(self.log_a.count("worker_reinstated"), 0, "{when}: the worker had to be reinstated");
+        let ks = self.a.keyspace().clone();
+        let health = run(self.b().db().as_ref(), TxOptions::read(), |tx| {
+            let ks = ks.clone();
+            async move { workers::read_health(&tx, &ks, T, b"w").await }
+        })
+        .await
+        .expect("read health");
+        assert_eq!(health.and_then(|h| h.incarnation), Some(*self.reg.incarnation()), "{when}: A's registration");
+        let job = self.b().jobs().get(T, b"j").await.expect("the job");
+        assert_eq!((job.state, job.attempts), (JobState::Running, 1), "{when}: the first accept still runs it");
+    }
+
+    async fn stop_others(&self) {
+        for (node, _) in &self.others {
+            node.stop().await;
+        }
+    }
+
+    /// Ends the test: the job's handle finishes it, and every node stops.
+    async fn finish(self) {
+        self.a.jobs().finish(&self.job.fence(), b"{}").await.expect("the running job can be finished");
+        self.a.unregister_worker(&self.reg).await.expect("unregister");
+        self.a.stop().await;
+        self.stop_others().await;
+    }
+}
+
+/// Waits `d` of local time (what the reapers must sit through).
+async fn pause(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+fn open(dir: &Path) -> Arc<EmbeddedStore> {
+    EmbeddedStore::open(EmbeddedOptions::new(dir)).expect("open the store")
+}
+
+/// Another process holds the write lock for `stall`, then rolls back;
+/// then the reapers get two timeouts more, during which a wrong
+/// observation would make one of them reap.
+async fn survive_a_stall(entry_is_holder: bool, stall: Duration) {
+    if entry_is_holder {
+        return;
+    }
+    count_panics();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("store");
+    // A handle per node: each has its own writer, as an OS process does,
+    // so the reapers compete with A's heartbeat for SQLite's lock.
+    let stores: Vec<Arc<EmbeddedStore>> = (0..=OTHERS).map(|_| open(&dir)).collect();
+    let c = Cluster::start(|i| stores[i].clone()).await;
+    pause(Duration::from_millis(1500)).await;
+    c.assert_never_reaped("before the stall").await;
+
+    let holder = LockHolder::spawn(LOCK_ENTRY, &dir, "immediate", "stall");
+    let held = Instant::now();
+    // A write of the test's own, to show that the store takes none.
+    let jobs = c.a.jobs().clone();
+    let write = tokio::spawn(async move {
+        let r = jobs.add(T, b"during", b"{}", 0).await;
+        (r, held.elapsed())
+    });
+    pause(stall).await;
+    holder.release("rollback");
+    let held = held.elapsed();
+    let (added, waited) = write.await.expect("the write task");
+    pause(Duration::from_secs(2 * TIMEOUT_S)).await;
+    eprintln!(
+        "stall of {held:?} (timeout {TIMEOUT_S} s, {} reapers): a write waited {waited:?} ({added:?}), \
+         {} heartbeats failed, {} passes failed, {} reaps failed, {} observations restarted, {} reaped",
+        OTHERS + 1,
+        c.count("heartbeat_failed"),
+        c.count("reaper_scan_failed"),
+        c.count("reap_failed"),
+        c.count("reaper_observation_restarted"),
+        c.count("worker_reaped"),
+    );
+    c.assert_never_reaped("after the stall").await;
+    assert!(waited >= stall.min(settings().tx_timeout).mul_f64(0.9), "the store took no write during the stall");
+    c.finish().await;
+    assert_eq!(panics(), 0, "no panic in any background task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_survives_another_process_holding_the_write_lock_for_2x_its_timeout() {
+    survive_a_stall(lock::serve_if_holder(), Duration::from_secs(2 * TIMEOUT_S)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_survives_another_process_holding_the_write_lock_for_5x_its_timeout() {
+    survive_a_stall(false, Duration::from_secs(5 * TIMEOUT_S)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_jump_of_100_s_reaps_no_worker() {
+    count_panics();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    // One handle for both nodes: the jump moves its clock, and every
+    // transaction of both reapers and of the heartbeat reads it.
+    let store = open(&tmp.path().join("store"));
+    let c = Cluster::start(|_| store.clone()).await;
+    pause(Duration::from_millis(1500)).await;
+    c.assert_never_reaped("before the jump").await;
+
+    let before = store.clock_now();
+    store.jump_versions(Duration::from_secs(100));
+    let jumped = store.clock_now() - before;
+    assert!(jumped >= 100_000_000, "the store's versions moved by {jumped}");
+    pause(Duration::from_secs(2 * TIMEOUT_S)).await;
+    let restarts = c.named("reaper_observation_restarted");
+    let jumps = restarts.iter().filter(|e| field(e, "reason").as_deref() == Some("version_jump")).count();
+    eprintln!(
+        "versions jumped by {jumped} (100 s): {jumps} of {} reapers restarted their observation, {} reaped",
+        OTHERS + 1,
+        c.count("worker_reaped")
+    );
+    c.assert_never_reaped("after the jump").await;
+    assert_eq!(jumps, OTHERS + 1, "each reaper saw the jump, once");
+    c.finish().await;
+    assert_eq!(panics(), 0, "no panic in any background task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_s_worker_is_reaped_within_its_timeout_plus_1_s() {
+    count_panics();
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("store");
+    let stores: Vec<Arc<EmbeddedStore>> = (0..=OTHERS).map(|_| open(&dir)).collect();
+    let c = Cluster::start(|i| stores[i].clone()).await;
+    pause(Duration::from_millis(1500)).await;
+    c.assert_never_reaped("while its node lives").await;
+
+    // Node A dies without a goodbye: its tasks stop and its store handle
+    // closes; the registration stays in the store (the handle's drop,
+    // later, removes nothing from a stopped node).
+    let died = Instant::now();
+    c.a.stop().await;
+    let db_b: Db = stores[1].clone();
+    let ks = Keyspace::new(&db_b.prefix());
+    let left = loop {
+        let members = snapshot(db_b.as_ref(), &ks).await.members_of(T);
+        if members.is_empty() {
+            break died.elapsed();
+        }
+        assert!(died.elapsed() < Duration::from_secs(TIMEOUT_S + 3), "not reaped within {:?}", died.elapsed());
+        pause(Duration::from_millis(5)).await;
+    };
+    eprintln!("worker of the dead node left after {left:?} (timeout {TIMEOUT_S} s)");
+    assert!(left <= Duration::from_secs(TIMEOUT_S + 1), "reaped after {left:?}");
+    // Its last heartbeat was at most about a third of the timeout before
+    // the death: not reaped before the rest of the timeout passed.
+    assert!(left >= Duration::from_secs(TIMEOUT_S) / 2, "reaped after only {left:?}");
+    assert_eq!(c.count("worker_reaped"), 1, "reaped once, by one of the reapers");
+    let job = c.b().jobs().get(T, b"j").await.expect("the job");
+    assert_eq!(job.state, JobState::Pending, "its job went back to the queue");
+    c.stop_others().await;
+    assert_eq!(panics(), 0, "no panic in any background task");
+}
