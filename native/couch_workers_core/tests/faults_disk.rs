@@ -228,7 +228,11 @@ async fn disk_full_fails_writes_keeps_reads_and_recovers_when_space_is_freed() {
     std::fs::remove_file(fs.path.join("filler")).expect("free the space");
     let t0 = Instant::now();
     answer("add after freeing space", jobs.add(T, &failed_id, &big_info, 0)).await.expect("writes work again");
-    let _w2 = answer("register after", node.register_worker(spec("w2", 3))).await.expect("register works again");
+    // A fresh id: the ids registered during the fault are still held by
+    // their registrations, and registering one of them again would replace
+    // it (a new incarnation), so that its failing heartbeat would end as
+    // `worker_superseded` instead of recovering.
+    let _after = answer("register after", node.register_worker(spec("w-after", 3))).await.expect("register works again");
     log.wait_for("heartbeat_recovered", 1, Duration::from_secs(3)).await.expect("the heartbeat recovers");
     eprintln!("disk_full: recovered {:?} after the space was freed", t0.elapsed());
     assert_eq!(log.count("worker_reaped"), 0, "the worker was never reaped");
@@ -330,7 +334,11 @@ async fn read_only_files_fail_writes_keep_reads_and_recover() {
     }
     let t0 = Instant::now();
     answer("add after", jobs.add(T, b"during", b"{}", 0)).await.expect("writes work again");
-    let _w2 = answer("register after", node.register_worker(spec("w2", 3))).await.expect("register works again");
+    // A fresh id: the ids registered during the fault are still held by
+    // their registrations, and registering one of them again would replace
+    // it (a new incarnation), so that its failing heartbeat would end as
+    // `worker_superseded` instead of recovering.
+    let _after = answer("register after", node.register_worker(spec("w-after", 3))).await.expect("register works again");
     log.wait_for("heartbeat_recovered", 1, Duration::from_secs(3)).await.expect("the heartbeat recovers");
     eprintln!("read_only_files: recovered {:?} after the attribute was cleared", t0.elapsed());
     assert_eq!(log.count("worker_reaped"), 0);
