@@ -15,6 +15,18 @@
 %% * finished twice: jobs for which more than one `job_finish' returned
 %%   `ok' (must be 0), from the workers' finish logs.
 %%
+%% Store stalls: every `stall_every' seconds (0: never) an outside OS
+%% process (python3's sqlite3 module) takes the store's SQLite write lock
+%% (`BEGIN IMMEDIATE') and holds it for `stall_for' seconds (default 2x
+%% the health timeout): no heartbeat, accept or finish can commit on any
+%% node meanwhile. The liveness rule must reap no live worker then:
+%%
+%% * live workers reaped: `worker_reinstated' events logged by the worker
+%%   nodes (a heartbeat that found its live registration reaped and
+%%   registered it again; a killed node's workers are registered anew by
+%%   its restart, never reinstated), plus `worker_superseded' (a live
+%%   registration replaced): must be 0.
+%%
 %% What is observable. Each worker appends `Id Node Incarnation Slot
 %% Attempt' to its own file (O_APPEND, one file per worker process and
 %% incarnation) right after `job_finish' returned `ok', and the job's
@@ -37,7 +49,7 @@
 %% ---- controller ------------------------------------------------------------------
 
 main(Opts0) ->
-    Opts = maps:merge(
+    Opts1 = maps:merge(
         #{
             jobs => 1000000,
             kill_every => 30,
@@ -48,11 +60,14 @@ main(Opts0) ->
             max_pending => 20000,
             timeout => 3,
             drain_timeout => 120,
+            stall_every => 60,
+            stall_for => undefined,
             dir => "/tmp/cw_soak"
         },
         Opts0
     ),
-    #{dir := Dir0, jobs := N, nodes := NNodes, kill_every := KillEvery} = Opts,
+    #{dir := Dir0, jobs := N, nodes := NNodes, kill_every := KillEvery, stall_every := StallEvery} = Opts1,
+    Opts = Opts1#{stall_for := stall_for(Opts1)},
     Dir = filename:absname(Dir0),
     Store = filename:join(Dir, "store"),
     Logs = filename:join(Dir, "logs"),
@@ -66,18 +81,34 @@ main(Opts0) ->
     out("soak: ~b jobs through ~b worker nodes (~b workers each, health timeout ~b s), "
         "one node killed with kill -9 and restarted every ~b s; store ~s",
         [N, NNodes, maps:get(workers, Opts), maps:get(timeout, Opts), KillEvery, Store]),
+    case StallEvery of
+        0 -> out("soak: no store stalls", []);
+        _ -> out("soak: every ~b s another OS process holds the store's write lock for ~.1f s", [StallEvery, maps:get(stall_for, Opts)])
+    end,
     T0 = now_ms(),
     Nodes = maps:from_list([{I, start_node(I, 1, Dir, Opts)} || I <- lists:seq(1, NNodes)]),
     put(nodes, Nodes),
     Self = self(),
     Producer = spawn_link(fun() -> Self ! {produced, produce(Opts, 1, 0)} end),
-    Loop = loop(Opts#{dir => Dir}, #{t0 => T0, next_kill => T0 + KillEvery * 1000, kills => 0, victim => 1, produced => undefined, last_report => T0}),
+    Loop = loop(Opts#{dir => Dir, store => Store}, #{
+        t0 => T0,
+        next_kill => T0 + KillEvery * 1000,
+        kills => 0,
+        victim => 1,
+        produced => undefined,
+        last_report => T0,
+        next_stall => next_stall(T0, StallEvery),
+        stalls => 0
+    }),
     _ = Producer,
-    #{kills := Kills, produced := {Added, AddErrors}} = Loop,
-    out("soak: all ~b jobs added (~b add retries), none pending; ~b kills; no more kills; draining", [Added, AddErrors, Kills]),
+    #{kills := Kills, stalls := Stalls, produced := {Added, AddErrors}} = Loop,
+    out("soak: all ~b jobs added (~b add retries), none pending; ~b kills, ~b stalls; no more of either; draining", [
+        Added, AddErrors, Kills, Stalls
+    ]),
     Drain = drain(N, now_ms() + maps:get(drain_timeout, Opts) * 1000),
     stop_nodes(Dir),
     Report = check(N, Added, Logs),
+    LiveReaped = count_in_outputs(Dir, [<<"worker_reinstated">>, <<"worker_superseded">>]),
     Elapsed = (now_ms() - T0) / 1000,
     #{finished := Finished, lost := Lost, twice := Twice} = Report,
     out(
@@ -87,6 +118,8 @@ main(Opts0) ->
         "  lost:                ~b~n"
         "  finished twice:      ~b~n"
         "  kills (kill -9):     ~b, each followed by a restart~n"
+        "  store stalls:        ~b (write lock held by another process for ~.1f s each)~n"
+        "  live workers reaped: ~b (worker_reinstated/worker_superseded on nodes that were not killed)~n"
         "  re-runs (attempts > 1, jobs that were running on a killed node): ~b~n"
         "  finished but unlogged (kill between the finish's commit and its log line): ~b~n"
         "  finish ok logged with another writer than the stored result's: ~b~n"
@@ -100,6 +133,9 @@ main(Opts0) ->
             Lost,
             Twice,
             Kills,
+            Stalls,
+            maps:get(stall_for, Opts),
+            LiveReaped,
             maps:get(reruns, Report),
             maps:get(unlogged, Report),
             maps:get(wrong_writer, Report),
@@ -117,7 +153,7 @@ main(Opts0) ->
     end,
     application:stop(couch_workers),
     halt(
-        case Lost =:= 0 andalso Twice =:= 0 andalso Added =:= N of
+        case Lost =:= 0 andalso Twice =:= 0 andalso Added =:= N andalso LiveReaped =:= 0 of
             true -> 0;
             false -> 1
         end
@@ -137,6 +173,9 @@ loop_wait(Opts, St) ->
         {produced, P} ->
             loop(Opts, St#{produced => P});
         {Port, {exit_status, _}} when is_port(Port) ->
+            loop(Opts, St);
+        {stall_done, Output} ->
+            out("soak: ~.1f s: stall ended: ~s", [(now_ms() - maps:get(t0, St)) / 1000, string:trim(Output)]),
             loop(Opts, St)
     after 200 ->
         Now = now_ms(),
@@ -145,13 +184,18 @@ loop_wait(Opts, St) ->
                 true -> kill_and_restart(Opts, St);
                 false -> St
             end,
+        St15 =
+            case Now >= maps:get(next_stall, St1) of
+                true -> stall(Opts, St1);
+                false -> St1
+            end,
         St2 =
-            case Now - maps:get(last_report, St1) >= 5000 of
+            case Now - maps:get(last_report, St15) >= 5000 of
                 true ->
-                    progress(St1),
-                    St1#{last_report => Now};
+                    progress(St15),
+                    St15#{last_report => Now};
                 false ->
-                    St1
+                    St15
             end,
         loop(Opts, St2)
     end.
@@ -170,6 +214,44 @@ kill_and_restart(#{dir := Dir, nodes := NNodes, kill_every := KillEvery} = Opts,
     %% On the schedule (a restart takes a second or two of it).
     Next = max(now_ms() + 1000, maps:get(next_kill, St) + KillEvery * 1000),
     St#{kills => K + 1, victim => V rem NNodes + 1, next_kill => Next}.
+
+%% A store stall: another OS process holds the write lock for stall_for
+%% seconds; a helper process waits for it and reports {stall_done, Output}.
+stall(#{store := Store, stall_for := For, stall_every := Every}, #{t0 := T0, stalls := N} = St) ->
+    Self = self(),
+    File = filename:join(Store, "couch_workers.sqlite"),
+    Cmd = lists:flatten(io_lib:format("python3 -c '~s' '~s' ~.3f 2>&1", [stall_holder(), File, For])),
+    out("soak: ~.1f s: store stall ~b: another process takes the write lock for ~.1f s", [(now_ms() - T0) / 1000, N + 1, For]),
+    _ = spawn_link(fun() -> Self ! {stall_done, os:cmd(Cmd)} end),
+    St#{stalls => N + 1, next_stall => maps:get(next_stall, St) + Every * 1000}.
+
+%% Python: take SQLite's write lock (waiting up to 30 s for a writer that
+%% holds it), hold it, roll back; print how long it was held.
+stall_holder() ->
+    "import sqlite3, sys, time\n"
+    "c = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)\n"
+    "c.execute(\"BEGIN IMMEDIATE\")\n"
+    "t = time.monotonic()\n"
+    "time.sleep(float(sys.argv[2]))\n"
+    "c.execute(\"ROLLBACK\")\n"
+    "print(\"write lock held %.2f s\" % (time.monotonic() - t))\n".
+
+stall_for(#{stall_for := undefined, timeout := Timeout}) -> 2.0 * Timeout;
+stall_for(#{stall_for := S}) when is_number(S) -> float(S).
+
+next_stall(_T0, 0) -> infinity;
+next_stall(T0, Every) -> T0 + Every * 1000.
+
+%% Lines of the worker nodes' outputs that contain one of Words.
+count_in_outputs(Dir, Words) ->
+    Outs = filelib:wildcard(filename:join(Dir, "n*.out")),
+    lists:sum([
+        begin
+            {ok, Bin} = file:read_file(F),
+            length(binary:matches(Bin, Words))
+        end
+     || F <- Outs
+    ]).
 
 progress(#{t0 := T0, kills := K}) ->
     Pending = couch_workers:job_pending_count(?TYPE),
@@ -479,9 +561,17 @@ take(Ref, B, Acc) ->
         {error, _} -> lists:reverse(Acc)
     end.
 
-finish(#{id := Id, attempts := A} = H, Fd, {Node, Inc, Slot}) ->
+finish(H, Fd, Me) ->
+    finish(H, Fd, Me, 0).
+
+%% A finish that timed out (the store stalled) is tried again, as a real
+%% worker would: on the embedded store a timed-out write did not commit.
+finish(#{id := Id, attempts := A} = H, Fd, {Node, Inc, Slot} = Me, Tries) ->
     Result = #{<<"node">> => Node, <<"inc">> => Inc, <<"slot">> => Slot},
     case couch_workers:job_finish(H, Result) of
+        {error, timeout} when Tries < 20 ->
+            timer:sleep(200),
+            finish(H, Fd, Me, Tries + 1);
         ok ->
             ok = file:write(Fd, [Id, $\s, Node, $\s, integer_to_binary(Inc), $\s, integer_to_binary(Slot), $\s, integer_to_binary(A), $\n]);
         {error, not_owner} ->
