@@ -9,7 +9,7 @@
 
 -export([main/1]).
 
--define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2t0", "J3", "J4", "M1", "M2", "M2r", "M3", "M4", "M4core"]).
+-define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2t0", "J3", "J4", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1"]).
 %% Extra workloads, run only when named with --only.
 -define(EXTRA, ["sqlite_shapes"]).
 -define(CHILD_TIMEOUT_MS, 30 * 60 * 1000).
@@ -161,7 +161,9 @@ sizes("M3", false, _) -> #{repeats => 5, timeout_s => 3};
 sizes("M4", true, _) -> #{sizes => [100, 1000], changes => 10};
 sizes("M4", false, _) -> #{sizes => [100, 10000], changes => 20};
 sizes("M4core", true, _) -> #{sizes => [100, 1000], changes => 10};
-sizes("M4core", false, _) -> #{sizes => [100, 10000], changes => 20}.
+sizes("M4core", false, _) -> #{sizes => [100, 10000], changes => 20};
+sizes("I1", true, _) -> #{seconds => 3};
+sizes("I1", false, _) -> #{seconds => 60}.
 
 %% ---- running one workload ------------------------------------------------------
 

@@ -116,7 +116,8 @@ run(Workload, Params) ->
         'M2' -> m2(Params);
         'M2r' -> m2(Params#{leave => true});
         'M3' -> m3(Params);
-        'M4' -> m4(Params)
+        'M4' -> m4(Params);
+        'I1' -> with_app(Params, fun i1/1)
     end.
 
 with_app(Params, Fun) ->
@@ -591,6 +592,39 @@ register_concurrently_ids(Type, Ids, Opts) ->
         end
      || Pid <- Pids
     ].
+
+%% I1: an idle node. One registered worker, one membership subscription
+%% and one job_accept waiting (timeout longer than the span), nothing
+%% else happening: the whole VM's CPU over `seconds' (after 2 s to settle:
+%% the registration's own writes and their watches). The heartbeat (timeout
+%% 15 s: every ~5 s) is part of what an idle node does.
+i1(P) ->
+    Secs = maps:get(seconds, P, 60),
+    Type = <<"i1">>,
+    Owner = spawn(fun() -> receive stop -> ok end end),
+    Ref = couch_workers:worker_register(Type, <<"idle-1">>, #{}, Owner),
+    true = is_reference(Ref),
+    Sub = couch_workers:membership_subscribe(Type, nil, Owner),
+    true = is_reference(Sub),
+    Acceptor = spawn(fun() -> couch_workers:job_accept(Ref, #{timeout => (Secs + 10) * 1000}) end),
+    timer:sleep(2000),
+    C0 = cpu_ms(),
+    T0 = now_us(),
+    timer:sleep(Secs * 1000),
+    Cpu = cpu_ms() - C0,
+    Span = (now_us() - T0) / 1.0e6,
+    exit(Acceptor, kill),
+    ok = couch_workers:membership_unsubscribe(Sub),
+    ok = couch_workers:worker_unregister(Ref),
+    Owner ! stop,
+    #{
+        workload => 'I1',
+        seconds => Span,
+        cpu_ms => Cpu,
+        cpu_ms_per_10s => Cpu / Span * 10,
+        pct_of_one_core => Cpu / (Span * 1000) * 100,
+        what => <<"one worker, one membership subscription, one waiting job_accept; whole VM">>
+    }.
 
 %% CPU time of this OS process, ms: the sum over its live threads (BEAM
 %% schedulers, the Rust runtime, the store's watcher thread) of the first

@@ -1,5 +1,5 @@
-//! The embedded store's background thread stops with its store: a live
-//! count that returns to zero. Alone in its test binary, so that no other
+//! The embedded store's background threads (the watcher and the WAL
+//! notifier) stop with their store: live counts that return to zero. Alone in its test binary, so that no other
 //! test's stores are counted.
 
 use std::time::{Duration, Instant};
@@ -9,18 +9,28 @@ use couch_workers_core::store::Db;
 
 /// Threads of this process named like the store's watcher.
 fn watcher_threads() -> usize {
+    threads_named("cw-embed-watch")
+}
+
+/// Threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
     tasks
         .filter_map(|t| t.ok())
         .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
-        .filter(|name| name.trim() == "cw-embed-watch")
+        .filter(|comm| comm.trim() == name)
         .count()
 }
 
 fn wait_for(count: usize) {
     let started = Instant::now();
-    while watcher_threads() != count {
-        assert!(started.elapsed() < Duration::from_secs(2), "expected {count} watcher threads, have {}", watcher_threads());
+    while watcher_threads() != count || threads_named("cw-embed-wal") != count {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "expected {count} watcher and {count} WAL-notify threads, have {} and {}",
+            watcher_threads(),
+            threads_named("cw-embed-wal")
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 }

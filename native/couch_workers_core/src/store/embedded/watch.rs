@@ -11,19 +11,27 @@
 //!   happens after the registration); a local commit that wrote no watched
 //!   key leaves the thread asleep (waking it for every commit cost a third
 //!   of the raw commit rate);
-//! * otherwise every `watch_poll` it asks its own connection for
-//!   `PRAGMA data_version`, which changes when any other connection, of
-//!   this or another process, has committed. Only then does it read every
-//!   watched key, in one read transaction, and fire the watches whose value
-//!   differs from the registered one. After [`ACTIVE_FOR`] without any
-//!   change it polls every `watch_poll_idle` instead, until the next change.
+//! * when any process wrote the store's WAL (`wal_notify.rs`, inotify):
+//!   it asks its own connection for `PRAGMA data_version`, which changes
+//!   when any other connection, of this or another process, has committed,
+//!   and keeps asking for [`SETTLE`] after the last such write, first
+//!   after [`SETTLE_FIRST`] and then at doubling intervals up to
+//!   `watch_poll` (a commit becomes visible a moment after its frames are
+//!   written, and the kernel merges writes that follow each other into one
+//!   event). Only when `data_version` moved does it read every watched
+//!   key, in one read transaction, and fire the watches whose value
+//!   differs from the registered one. Between writes it sleeps, waking
+//!   only every [`SAFETY_CHECK`] (a last resort for a commit that became
+//!   visible after its settle window, and the sweep of dropped watches);
+//! * where inotify is unavailable, it polls `data_version` every
+//!   `watch_poll` instead, and every `watch_poll_idle` after [`ACTIVE_FOR`]
+//!   without any change, until the next change.
 //!
 //! With no watch registered the thread sleeps until one is (no polling at
-//! all). One poll costs ~4.5 µs (three syscalls: the WAL-index read lock
-//! taken and dropped, an fstat) plus a timed wake-up, ~30-50 µs of CPU in
-//! all on a loaded VM. Measured CPU of the thread with one pending watch and
-//! no commits (`tests/embedded_perf.rs`): 2.8% of a core polling every
-//! 1 ms, 1.2% every 4 ms (the default once idle).
+//! all). One poll costs a few µs (three syscalls: the WAL-index read lock
+//! taken and dropped, an fstat) plus a timed wake-up (`tests/embedded_perf.rs`
+//! measures the thread's CPU with a pending watch and no commits; figures
+//! in `bench/RESULTS.md`).
 //!
 //! Dropped watch futures are noticed (`Sender::is_closed`) and removed.
 //! `close` fails every pending watch with [`StoreError::Closed`].
@@ -52,8 +60,20 @@ pub(crate) type WatchSender = oneshot::Sender<Result<(), StoreError>>;
 /// How often dropped watch futures are swept out when nothing changes.
 const PURGE_EVERY: Duration = Duration::from_millis(100);
 
-/// How long after the last change the thread keeps polling fast.
+/// How long after the last change the thread keeps polling fast (when it
+/// polls: without WAL notifications).
 pub(crate) const ACTIVE_FOR: Duration = Duration::from_millis(250);
+
+/// How long after the last WAL write the thread keeps looking at
+/// `data_version`: covers a writer descheduled between writing its frames
+/// and publishing them, and writes merged into one event.
+pub(crate) const SETTLE: Duration = Duration::from_millis(20);
+
+/// The first look after a WAL write: most commits are visible by then.
+pub(crate) const SETTLE_FIRST: Duration = Duration::from_micros(50);
+
+/// With WAL notifications, the longest sleep between looks.
+pub(crate) const SAFETY_CHECK: Duration = Duration::from_secs(1);
 
 /// How often the watcher thread polls `PRAGMA data_version`.
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +110,10 @@ struct HubState {
     next_seq: u64,
     /// Re-read the watched keys without waiting for the next poll.
     dirty: bool,
+    /// Some process wrote the WAL since the thread last looked.
+    wal_written: bool,
+    /// WAL notifications are running (`wal_notify.rs`): no polling needed.
+    wal_notify: bool,
     closed: bool,
 }
 
@@ -139,6 +163,28 @@ impl WatchHub {
         }
     }
 
+    /// Some process wrote the store's WAL (from `cw-embed-wal`).
+    pub(crate) fn wal_written(&self) {
+        let mut st = self.lock();
+        if st.closed || st.watches.is_empty() || st.wal_written {
+            return;
+        }
+        st.wal_written = true;
+        self.wake.notify_one();
+    }
+
+    /// WAL notifications started (`true`) or stopped working (`false`:
+    /// the thread polls from then on).
+    pub(crate) fn set_wal_notify(&self, on: bool) {
+        let mut st = self.lock();
+        st.wal_notify = on;
+        self.wake.notify_one();
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     /// Fails every pending watch with `Closed`, refuses new ones, and
     /// tells the thread to stop.
     pub(crate) fn close(&self) {
@@ -152,9 +198,10 @@ impl WatchHub {
         self.wake.notify_all();
     }
 
-    /// Number of pending watches (for tests and diagnostics).
+    /// Number of pending watches (for tests and diagnostics): dropped
+    /// ones not yet swept out are not counted.
     pub(crate) fn pending(&self) -> usize {
-        self.lock().watches.values().map(Vec::len).sum()
+        self.lock().watches.values().flatten().filter(|e| !e.tx.is_closed()).count()
     }
 }
 
@@ -168,17 +215,27 @@ pub(crate) fn spawn_watcher(hub: Arc<WatchHub>, conn: Connection, poll: Polling)
 /// What one wake-up of the thread should do.
 enum Wake {
     Stop,
-    /// `dirty`: re-read even if `data_version` did not change.
-    Check { dirty: bool },
+    /// `dirty`: re-read even if `data_version` did not change; `wal`: a
+    /// process wrote the WAL (start a settle window).
+    Check { dirty: bool, wal: bool },
 }
 
-fn wait_for_work(hub: &WatchHub, poll: Duration, last_purge: &mut Instant) -> Wake {
+/// How long the thread may sleep before its next look.
+#[derive(Clone, Copy)]
+enum Sleep {
+    /// Polling (no WAL notifications): this long.
+    Poll(Duration),
+    /// WAL notifications on: this long if notifications stay on.
+    Notified(Duration),
+}
+
+fn wait_for_work(hub: &WatchHub, sleep: impl Fn(bool) -> Sleep, last_purge: &mut Instant) -> Wake {
     let mut st = hub.lock();
     loop {
         if st.closed {
             return Wake::Stop;
         }
-        if st.dirty {
+        if st.dirty || st.wal_written {
             break;
         }
         if st.watches.is_empty() {
@@ -186,6 +243,9 @@ fn wait_for_work(hub: &WatchHub, poll: Duration, last_purge: &mut Instant) -> Wa
             st = hub.wake.wait(st).unwrap_or_else(|p| p.into_inner());
             continue;
         }
+        let poll = match sleep(st.wal_notify) {
+            Sleep::Poll(d) | Sleep::Notified(d) => d,
+        };
         let (guard, timeout) = hub.wake.wait_timeout(st, poll).unwrap_or_else(|p| p.into_inner());
         st = guard;
         if timeout.timed_out() {
@@ -193,6 +253,7 @@ fn wait_for_work(hub: &WatchHub, poll: Duration, last_purge: &mut Instant) -> Wa
         }
     }
     let dirty = std::mem::take(&mut st.dirty);
+    let wal = std::mem::take(&mut st.wal_written);
     if dirty || last_purge.elapsed() >= PURGE_EVERY {
         *last_purge = Instant::now();
         st.watches.retain(|_, entries| {
@@ -200,18 +261,38 @@ fn wait_for_work(hub: &WatchHub, poll: Duration, last_purge: &mut Instant) -> Wa
             !entries.is_empty()
         });
     }
-    Wake::Check { dirty }
+    Wake::Check { dirty, wal }
 }
 
 fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
     let mut last_data_version: Option<i64> = None;
     let mut last_purge = Instant::now();
     let mut last_change = Instant::now();
+    // The settle window after the last WAL write, and the next interval.
+    let mut settle_until: Option<Instant> = None;
+    let mut settle_step = SETTLE_FIRST;
     loop {
-        let poll = if last_change.elapsed() < ACTIVE_FOR { polling.active } else { polling.idle.max(polling.active) };
-        let dirty = match wait_for_work(hub, poll, &mut last_purge) {
+        let settling = settle_until.is_some_and(|t| Instant::now() < t);
+        let sleep = |notified: bool| {
+            if notified {
+                Sleep::Notified(if settling { settle_step } else { SAFETY_CHECK })
+            } else if last_change.elapsed() < ACTIVE_FOR {
+                Sleep::Poll(polling.active)
+            } else {
+                Sleep::Poll(polling.idle.max(polling.active))
+            }
+        };
+        let dirty = match wait_for_work(hub, sleep, &mut last_purge) {
             Wake::Stop => return,
-            Wake::Check { dirty } => dirty,
+            Wake::Check { dirty, wal } => {
+                if wal {
+                    settle_until = Some(Instant::now() + SETTLE);
+                    settle_step = SETTLE_FIRST;
+                } else if settling {
+                    settle_step = (settle_step * 2).min(polling.active.max(SETTLE_FIRST));
+                }
+                dirty
+            }
         };
         // Read before the values: a commit in between changes it again, so
         // the next poll re-reads (a spare read, never a missed change).
@@ -237,7 +318,7 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
                 // Busy (a WAL reset or recovery by another process) or an
                 // I/O error: try again at the next poll. Never spin.
                 last_data_version = None;
-                std::thread::sleep(poll);
+                std::thread::sleep(polling.active);
             }
         }
     }
