@@ -11,7 +11,7 @@
 -behaviour(application).
 
 -export([start/2, prep_stop/1, stop/1]).
--export([node_config/0, call_timeout/0, call/2]).
+-export([node_config/0, call_timeout/0, call/2, call_answered/2]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -101,6 +101,41 @@ call(Server, Msg) ->
         exit:{noproc, _} -> {error, not_started};
         exit:{shutdown, _} -> {error, not_started};
         exit:{normal, _} -> {error, not_started}
+    end.
+
+%% @doc A call whose answer the caller must have before it goes on (an
+%% unsubscribe: the server is the one that delivers, so only its answer
+%% says that nothing more comes). Waits as long as the server lives,
+%% logging every `call_timeout/0' that it is still waiting; if the server
+%% dies meanwhile, asks its restarted successor. `{error, not_started}'
+%% only once the application's supervisor is gone (then nothing of the
+%% app delivers anything).
+-spec call_answered(atom(), term()) -> term().
+call_answered(Server, Msg) ->
+    case whereis(Server) of
+        Pid when is_pid(Pid) ->
+            wait_answered(Server, Msg, gen_server:send_request(Pid, Msg), 1);
+        undefined ->
+            case whereis(couch_workers_sup) of
+                undefined ->
+                    {error, not_started};
+                _ ->
+                    %% Being restarted (or stopped with the app).
+                    timer:sleep(10),
+                    call_answered(Server, Msg)
+            end
+    end.
+
+wait_answered(Server, Msg, ReqId, Waits) ->
+    case gen_server:wait_response(ReqId, call_timeout()) of
+        {reply, Reply} ->
+            Reply;
+        timeout ->
+            ?LOG_WARNING(#{what => call_still_waiting, server => Server, waited_ms => Waits * call_timeout()}),
+            wait_answered(Server, Msg, ReqId, Waits + 1);
+        {error, {_Reason, _ServerRef}} ->
+            %% It died before answering: its successor decides.
+            call_answered(Server, Msg)
     end.
 
 start_node() ->
