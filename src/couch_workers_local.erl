@@ -68,7 +68,15 @@ start_link() ->
 
 -spec register_worker(binary(), binary(), map(), pid()) -> reference() | {error, term()}.
 register_worker(Type, Id, Opts, Pid) ->
-    call({register, Type, Id, Opts, Pid}).
+    case call({register, Type, Id, Opts, Pid}) of
+        {error, {server_down, _}} ->
+            %% The server crashed with the request in flight: its answer
+            %% (a registration) went with it and is garbage, which
+            %% removes that worker; the restarted server registers anew.
+            couch_workers_app:call_successor(?MODULE, {register, Type, Id, Opts, Pid});
+        Result ->
+            Result
+    end.
 
 -spec unregister_worker(term()) -> ok | {error, timeout}.
 unregister_worker(Ref) ->
@@ -190,6 +198,9 @@ terminate(Reason, St) when Reason =:= shutdown; Reason =:= normal; is_tuple(Reas
     ),
     Deadline = erlang:monotonic_time(millisecond) + ?TERMINATE_WAIT_MS,
     Left = wait_all(NifRefs, Deadline),
+    %% Nothing left to restore: a server started after this one (a
+    %% restart of this child alone) must not take these over.
+    true = ets:delete_all_objects(?TAB),
     ?LOG_INFO(#{
         what => couch_workers_local_stopped,
         reason => Reason,

@@ -35,6 +35,8 @@ restart_test_() ->
             [
                 ?TDEF_FE(killed_local_server_keeps_every_registration, 30),
                 ?TDEF_FE(crashed_local_server_keeps_every_registration, 30),
+                ?TDEF_FE(register_in_flight_when_the_server_dies_is_done_by_its_successor, 30),
+                ?TDEF_FE(local_server_stopped_by_its_supervisor_leaves_nothing_to_restore, 30),
                 ?TDEF_FE(killed_global_server_keeps_every_subscription, 30),
                 ?TDEF_FE(unsubscribes_wait_for_a_server_slower_than_the_call_timeout, 40)
             ]
@@ -86,6 +88,45 @@ local_server_keeps_every_registration(Crash) ->
     ok = couch_workers:job_remove(T, <<"j1">>),
     ?assertEqual(Before, settled(Before)),
     ?assertEqual(0, ets:info(couch_workers_local, size)).
+
+register_in_flight_when_the_server_dies_is_done_by_its_successor(_) ->
+    T = unique_type("restart"),
+    Before = counts(),
+    S = couch_workers:membership_subscribe(T, nil, self()),
+    {_, #{}} = recv_membership(S, 5000),
+    Self = self(),
+    Old = whereis(couch_workers_local),
+    ok = sys:suspend(Old),
+    spawn_link(fun() -> Self ! {registered, couch_workers:worker_register(T, <<"w1">>, #{}, Self)} end),
+    wait_for(fun() -> queue_len(Old) >= 1 end, 5000),
+    exit(Old, kill),
+    R = receive {registered, Res} -> Res after 15000 -> error(no_register) end,
+    ?assert(is_reference(R)),
+    wait_membership(S, fun(W) -> maps:is_key(<<"w1">>, W) end, 5000),
+    ?assertMatch({ok, T, <<"w1">>}, couch_workers_local:lookup(R)),
+    ok = couch_workers:worker_unregister(R),
+    wait_membership(S, fun(W) -> W =:= #{} end, 5000),
+    ok = couch_workers:membership_unsubscribe(S),
+    ?assertEqual(Before, settled(Before)).
+
+local_server_stopped_by_its_supervisor_leaves_nothing_to_restore(_) ->
+    T = unique_type("restart"),
+    S = couch_workers:membership_subscribe(T, nil, self()),
+    {_, #{}} = recv_membership(S, 5000),
+    R = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    wait_membership(S, fun(W) -> maps:is_key(<<"w1">>, W) end, 5000),
+    %% A deliberate stop unregisters its workers: a restart must not bring
+    %% back their (removed) registrations.
+    ok = supervisor:terminate_child(couch_workers_sup, couch_workers_local),
+    wait_membership(S, fun(W) -> W =:= #{} end, 5000),
+    {ok, _} = supervisor:restart_child(couch_workers_sup, couch_workers_local),
+    ?assertEqual(error, couch_workers_local:lookup(R)),
+    ?assertEqual(0, ets:info(couch_workers_local, size)),
+    R2 = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    ?assertNotEqual(R, R2),
+    wait_membership(S, fun(W) -> maps:is_key(<<"w1">>, W) end, 5000),
+    ok = couch_workers:worker_unregister(R2),
+    ok = couch_workers:membership_unsubscribe(S).
 
 killed_global_server_keeps_every_subscription(_) ->
     T = unique_type("restart"),
