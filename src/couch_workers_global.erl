@@ -303,10 +303,14 @@ deliver(#sub{ref = Ref, type = Type, proc = Proc} = Sub, VS, Workers) ->
     Proc ! {couch_workers_deliver, Type, Workers, VS, Ref},
     Sub#sub{last_vs = VS}.
 
-%% Records the last delivery a subscription took, for a restarted server.
+%% Records the last delivery a subscription took, for a restarted server
+%% (a row already gone, or the table with the app, needs nothing).
 seen(Ref, VS) ->
-    _ = ets:update_element(?SUBS, Ref, {5, VS}),
-    ok.
+    try ets:update_element(?SUBS, Ref, {5, VS}) of
+        _ -> ok
+    catch
+        error:badarg -> ok
+    end.
 
 remove_sub(#sub{ref = Ref, type = Type, mon = Mon, proc = Proc}, Caller, St) ->
     erlang:demonitor(Mon, [flush]),

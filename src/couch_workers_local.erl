@@ -14,8 +14,9 @@
 %% in it, monitors the owners again (an owner that died meanwhile is
 %% unregistered at once) and points the registrations' events at itself,
 %% so no registration is dropped and none leaks. A request in flight when
-%% the server crashed is lost: its caller gets an error, and a
-%% registration its answer carried is garbage, which removes the worker.
+%% the server crashed is lost with it: a registration its answer carried
+%% is garbage, which removes that worker, and `register_worker/4' asks the
+%% restarted server again; an unregister completes on the Rust side.
 %%
 %% Owners are told what only a heartbeat can find (`worker_notify/3' of
 %% the NIF sends it to them directly): `{couch_workers_worker_reaped,
@@ -181,7 +182,9 @@ handle_info(Msg, St) ->
     {noreply, St}.
 
 -spec terminate(term(), #st{}) -> ok.
-terminate(Reason, St) when Reason =:= shutdown; Reason =:= normal; is_tuple(Reason), element(1, Reason) =:= shutdown ->
+terminate(Reason, St) when
+    Reason =:= shutdown; Reason =:= normal; is_tuple(Reason), element(1, Reason) =:= shutdown
+->
     %% Unregister every worker before the node stops, and wait for the
     %% writes (and for unregisters already in flight).
     Regs = ets:select(?TAB, [{{'$1', '$2', '$3', '_', '$4', '_'}, [{is_reference, '$1'}], [{{'$1', '$2', '$3', '$4'}}]}]),
