@@ -38,6 +38,7 @@ restart_test_() ->
                 ?TDEF_FE(register_in_flight_when_the_server_dies_is_done_by_its_successor, 30),
                 ?TDEF_FE(local_server_stopped_by_its_supervisor_leaves_nothing_to_restore, 30),
                 ?TDEF_FE(killed_global_server_keeps_every_subscription, 30),
+                ?TDEF_FE(subscription_that_cannot_be_restored_tells_its_owner, 30),
                 ?TDEF_FE(unsubscribes_wait_for_a_server_slower_than_the_call_timeout, 40)
             ]
         }
@@ -174,6 +175,25 @@ killed_global_server_keeps_every_subscription(_) ->
     after
         couch_workers_test_util:clear_sink(T)
     end.
+
+subscription_that_cannot_be_restored_tells_its_owner(_) ->
+    T = unique_type("restart"),
+    S = couch_workers:membership_subscribe(T, nil, self()),
+    {_, #{}} = recv_membership(S, 5000),
+    %% The Rust node stops under the app: no watcher can start again.
+    Stop = make_ref(),
+    ok = couch_workers_nif:stop(Stop),
+    ok = couch_workers_nif:wait(Stop, 10000),
+    Old = whereis(couch_workers_global),
+    exit(Old, kill),
+    wait_restarted(couch_workers_global, Old),
+    receive
+        {couch_workers_membership_ended, S, Reason} -> ?assertEqual(not_started, Reason)
+    after 5000 -> error(owner_not_told)
+    end,
+    ?assertEqual(0, ets:info(couch_workers_membership_subs, size)),
+    ?assertEqual({error, not_found}, couch_workers:get_workers(T)),
+    ok = couch_workers:membership_unsubscribe(S).
 
 %% Each server is suspended longer than the call timeout while a
 %% subscriber unsubscribes; a delivery is on its way meanwhile (queued in
