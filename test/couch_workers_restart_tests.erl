@@ -39,6 +39,7 @@ restart_test_() ->
                 ?TDEF_FE(local_server_stopped_by_its_supervisor_leaves_nothing_to_restore, 30),
                 ?TDEF_FE(killed_global_server_keeps_every_subscription, 30),
                 ?TDEF_FE(subscription_that_cannot_be_restored_tells_its_owner, 30),
+                ?TDEF_FE(delivery_lost_with_a_callback_process_comes_after_the_restart, 30),
                 ?TDEF_FE(unsubscribes_wait_for_a_server_slower_than_the_call_timeout, 40)
             ]
         }
@@ -174,6 +175,41 @@ killed_global_server_keeps_every_subscription(_) ->
         ?assertEqual(0, ets:info(couch_workers_membership_subs, size))
     after
         couch_workers_test_util:clear_sink(T)
+    end.
+
+%% The callback process dies with the server (it is linked): a delivery
+%% still in its mailbox is lost with it, and the restarted server
+%% delivers the membership it had not taken.
+delivery_lost_with_a_callback_process_comes_after_the_restart(_) ->
+    T = unique_type("restart"),
+    couch_workers_test_util:set_sink(T, self()),
+    try
+        %% The first call (#{}) blocks until released: the delivery of
+        %% w1's join waits in the callback process's mailbox.
+        S = couch_workers:membership_subscribe(T, couch_workers_test_block_cb, self()),
+        {Proc0, #{}, _VS0} = recv_blocked(S),
+        R = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+        wait_for(fun() -> queue_len(Proc0) >= 1 end, 5000),
+        {ok, VS1, #{<<"w1">> := _}} = couch_workers:get_workers(T),
+        Old = whereis(couch_workers_global),
+        exit(Old, kill),
+        wait_restarted(couch_workers_global, Old),
+        ?assertNot(is_process_alive(Proc0)),
+        {Proc1, W1, VS1} = recv_blocked(S),
+        ?assertMatch(#{<<"w1">> := _}, W1),
+        Proc1 ! release,
+        %% Nothing else: the killed call of #{} is not made again.
+        ?assertEqual(nothing, receive {cb_called, _, _, _, _, S} = M -> M after 500 -> nothing end),
+        ok = couch_workers:membership_unsubscribe(S),
+        ok = couch_workers:worker_unregister(R)
+    after
+        couch_workers_test_util:clear_sink(T)
+    end.
+
+recv_blocked(S) ->
+    receive
+        {cb_called, Proc, _T, Workers, VS, S} -> {Proc, Workers, VS}
+    after 5000 -> error(no_callback)
     end.
 
 subscription_that_cannot_be_restored_tells_its_owner(_) ->
