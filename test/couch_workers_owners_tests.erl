@@ -20,6 +20,7 @@ owners_test_() ->
         "own",
         [
             ?TDEF_FE(registration_replaced_by_another_node_tells_its_owner, 30),
+            ?TDEF_FE(replaced_while_the_local_server_restarts_is_forgotten_by_its_successor, 30),
             ?TDEF_FE(worker_notify_checks_its_arguments, 10)
         ]
     ).
@@ -71,6 +72,31 @@ registration_replaced_by_another_node_tells_its_owner(#{peer := Peer, type := T}
     wait_membership(S, fun(W) -> W =:= #{} end, 5000),
     ok = couch_workers:job_remove(T, <<"j1">>),
     ok = couch_workers:membership_unsubscribe(S).
+
+%% The server's own notice of the replacement is lost with it (queued
+%% while it was suspended, then it is killed): the restarted server learns
+%% it when it points the registration's events at itself.
+replaced_while_the_local_server_restarts_is_forgotten_by_its_successor(#{peer := Peer, type := T}) ->
+    RefA = couch_workers:worker_register(T, <<"w">>, #{timeout => 1}, self()),
+    Local = whereis(couch_workers_local),
+    ok = sys:suspend(Local),
+    ok = peer:call(Peer, couch_workers_test_owner, start, [owner_b, T, <<"w">>, #{timeout => 1}], ?PEER_TIMEOUT),
+    receive
+        {couch_workers_worker_lost, RefA, superseded} -> ok
+    after 5000 -> error(owner_not_told)
+    end,
+    wait_for(fun() -> queue_len(Local) >= 1 end, 5000),
+    exit(Local, kill),
+    wait_for(fun() -> is_pid(whereis(couch_workers_local)) andalso whereis(couch_workers_local) =/= Local end, 5000),
+    wait_for(fun() -> couch_workers_local:lookup(RefA) =:= error end, 5000),
+    ?assertEqual([], ets:lookup(couch_workers_local, {T, <<"w">>})),
+    %% Told once.
+    ?assertEqual(nothing, owner_message(500)),
+    ok.
+
+queue_len(Pid) ->
+    {message_queue_len, N} = process_info(Pid, message_queue_len),
+    N.
 
 worker_notify_checks_its_arguments(#{type := T}) ->
     NifRef = make_ref(),
