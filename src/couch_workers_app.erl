@@ -11,7 +11,7 @@
 -behaviour(application).
 
 -export([start/2, prep_stop/1, stop/1]).
--export([node_config/0, call_timeout/0, call/2]).
+-export([node_config/0, call_timeout/0, call/2, call_successor/2, call_answered/2]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -90,8 +90,9 @@ call_timeout() ->
     end.
 
 %% @doc `gen_server:call/3' to one of the app's servers with
-%% `call_timeout/0', answering `{error, timeout}' or `{error, not_started}'
-%% instead of exiting the caller when the server is slow or not running.
+%% `call_timeout/0', answering `{error, timeout}', `{error, not_started}'
+%% or, when the server crashed before answering, `{error, {server_down,
+%% Reason}}', instead of exiting the caller.
 -spec call(atom(), term()) -> term().
 call(Server, Msg) ->
     try
@@ -100,7 +101,67 @@ call(Server, Msg) ->
         exit:{timeout, _} -> {error, timeout};
         exit:{noproc, _} -> {error, not_started};
         exit:{shutdown, _} -> {error, not_started};
-        exit:{normal, _} -> {error, not_started}
+        exit:{{shutdown, _}, _} -> {error, not_started};
+        exit:{normal, _} -> {error, not_started};
+        exit:{Reason, {gen_server, call, _}} -> {error, {server_down, Reason}}
+    end.
+
+%% @doc `call/2' to the successor of a server that crashed before it
+%% answered: waits (up to `call_timeout/0') for the supervisor to have
+%% restarted it.
+-spec call_successor(atom(), term()) -> term().
+call_successor(Server, Msg) ->
+    Deadline = erlang:monotonic_time(millisecond) + call_timeout(),
+    await_server(Server, Deadline),
+    call(Server, Msg).
+
+await_server(Server, Deadline) ->
+    case is_pid(whereis(Server)) orelse whereis(couch_workers_sup) =:= undefined of
+        true ->
+            ok;
+        false ->
+            case erlang:monotonic_time(millisecond) >= Deadline of
+                true ->
+                    ok;
+                false ->
+                    timer:sleep(10),
+                    await_server(Server, Deadline)
+            end
+    end.
+
+%% @doc A call whose answer the caller must have before it goes on (an
+%% unsubscribe: the server is the one that delivers, so only its answer
+%% says that nothing more comes). Waits as long as the server lives,
+%% logging every `call_timeout/0' that it is still waiting; if the server
+%% dies meanwhile, asks its restarted successor. `{error, not_started}'
+%% only once the application's supervisor is gone (then nothing of the
+%% app delivers anything).
+-spec call_answered(atom(), term()) -> term().
+call_answered(Server, Msg) ->
+    case whereis(Server) of
+        Pid when is_pid(Pid) ->
+            wait_answered(Server, Msg, gen_server:send_request(Pid, Msg), 1);
+        undefined ->
+            case whereis(couch_workers_sup) of
+                undefined ->
+                    {error, not_started};
+                _ ->
+                    %% Being restarted (or stopped with the app).
+                    timer:sleep(10),
+                    call_answered(Server, Msg)
+            end
+    end.
+
+wait_answered(Server, Msg, ReqId, Waits) ->
+    case gen_server:wait_response(ReqId, call_timeout()) of
+        {reply, Reply} ->
+            Reply;
+        timeout ->
+            ?LOG_WARNING(#{what => call_still_waiting, server => Server, waited_ms => Waits * call_timeout()}),
+            wait_answered(Server, Msg, ReqId, Waits + 1);
+        {error, {_Reason, _ServerRef}} ->
+            %% It died before answering: its successor decides.
+            call_answered(Server, Msg)
     end.
 
 start_node() ->

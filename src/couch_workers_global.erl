@@ -1,7 +1,15 @@
 %% @doc Membership subscriptions of this node.
 %%
-%% Owns the ETS table `couch_workers_membership' (`{Type, VS, Workers}',
-%% read directly by `couch_workers:get_workers/1') and the subscriptions.
+%% Keeps the ETS tables `couch_workers_membership' (`{Type, VS, Workers}',
+%% read directly by `couch_workers:get_workers/1') and
+%% `couch_workers_membership_subs' (`{Ref, Type, Pid, Module, SeenVS}':
+%% every subscription, and the versionstamp of the last delivery it took),
+%% both owned by the supervisor (`couch_workers_tables'). They outlive a
+%% crash of this server: the restarted server restores every
+%% subscription (owner monitor, callback process, a new watcher per type)
+%% and delivers the current membership to each whose `SeenVS' is older, so
+%% no subscription ends silently; one whose watcher cannot be started
+%% again gets `{couch_workers_membership_ended, Ref, Reason}'.
 %% One NIF watcher runs per worker type that has subscribers on this node:
 %% started by the type's first subscription, stopped by its last
 %% unsubscribe (and then the type's ETS entry goes). The watcher sends
@@ -40,6 +48,7 @@
 -include_lib("kernel/include/logger.hrl").
 
 -define(TAB, couch_workers_membership).
+-define(SUBS, couch_workers_membership_subs).
 
 -record(sub, {
     ref :: reference(),
@@ -82,9 +91,12 @@ start_link() ->
 subscribe(Type, Module, Pid) ->
     call({subscribe, Type, Module, Pid}).
 
+%% @doc Returns only once this server has ended the subscription (it is
+%% the one that sends deliveries): however long it takes to answer, and
+%% from its successor if it crashes meanwhile.
 -spec unsubscribe(term()) -> ok.
 unsubscribe(Ref) ->
-    _ = call({unsubscribe, Ref}),
+    _ = couch_workers_app:call_answered(?MODULE, {unsubscribe, Ref}),
     ok.
 
 -spec get_workers(binary()) -> {ok, binary(), map()} | {error, not_found}.
@@ -104,8 +116,7 @@ call(Msg) ->
 -spec init([]) -> {ok, #st{}}.
 init([]) ->
     process_flag(trap_exit, true),
-    ?TAB = ets:new(?TAB, [named_table, protected, set, {read_concurrency, true}]),
-    {ok, #st{}}.
+    {ok, restore(#st{})}.
 
 -spec handle_call(term(), gen_server:from(), #st{}) -> {reply, term(), #st{}}.
 handle_call({subscribe, Type, Module, Pid}, _From, St) ->
@@ -115,6 +126,7 @@ handle_call({subscribe, Type, Module, Pid}, _From, St) ->
             Mon = erlang:monitor(process, Pid),
             Proc = start_proc(Module),
             Sub0 = #sub{ref = Ref, type = Type, pid = Pid, mon = Mon, module = Module, proc = Proc},
+            true = ets:insert(?SUBS, {Ref, Type, Pid, Module, undefined}),
             #watch{subs = Subs, vs = VS, workers = Workers} = W = maps:get(Type, St1#st.watches),
             Sub =
                 case VS of
@@ -190,6 +202,54 @@ terminate(_Reason, St) ->
 
 %% ---- internal ------------------------------------------------------------
 
+%% Takes over the subscriptions a crashed predecessor left in the tables:
+%% each gets a monitor, its callback process and, per type, a new watcher
+%% (the old ones stopped when their handles went with the old server),
+%% which starts from the cached membership; a subscription that has not
+%% seen it yet gets it now, one whose owner died meanwhile ends on its
+%% `DOWN'.
+restore(St) ->
+    Rows = ets:tab2list(?SUBS),
+    Cached = maps:from_list([{Type, {VS, Workers}} || {Type, VS, Workers} <- ets:tab2list(?TAB)]),
+    St1 = lists:foldl(fun(Row, S) -> restore_sub(Row, Cached, S) end, St, Rows),
+    %% Cache entries of types nobody subscribes to any more.
+    [ets:delete(?TAB, Type) || Type <- maps:keys(Cached), not maps:is_key(Type, St1#st.watches)],
+    case Rows of
+        [] -> ok;
+        _ -> ?LOG_NOTICE(#{what => couch_workers_global_restored, subscriptions => length(Rows)})
+    end,
+    St1.
+
+restore_sub({Ref, Type, Pid, Module, SeenVS}, Cached, St) ->
+    case ensure_watch(Type, St) of
+        {ok, St1} ->
+            W0 = maps:get(Type, St1#st.watches),
+            W =
+                case {W0#watch.vs, maps:find(Type, Cached)} of
+                    {undefined, {ok, {CachedVS, CachedWorkers}}} -> W0#watch{vs = CachedVS, workers = CachedWorkers};
+                    _ -> W0
+                end,
+            Mon = erlang:monitor(process, Pid),
+            Proc = start_proc(Module),
+            Sub0 = #sub{ref = Ref, type = Type, pid = Pid, mon = Mon, module = Module, proc = Proc, last_vs = SeenVS},
+            Sub =
+                case W#watch.vs of
+                    undefined -> Sub0;
+                    WatchVS -> deliver(Sub0, WatchVS, W#watch.workers)
+                end,
+            St1#st{
+                subs = maps:put(Ref, Sub, St1#st.subs),
+                watches = maps:put(Type, W#watch{subs = maps:put(Ref, true, W#watch.subs)}, St1#st.watches),
+                mons = maps:put(Mon, Ref, St1#st.mons),
+                procs = add_proc(Proc, Ref, St1#st.procs)
+            };
+        {error, Reason} ->
+            ?LOG_WARNING(#{what => membership_subscription_ended, type => Type, reason => Reason}),
+            Pid ! {couch_workers_membership_ended, Ref, Reason},
+            ets:delete(?SUBS, Ref),
+            St
+    end.
+
 ensure_watch(Type, St) ->
     case maps:is_key(Type, St#st.watches) of
         true ->
@@ -237,14 +297,25 @@ deliver(#sub{last_vs = Last} = Sub, VS, _Workers) when Last =/= undefined, VS =<
     Sub;
 deliver(#sub{ref = Ref, type = Type, module = nil, pid = Pid} = Sub, VS, Workers) ->
     Pid ! {couch_workers_membership, Type, Workers, VS, Ref},
+    seen(Ref, VS),
     Sub#sub{last_vs = VS};
 deliver(#sub{ref = Ref, type = Type, proc = Proc} = Sub, VS, Workers) ->
     Proc ! {couch_workers_deliver, Type, Workers, VS, Ref},
     Sub#sub{last_vs = VS}.
 
+%% Records the last delivery a subscription took, for a restarted server
+%% (a row already gone, or the table with the app, needs nothing).
+seen(Ref, VS) ->
+    try ets:update_element(?SUBS, Ref, {5, VS}) of
+        _ -> ok
+    catch
+        error:badarg -> ok
+    end.
+
 remove_sub(#sub{ref = Ref, type = Type, mon = Mon, proc = Proc}, Caller, St) ->
     erlang:demonitor(Mon, [flush]),
     stop_proc(Proc, Caller),
+    ets:delete(?SUBS, Ref),
     St1 = St#st{
         subs = maps:remove(Ref, St#st.subs),
         mons = maps:remove(Mon, St#st.mons),
@@ -296,6 +367,9 @@ callback_loop(Module) ->
                 couch_workers_stop -> exit(normal)
             after 0 -> ok
             end,
+            %% Taken (before the call: a callback killed halfway is not
+            %% called again with the same membership).
+            seen(Ref, VS),
             try
                 Module:couch_workers_membership_update(Type, Workers, VS, Ref)
             catch

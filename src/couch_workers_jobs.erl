@@ -155,7 +155,7 @@ subscribe(_Type, _Id, _Pid) ->
 
 -spec unsubscribe(term()) -> ok.
 unsubscribe(Ref) when is_reference(Ref) ->
-    _ = call({unsubscribe, Ref}),
+    _ = couch_workers_app:call_answered(?MODULE, {unsubscribe, Ref}),
     flush(Ref);
 unsubscribe(_Ref) ->
     ok.

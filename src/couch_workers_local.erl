@@ -1,6 +1,7 @@
 %% @doc The workers registered on this node.
 %%
-%% Owns the ETS table `couch_workers_local':
+%% Keeps the ETS table `couch_workers_local' (owned by the supervisor, see
+%% `couch_workers_tables'):
 %%
 %% ```
 %% {{Type, Id}, Ref}                              the registration of (Type, Id)
@@ -8,8 +9,24 @@
 %% '''
 %%
 %% The resource keeps the worker registered (and heartbeating); when it is
-%% garbage collected the Rust side removes the worker, so a crash of this
-%% server (its table goes with it) leaves no worker behind.
+%% garbage collected the Rust side removes the worker. The table outlives
+%% a crash of this server: the restarted server finds every registration
+%% in it, monitors the owners again (an owner that died meanwhile is
+%% unregistered at once) and points the registrations' events at itself,
+%% so no registration is dropped and none leaks. A request in flight when
+%% the server crashed is lost with it: a registration its answer carried
+%% is garbage, which removes that worker, and `register_worker/4' asks the
+%% restarted server again; an unregister completes on the Rust side.
+%%
+%% Owners are told what only a heartbeat can find (`worker_notify/3' of
+%% the NIF sends it to them directly): `{couch_workers_worker_reaped,
+%% Ref}' when the worker was reaped while its owner lived (its node could
+%% not write for longer than its timeout) and the heartbeat registered it
+%% again, keeping `Ref'; `{couch_workers_worker_lost, Ref, superseded}'
+%% when a later registration of the same `(Type, Id)', on another node,
+%% replaced it. Then `Ref' is over: this server forgets it (told by
+%% `{couch_workers_worker_superseded, Ref}'), so that a register of the
+%% same key starts a new registration.
 %%
 %% The server never waits for the store: it calls the NIF with a fresh
 %% reference, keeps the caller's `From', and answers with
@@ -52,7 +69,15 @@ start_link() ->
 
 -spec register_worker(binary(), binary(), map(), pid()) -> reference() | {error, term()}.
 register_worker(Type, Id, Opts, Pid) ->
-    call({register, Type, Id, Opts, Pid}).
+    case call({register, Type, Id, Opts, Pid}) of
+        {error, {server_down, _}} ->
+            %% The server crashed with the request in flight: its answer
+            %% (a registration) went with it and is garbage, which
+            %% removes that worker; the restarted server registers anew.
+            couch_workers_app:call_successor(?MODULE, {register, Type, Id, Opts, Pid});
+        Result ->
+            Result
+    end.
 
 -spec unregister_worker(term()) -> ok | {error, timeout}.
 unregister_worker(Ref) ->
@@ -83,8 +108,7 @@ call(Msg) ->
 -spec init([]) -> {ok, #st{}}.
 init([]) ->
     process_flag(trap_exit, true),
-    ?TAB = ets:new(?TAB, [named_table, protected, set, {read_concurrency, true}]),
-    {ok, #st{}}.
+    {ok, restore(#st{})}.
 
 -spec handle_call(term(), gen_server:from(), #st{}) ->
     {reply, term(), #st{}} | {noreply, #st{}}.
@@ -128,6 +152,13 @@ handle_info({NifRef, Result}, St) when is_reference(NifRef) ->
             ?LOG_NOTICE(#{what => unexpected_nif_reply, server => ?MODULE, result => Result}),
             {noreply, St}
     end;
+handle_info({couch_workers_worker_superseded, Ref}, St) ->
+    {noreply, forget(Ref, St)};
+handle_info({couch_workers_worker_reaped, Ref} = Msg, St) ->
+    %% For an owner on another node (the NIF sends to local pids only).
+    {noreply, forward(Ref, Msg, St)};
+handle_info({couch_workers_worker_lost, Ref, _Reason} = Msg, St) ->
+    {noreply, forward(Ref, Msg, St)};
 handle_info({'DOWN', Mon, process, Pid, Reason}, St) ->
     case maps:take(Mon, St#st.monitors) of
         {Ref, Monitors} ->
@@ -151,7 +182,9 @@ handle_info(Msg, St) ->
     {noreply, St}.
 
 -spec terminate(term(), #st{}) -> ok.
-terminate(Reason, St) ->
+terminate(Reason, St) when
+    Reason =:= shutdown; Reason =:= normal; is_tuple(Reason), element(1, Reason) =:= shutdown
+->
     %% Unregister every worker before the node stops, and wait for the
     %% writes (and for unregisters already in flight).
     Regs = ets:select(?TAB, [{{'$1', '$2', '$3', '_', '$4', '_'}, [{is_reference, '$1'}], [{{'$1', '$2', '$3', '$4'}}]}]),
@@ -168,15 +201,75 @@ terminate(Reason, St) ->
     ),
     Deadline = erlang:monotonic_time(millisecond) + ?TERMINATE_WAIT_MS,
     Left = wait_all(NifRefs, Deadline),
+    %% Nothing left to restore: a server started after this one (a
+    %% restart of this child alone) must not take these over.
+    true = ets:delete_all_objects(?TAB),
     ?LOG_INFO(#{
         what => couch_workers_local_stopped,
         reason => Reason,
         unregistered => length(Regs),
         unanswered => length(Left)
     }),
+    ok;
+terminate(_Crash, _St) ->
+    %% A crash: the registrations stay in the table, for the restarted
+    %% server to restore.
     ok.
 
 %% ---- internal ------------------------------------------------------------
+
+%% Takes over the registrations a crashed predecessor left in the table.
+restore(St) ->
+    Regs = ets:select(?TAB, [{{'$1', '_', '_', '_', '_', '_'}, [{is_reference, '$1'}], ['$_']}]),
+    St1 = lists:foldl(
+        fun({Ref, Type, Id, Pid, Reg, _OldMon}, S) ->
+            ok = notify(Reg, Pid, Ref),
+            Mon = erlang:monitor(process, Pid),
+            true = ets:insert(?TAB, {Ref, Type, Id, Pid, Reg, Mon}),
+            S#st{monitors = maps:put(Mon, Ref, S#st.monitors)}
+        end,
+        St,
+        Regs
+    ),
+    %% A key whose registration row is gone (the crash came between the
+    %% two deletes of an unregister).
+    Orphans = [
+        Row
+     || {{_, _}, Ref} = Row <- ets:select(?TAB, [{{{'_', '_'}, '_'}, [], ['$_']}]), ets:lookup(?TAB, Ref) =:= []
+    ],
+    [ets:delete_object(?TAB, Row) || Row <- Orphans],
+    case Regs of
+        [] -> ok;
+        _ -> ?LOG_NOTICE(#{what => couch_workers_local_restored, registrations => length(Regs)})
+    end,
+    St1.
+
+%% Owner events go to the owner itself; to this server, which forwards
+%% them, for an owner on another node.
+notify(Reg, Pid, Ref) when node(Pid) =:= node() ->
+    couch_workers_nif:worker_notify(Reg, Pid, Ref);
+notify(Reg, _RemotePid, Ref) ->
+    couch_workers_nif:worker_notify(Reg, self(), Ref).
+
+forward(Ref, Msg, St) ->
+    case ets:lookup(?TAB, Ref) of
+        [{Ref, _Type, _Id, Pid, _Reg, _Mon}] -> Pid ! Msg;
+        [] -> ok
+    end,
+    St.
+
+%% Drops a registration another one replaced: its owner was told.
+forget(Ref, St) ->
+    case ets:lookup(?TAB, Ref) of
+        [{Ref, Type, Id, _Pid, _Reg, Mon}] ->
+            erlang:demonitor(Mon, [flush]),
+            ets:delete(?TAB, Ref),
+            ets:delete_object(?TAB, {{Type, Id}, Ref}),
+            ?LOG_DEBUG(#{what => worker_forgotten, type => short(Type), id => short(Id), reason => superseded}),
+            St#st{monitors = maps:remove(Mon, St#st.monitors)};
+        [] ->
+            St
+    end.
 
 do_register(Key, Opts, Pid, From, St) ->
     case ets:lookup(?TAB, Key) of
@@ -238,6 +331,7 @@ nif_result({register, {Type, Id} = Key, Ref, Pid}, Result, St) ->
         {ok, Reg} ->
             Mon = erlang:monitor(process, Pid),
             true = ets:insert(?TAB, [{Key, Ref}, {Ref, Type, Id, Pid, Reg, Mon}]),
+            ok = notify(Reg, Pid, Ref),
             ?LOG_DEBUG(#{what => worker_registered, type => Type, id => Id, pid => Pid}),
             [gen_server:reply(F, Ref) || F <- Froms],
             St1#st{monitors = maps:put(Mon, Ref, St1#st.monitors)};

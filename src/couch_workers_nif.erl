@@ -31,6 +31,10 @@
 %% set_log_pid(Pid | undefined)     -> ok      log events: {couch_workers_log, Level, What, Fields}
 %% worker_register(Ref, Type, Id, Opts) -> ok | {error, _} | dirty  then {Ref, {ok, Registration} | {error, Name}}
 %% worker_unregister(Ref, Registration) -> ok | {error, not_started}  then {Ref, ok | {error, Name}}
+%% worker_notify(Registration, Owner, Tag) -> ok      Tag: a reference; then, found by a heartbeat:
+%%     reaped (and registered again): {couch_workers_worker_reaped, Tag} to Owner
+%%     replaced by another registration: {couch_workers_worker_lost, Tag, superseded} to Owner and
+%%     {couch_workers_worker_superseded, Tag} to the caller (again to a later caller; see workers.rs)
 %% membership_watch(Type, Tag)      -> {ok, Watch} | {error, Name}     Tag: an atom or a reference
 %%     then {couch_workers_membership_changed, Tag, Type, VS, Workers} on the first read, and on every
 %%     change that or {couch_workers_membership_delta, Tag, Type, VS, Joined, Left}: the changes since the
@@ -79,6 +83,7 @@
     test_panic/1,
     worker_register/4,
     worker_unregister/2,
+    worker_notify/3,
     membership_watch/2,
     membership_unwatch/1
 ]).
@@ -191,6 +196,9 @@ worker_register_dirty(_Ref, _Type, _Id, _Opts) -> erlang:nif_error(nif_not_loade
 
 -spec worker_unregister(reference(), registration()) -> ok | {error, atom()}.
 worker_unregister(_Ref, _Registration) -> erlang:nif_error(nif_not_loaded).
+
+-spec worker_notify(registration(), pid(), reference()) -> ok.
+worker_notify(_Registration, _Owner, _Tag) -> erlang:nif_error(nif_not_loaded).
 
 %% ---- membership ----------------------------------------------------------
 

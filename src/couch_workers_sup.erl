@@ -5,6 +5,11 @@
 %% first (its job subscriptions end), then `couch_workers_local',
 %% unregistering its workers while the node runs (the application stops
 %% the node after the tree, in `couch_workers_app:stop/1').
+%%
+%% The supervisor owns the ETS tables of `couch_workers_local' and
+%% `couch_workers_global' (`couch_workers_tables'): a crash of either
+%% server keeps them, and its restart restores every registration and
+%% subscription from them.
 -module(couch_workers_sup).
 
 -behaviour(supervisor).
@@ -18,6 +23,7 @@ start_link() ->
 
 -spec init([]) -> {ok, {supervisor:sup_flags(), [supervisor:child_spec()]}}.
 init([]) ->
+    ok = couch_workers_tables:create(),
     Flags = #{strategy => one_for_one, intensity => 10, period => 10},
     Children = [
         worker(couch_workers_events, 5000),

@@ -187,7 +187,7 @@ check_back(What, #{counts := C0, tables := Tab0, processes := P0, memory := M0, 
     ?assert(M1 - M0 < ?MEMORY_BOUND).
 
 tables() ->
-    [{Tab, ets:info(Tab, size)} || Tab <- [couch_workers_local, couch_workers_membership]] ++
+    [{Tab, ets:info(Tab, size)} || Tab <- [couch_workers_local, couch_workers_membership, couch_workers_membership_subs]] ++
         [{Server, state_size(Server)} || Server <- [couch_workers_local, couch_workers_global, couch_workers_jobs]].
 
 %% The servers' state, flattened: its size must come back too (a map that

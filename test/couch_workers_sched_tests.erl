@@ -200,6 +200,7 @@ measured_nifs() ->
         {stats, 0},
         {worker_register, 4},
         {worker_unregister, 2},
+        {worker_notify, 3},
         {membership_watch, 2},
         {membership_unwatch, 1},
         {job_add, 5},
@@ -256,6 +257,7 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     #{} = sync(stats, none, []),
     %% A worker with these options, and one over the limit.
     {ok, Reg} = call(worker_register, Name, [T, Id, Info]),
+    ok = sync(worker_notify, Name, [Reg, self(), make_ref()]),
     ok = call(worker_unregister, Name, [Reg]),
     {error, value_too_large} = call(worker_register, too_large, [T, <<"huge">>, TooLarge]),
     %% A membership holding it.

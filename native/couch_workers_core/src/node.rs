@@ -18,6 +18,7 @@ use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Event, Level, Logger};
 use crate::services::heartbeat::HeartbeatTask;
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
+use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
 use crate::services::{wall_clock_s, Live, TaskCounts};
 use crate::store::{self, run, Db, StoreConfig, TxOptions};
@@ -199,6 +200,7 @@ impl Node {
         }
         let spec = Arc::new(spec);
         let cancel = self.shutdown.child_token();
+        let events = Arc::new(OwnerEvents::default());
         let task = HeartbeatTask {
             db: self.db.clone(),
             ks: self.ks.clone(),
@@ -207,10 +209,11 @@ impl Node {
             log: self.log.clone(),
             cancel: cancel.clone(),
             tx_options: self.write_options(),
+            events: events.clone(),
         };
         let live = Live::new(&self.counts.heartbeats);
         self.spawn(task.run(live));
-        Ok(Registration { node: Arc::downgrade(self), spec, incarnation, cancel, removed: AtomicBool::new(false) })
+        Ok(Registration { node: Arc::downgrade(self), spec, incarnation, cancel, removed: AtomicBool::new(false), events })
     }
 
     /// Removes the worker of `reg` and stops its heartbeat; its running
@@ -278,6 +281,9 @@ impl Node {
 
 /// A live registration. Dropping it stops the heartbeat and removes the
 /// worker (the owner is gone: its Erlang side was garbage collected).
+/// While it lives its heartbeat tells the owner, through the listener set
+/// with [`Registration::listen`], when it found the worker reaped (and
+/// registered it again) or replaced by another registration.
 pub struct Registration {
     node: std::sync::Weak<Node>,
     spec: Arc<WorkerSpec>,
@@ -286,9 +292,23 @@ pub struct Registration {
     incarnation: Incarnation,
     cancel: CancellationToken,
     removed: AtomicBool,
+    /// What its heartbeat found that its owner must know.
+    events: Arc<OwnerEvents>,
 }
 
 impl Registration {
+    /// Sets (or replaces) where this registration's owner events go (see
+    /// `services::owner_events`); events that found no listener go to
+    /// this one first. Returns whether the registration was superseded.
+    pub fn listen(&self, listener: OnOwnerEvent) -> bool {
+        self.events.listen(listener)
+    }
+
+    /// Whether another registration of the same id replaced this one.
+    pub fn is_superseded(&self) -> bool {
+        self.events.is_superseded()
+    }
+
     /// Removes the worker (see [`Node::unregister_worker`]); `Closed` if
     /// its node is gone.
     pub async fn unregister(&self) -> Result<(), Error> {

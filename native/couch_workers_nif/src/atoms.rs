@@ -37,6 +37,10 @@ rustler::atoms! {
     couch_workers_log,
     couch_workers_membership_changed,
     couch_workers_membership_delta,
+    couch_workers_worker_reaped,
+    couch_workers_worker_lost,
+    couch_workers_worker_superseded,
+    superseded,
     // jobs: map keys
     type_ = "type",
     id,

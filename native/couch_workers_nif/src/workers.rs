@@ -6,6 +6,12 @@
 //! worker_register_dirty(Ref, Type, Id, Opts): the same, never dirty
 //! worker_unregister(Ref, Registration) -> ok | {error, not_started}
 //!     then {Ref, ok | {error, Name}}
+//! worker_notify(Registration, Owner, Tag) -> ok
+//!     then, when its heartbeat finds it reaped (and registers it again):
+//!         {couch_workers_worker_reaped, Tag} to Owner
+//!     when it finds another registration of the id (this one is over):
+//!         {couch_workers_worker_lost, Tag, superseded} to Owner, and
+//!         {couch_workers_worker_superseded, Tag} to the caller
 //! ```
 //!
 //! `Type` and `Id` must be binaries and `Opts` a map (else `badarg`).
@@ -22,13 +28,24 @@
 //! `Registration` is a resource holding the core's `Registration`: the
 //! worker stays registered (and heartbeats) while it lives, and when it is
 //! garbage collected the worker is removed (the core's `Drop`).
+//!
+//! `worker_notify/3` says where the registration's owner events go
+//! (`Owner`: a local pid; `Tag`: a reference, copied into each message);
+//! called again (by a restarted server) it replaces the caller and owner.
+//! Events that happened before the first call are sent then; each event is
+//! sent once, to the pids set at its time. When the registration was
+//! superseded before the call, the caller gets
+//! `{couch_workers_worker_superseded, Tag}` again (the owner is not told
+//! twice), so a restarted server learns it too. The listener is set on the
+//! runtime, so the call returns at once.
 
 use std::sync::{Arc, Weak};
 
 use couch_workers_core::log::{Event, Level};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Node, Registration};
-use rustler::{Encoder, Env, Error, NifResult, Resource, ResourceArc, Term};
+use couch_workers_core::services::owner_events::{OnOwnerEvent, OwnerEvent};
+use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 use serde_json::Value;
 
 use crate::atoms;
@@ -147,4 +164,74 @@ fn worker_unregister<'a>(
         }
     });
     Ok(atoms::ok().encode(env))
+}
+
+#[rustler::nif]
+fn worker_notify<'a>(
+    env: Env<'a>,
+    registration: ResourceArc<RegistrationResource>,
+    owner: LocalPid,
+    tag: Term<'a>,
+) -> NifResult<Term<'a>> {
+    if !tag.is_ref() {
+        return Err(Error::BadArg);
+    }
+    let node = match registration.node.upgrade() {
+        Some(node) if !node.is_stopped() => node,
+        // Its node stopped: no heartbeat will find anything.
+        _ => return Ok(atoms::ok().encode(env)),
+    };
+    let target = Arc::new(OwnerTarget { owner, server: env.pid(), tag: tag.to_binary().as_slice().to_vec() });
+    let listener_target = target.clone();
+    let listener: OnOwnerEvent = Box::new(move |event| listener_target.send(event));
+    node.runtime().spawn(async move {
+        if registration.reg.listen(listener) {
+            target.send_server_superseded();
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+/// Where one registration's owner events go. Always sent from a runtime
+/// thread (the heartbeat task, or the task that sets the listener).
+struct OwnerTarget {
+    owner: LocalPid,
+    server: LocalPid,
+    /// The tag in the external term format (terms cannot outlive their
+    /// environment).
+    tag: Vec<u8>,
+}
+
+impl OwnerTarget {
+    fn send(&self, event: OwnerEvent) {
+        match event {
+            OwnerEvent::Reaped => {
+                self.send_to(&self.owner, |env, tag| (atoms::couch_workers_worker_reaped(), tag).encode(env));
+            }
+            OwnerEvent::Superseded => {
+                self.send_to(&self.owner, |env, tag| {
+                    (atoms::couch_workers_worker_lost(), tag, atoms::superseded()).encode(env)
+                });
+                self.send_server_superseded();
+            }
+        }
+    }
+
+    fn send_server_superseded(&self) {
+        self.send_to(&self.server, |env, tag| (atoms::couch_workers_worker_superseded(), tag).encode(env));
+    }
+
+    /// Sends one message; a dead recipient is no error (nobody to tell).
+    fn send_to(&self, pid: &LocalPid, build: impl for<'b> FnOnce(Env<'b>, Term<'b>) -> Term<'b>) {
+        let mut msg_env = OwnedEnv::new();
+        let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = msg_env.send_and_clear(pid, |env| {
+                let tag = env.binary_to_term(&self.tag).map(|(t, _)| t).unwrap_or_else(|| atoms::undefined().encode(env));
+                build(env, tag)
+            });
+        }));
+        if sent.is_err() {
+            crate::log::emit(Event::new(Level::Error, "owner_event_send_failed"));
+        }
+    }
 }

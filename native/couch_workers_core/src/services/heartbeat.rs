@@ -6,13 +6,15 @@
 //! A failed heartbeat is logged and retried sooner; it never gives up
 //! while the registration lives. It stops when another incarnation holds
 //! the worker's id (`Heartbeat::Gone`): that registration is not ours to
-//! renew, and this one was replaced.
+//! renew, and this one was replaced. Both a reinstatement and a
+//! replacement are told to the registration's owner (`owner_events`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::owner_events::{OwnerEvent, OwnerEvents};
 use super::{jittered, sleep_or_cancel, wall_clock_s, Live};
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Event, Level, Logger};
@@ -27,6 +29,7 @@ pub(crate) struct HeartbeatTask {
     pub log: Logger,
     pub cancel: CancellationToken,
     pub tx_options: TxOptions,
+    pub events: Arc<OwnerEvents>,
 }
 
 /// The renewal period for a timeout: a third of it.
@@ -64,9 +67,11 @@ impl HeartbeatTask {
                 Ok(Heartbeat::Reinstated) => {
                     failures = 0;
                     self.log.log(self.event(Level::Warning, "worker_reinstated"));
+                    self.events.emit(OwnerEvent::Reaped);
                 }
                 Ok(Heartbeat::Gone) => {
                     self.log.log(self.event(Level::Warning, "worker_superseded"));
+                    self.events.emit(OwnerEvent::Superseded);
                     return;
                 }
                 Err(e) => {

@@ -1,9 +1,11 @@
-//! Background services of a node, on the tokio runtime: heartbeats, the
-//! reaper and membership watchers. Each task holds a cancellation token
+//! Background services of a node, on the tokio runtime: heartbeats (and
+//! the events they find for a registration's owner), the reaper and
+//! membership watchers. Each task holds a cancellation token
 //! (its own, a child of the node's) and stops when its owner goes.
 
 pub mod heartbeat;
 pub mod membership;
+pub mod owner_events;
 pub mod reaper;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
