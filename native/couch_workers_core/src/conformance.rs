@@ -3,6 +3,10 @@
 //! is set), so that key-space code written against [`crate::store`] means
 //! the same thing everywhere.
 //!
+//! Test code: compiled only with the crate's `testkit` feature, which the
+//! crate's own tests turn on (its dev-dependency on itself) and nothing
+//! shipped does (`scripts/check-no-testkit.sh` checks the built NIF).
+//!
 //! # How a store plugs in
 //!
 //! A store under test provides two async functions:

@@ -9,7 +9,8 @@
 //! * `fdb` (cargo feature `fdb`): FoundationDB through the `foundationdb`
 //!   crate.
 //!
-//! Semantics every store must honour (checked by [`crate::conformance`]):
+//! Semantics every store must honour (checked by the conformance suite,
+//! `conformance.rs`, feature `testkit`):
 //!
 //! * serializable transactions; reads see the transaction's own writes;
 //! * ordered byte keys, range reads with a limit and in reverse;
@@ -38,6 +39,7 @@ pub mod embedded;
 #[cfg(feature = "fdb")]
 pub mod fdb;
 pub mod config;
+#[cfg(feature = "testkit")]
 pub mod faulty;
 mod retry;
 
