@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks that a built NIF holds none of the core crate's test kit (cargo
-# feature `testkit`: the conformance suites, the fault-injecting store):
+# feature `testkit`: the conformance suites, the fault-injecting store,
+# the sim store):
 # the test code lives behind that feature, which only the core crate's own
 # tests enable (its dev-dependency on itself), so the NIF never compiles it.
 #
@@ -20,7 +21,7 @@ if [ ! -f "$lib" ]; then
 fi
 # Names of the test kit's modules as the debug info and symbols spell them
 # (paths and mangled names).
-found=$(strings "$lib" | grep -E 'couch_workers_core(::|\.\.)(conformance|store(::|\.\.)faulty)|18couch_workers_core(11conformance|20conformance_keyspace)|5store6faulty' | head -n 5 || true)
+found=$(strings "$lib" | grep -E 'couch_workers_core(::|\.\.)(conformance|store(::|\.\.)(faulty|sim))|18couch_workers_core(11conformance|20conformance_keyspace)|5store(6faulty|3sim)' | head -n 5 || true)
 if [ -n "$found" ]; then
     echo "check-no-testkit.sh: $lib contains test-kit code:" >&2
     echo "$found" >&2
@@ -32,4 +33,4 @@ if [ "$(strings "$lib" | grep -c couch_workers_core || true)" = 0 ]; then
     echo "check-no-testkit.sh: $lib has no couch_workers_core names (stripped?): cannot check" >&2
     exit 1
 fi
-echo "check-no-testkit.sh: $lib holds no test-kit code (conformance suites, store::faulty)"
+echo "check-no-testkit.sh: $lib holds no test-kit code (conformance suites, store::faulty, store::sim)"

@@ -7,7 +7,10 @@
 //! * [`embedded`]: SQLite in WAL mode on local disk, shared by every OS
 //!   process on the host that opens the same directory (the default);
 //! * `fdb` (cargo feature `fdb`): FoundationDB through the `foundationdb`
-//!   crate.
+//!   crate;
+//! * [`sim`]: an in-memory FoundationDB for tests (optimistic conflicts,
+//!   read versions that move only with commits, recoveries, injected
+//!   faults; feature `testkit`); never selectable from the configuration.
 //!
 //! Semantics every store must honour (checked by the conformance suite,
 //! `conformance.rs`, feature `testkit`):
@@ -38,6 +41,10 @@ use futures::future::BoxFuture;
 pub mod embedded;
 #[cfg(feature = "fdb")]
 pub mod fdb;
+// A test store, shipped in nothing: behind the test kit like the suites
+// that run on it.
+#[cfg(feature = "testkit")]
+pub mod sim;
 pub mod config;
 #[cfg(feature = "testkit")]
 pub mod faulty;
