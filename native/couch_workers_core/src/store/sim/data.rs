@@ -86,7 +86,10 @@ mod tests {
         assert_eq!(d.get(b"a", 19), Some(b"1".to_vec()));
         assert_eq!(d.get(b"a", 29), Some(b"2".to_vec()));
         assert_eq!(d.get(b"a", 30), None);
-        assert_eq!(d.range(b"a", b"c", 25, 0, false), vec![(b"a".to_vec(), b"2".to_vec()), (b"b".to_vec(), b"x".to_vec())]);
+        assert_eq!(
+            d.range(b"a", b"c", 25, 0, false),
+            vec![(b"a".to_vec(), b"2".to_vec()), (b"b".to_vec(), b"x".to_vec())]
+        );
         assert_eq!(d.range(b"a", b"c", 25, 1, true), vec![(b"b".to_vec(), b"x".to_vec())]);
         assert_eq!(d.range(b"a", b"c", 30, 0, false), vec![(b"b".to_vec(), b"x".to_vec())]);
     }

@@ -27,14 +27,22 @@ pub(super) fn too_many_watches() -> StoreError {
 /// What a watch of a transaction that never committed resolves to
 /// (FDB: `transaction_cancelled`, 1025).
 pub(super) fn transaction_cancelled() -> StoreError {
-    StoreError::Fdb { code: 1025, message: "transaction_cancelled: the watch's transaction did not commit".into(), retryable: false }
+    StoreError::Fdb {
+        code: 1025,
+        message: "transaction_cancelled: the watch's transaction did not commit".into(),
+        retryable: false,
+    }
 }
 
 /// What every armed watch resolves to at a recovery (the sim's choice;
 /// FDB's client may also re-arm a watch itself, so callers must handle
 /// both): `operation_cancelled` (1101).
 pub(super) fn lost_in_recovery() -> StoreError {
-    StoreError::Fdb { code: 1101, message: "operation_cancelled: watch lost in a cluster recovery".into(), retryable: false }
+    StoreError::Fdb {
+        code: 1101,
+        message: "operation_cancelled: watch lost in a cluster recovery".into(),
+        retryable: false,
+    }
 }
 
 /// Outstanding watches of one handle: counted from `watch()` until the
@@ -88,7 +96,14 @@ impl std::fmt::Debug for WatchRegistry {
 impl WatchRegistry {
     /// Arms a watch of `handle` on `key` that saw `expected`; `current` is
     /// the key's value now.
-    pub(super) fn arm(&mut self, handle: u64, key: Vec<u8>, expected: Option<Vec<u8>>, current: Option<Vec<u8>>, tx: WatchSender) {
+    pub(super) fn arm(
+        &mut self,
+        handle: u64,
+        key: Vec<u8>,
+        expected: Option<Vec<u8>>,
+        current: Option<Vec<u8>>,
+        tx: WatchSender,
+    ) {
         if expected != current {
             let _ = tx.send(Ok(()));
             return;

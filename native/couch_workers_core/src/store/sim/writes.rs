@@ -28,9 +28,17 @@ pub(super) enum Mutation {
     ClearRange(Vec<u8>, Vec<u8>),
     Add(Vec<u8>, i64),
     /// The key parameter (placeholder, offset checked) and its value.
-    StampKey { key: Vec<u8>, offset: usize, value: Vec<u8> },
+    StampKey {
+        key: Vec<u8>,
+        offset: usize,
+        value: Vec<u8>,
+    },
     /// The key and the value parameter (placeholder, offset checked).
-    StampValue { key: Vec<u8>, value: Vec<u8>, offset: usize },
+    StampValue {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        offset: usize,
+    },
 }
 
 /// What a read of one key learns from the buffer.
@@ -145,7 +153,12 @@ impl Writes {
 
     /// `read_version`: the transaction's, if it has one yet (the lowest
     /// versionstamp the key can get; FDB uses 0 before the first read).
-    pub(super) fn set_versionstamped_key(&mut self, param: &[u8], value: &[u8], read_version: Option<u64>) -> Result<(), StoreError> {
+    pub(super) fn set_versionstamped_key(
+        &mut self,
+        param: &[u8],
+        value: &[u8],
+        read_version: Option<u64>,
+    ) -> Result<(), StoreError> {
         check_key(param)?;
         check_value(value)?;
         let (bytes, offset) = split_versionstamp_param(param)?;
@@ -211,9 +224,9 @@ impl Writes {
         match self.own(key) {
             Own::Untouched => Ok(stored),
             Own::Independent(v) => Ok(v),
-            Own::Adds(deltas) => {
-                Ok(Some(deltas.iter().fold(stored, |v, d| Some(add_le_i64(v.as_deref(), *d).to_vec())).unwrap_or_default()))
-            }
+            Own::Adds(deltas) => Ok(Some(
+                deltas.iter().fold(stored, |v, d| Some(add_le_i64(v.as_deref(), *d).to_vec())).unwrap_or_default(),
+            )),
             Own::Unreadable => Err(accessed_unreadable()),
         }
     }
@@ -223,9 +236,10 @@ impl Writes {
     pub(super) fn touches(&self, begin: &[u8], end: &[u8]) -> bool {
         self.unreadable.iter().any(|(b, e)| b.as_slice() < end && begin < e.as_slice())
             || self.mutations.iter().any(|m| match m {
-                Mutation::Set(k, _) | Mutation::Clear(k) | Mutation::Add(k, _) | Mutation::StampValue { key: k, .. } => {
-                    in_range(k, begin, end)
-                }
+                Mutation::Set(k, _)
+                | Mutation::Clear(k)
+                | Mutation::Add(k, _)
+                | Mutation::StampValue { key: k, .. } => in_range(k, begin, end),
                 Mutation::ClearRange(b, e) => b.as_slice() < end && begin < e.as_slice(),
                 Mutation::StampKey { .. } => false,
             })
@@ -285,8 +299,12 @@ impl Mutation {
             Mutation::Clear(k) => Applied::Clear(k.clone()),
             Mutation::ClearRange(b, e) => Applied::ClearRange(b.clone(), e.clone()),
             Mutation::Add(k, d) => Applied::Add(k.clone(), *d),
-            Mutation::StampKey { key, offset, value } => Applied::Set(fill_versionstamp(key, *offset, stamp), value.clone()),
-            Mutation::StampValue { key, value, offset } => Applied::Set(key.clone(), fill_versionstamp(value, *offset, stamp)),
+            Mutation::StampKey { key, offset, value } => {
+                Applied::Set(fill_versionstamp(key, *offset, stamp), value.clone())
+            }
+            Mutation::StampValue { key, value, offset } => {
+                Applied::Set(key.clone(), fill_versionstamp(value, *offset, stamp))
+            }
         }
     }
 
@@ -310,11 +328,15 @@ mod tests {
     fn sizes_count_the_versionstamp_offset() {
         let mut w = Writes::default();
         // A value of MAX_VALUE_SIZE - 4 bytes plus its offset fits ...
-        let fits = [vec![0u8; MAX_VALUE_SIZE - 4 - VERSIONSTAMP_LEN], vec![0; VERSIONSTAMP_LEN], 0u32.to_le_bytes().to_vec()].concat();
+        let fits =
+            [vec![0u8; MAX_VALUE_SIZE - 4 - VERSIONSTAMP_LEN], vec![0; VERSIONSTAMP_LEN], 0u32.to_le_bytes().to_vec()]
+                .concat();
         assert_eq!(fits.len(), MAX_VALUE_SIZE);
         assert_eq!(w.set_versionstamped_value(b"k", &fits), Ok(()));
         // ... one byte more does not, though its value is under the limit.
-        let over = [vec![0u8; MAX_VALUE_SIZE - 3 - VERSIONSTAMP_LEN], vec![0; VERSIONSTAMP_LEN], 0u32.to_le_bytes().to_vec()].concat();
+        let over =
+            [vec![0u8; MAX_VALUE_SIZE - 3 - VERSIONSTAMP_LEN], vec![0; VERSIONSTAMP_LEN], 0u32.to_le_bytes().to_vec()]
+                .concat();
         assert_eq!(w.set_versionstamped_value(b"k", &over), Err(StoreError::ValueTooLarge));
         let key = param(&vec![b'k'; MAX_KEY_SIZE - 4 - VERSIONSTAMP_LEN + 1]);
         assert_eq!(w.set_versionstamped_key(&key, b"", None), Err(StoreError::KeyTooLarge));
