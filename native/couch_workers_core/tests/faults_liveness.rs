@@ -4,6 +4,8 @@
 //! can commit, the store's versions run on), and not when the store's
 //! versions jump by 100 s as at every FoundationDB recovery. A worker
 //! whose node really died is still reaped within its timeout plus 1 s.
+//! The recovery also runs on the sim store, where it is FoundationDB's
+//! (lost commits, failed watches, too-old transactions, the jump).
 //!
 //! Each test runs four nodes, each with its own reaper: node A holds the
 //! worker and its running job, nodes B, C and D only reap (three other
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 use couch_workers_core::jobs::JobState;
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::sim::{Latency, SimFaults, SimOptions, SimStore, RECOVERY_VERSION_JUMP};
 use couch_workers_core::store::{run, Db, TxOptions};
 use couch_workers_core::workers::{self, WorkerSpec};
 use couch_workers_core::{Node, Registration, Settings};
@@ -215,6 +218,47 @@ async fn a_version_jump_of_100_s_reaps_no_worker() {
     );
     c.assert_never_reaped("after the jump").await;
     assert_eq!(jumps, OTHERS + 1, "each reaper saw the jump, once");
+    c.finish().await;
+    assert_eq!(panics(), 0, "no panic in any background task");
+}
+
+/// The same on the sim store, through a real recovery as FoundationDB
+/// makes it: each node has its own handle on one simulated cluster with
+/// FDB-like latencies; at the recovery the commits in flight are lost
+/// (`commit_unknown_result`), every watch errors, transactions reading
+/// before it fail too old, and versions jump by 100 s' worth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_on_the_sim_store_reaps_no_worker() {
+    count_panics();
+    let faults = SimFaults {
+        commit_latency: Latency::between(Duration::from_micros(1_500), Duration::from_micros(2_500)),
+        ..SimFaults::fdb_like_latencies()
+    };
+    let seed = rand::random();
+    let cluster = SimStore::new(SimOptions::new(seed).faults(faults));
+    let stores: Vec<Arc<SimStore>> = (0..=OTHERS).map(|_| cluster.connect()).collect();
+    let c = Cluster::start(|i| stores[i].clone()).await;
+    pause(Duration::from_millis(1500)).await;
+    c.assert_never_reaped("before the recovery").await;
+
+    let before = cluster.version();
+    cluster.recover();
+    let jumped = cluster.version() - before;
+    assert!(jumped >= RECOVERY_VERSION_JUMP, "seed {seed}: versions moved by {jumped}");
+    pause(Duration::from_secs(2 * TIMEOUT_S)).await;
+    let restarts = c.named("reaper_observation_restarted");
+    let jumps = restarts.iter().filter(|e| field(e, "reason").as_deref() == Some("version_jump")).count();
+    let failed = c.count("reaper_scan_failed");
+    eprintln!(
+        "sim recovery (seed {seed}): versions jumped by {jumped}; {jumps} reapers restarted their observation on the \
+         jump, {failed} passes failed (too old), {} heartbeats failed, {} reaped; {:?}",
+        c.count("heartbeat_failed"),
+        c.count("worker_reaped"),
+        cluster.stats()
+    );
+    c.assert_never_reaped(&format!("after the recovery (seed {seed})")).await;
+    assert_eq!(cluster.stats().recoveries, 1);
+    assert!(jumps + failed >= OTHERS + 1, "seed {seed}: every reaper restarted its observation ({jumps} + {failed})");
     c.finish().await;
     assert_eq!(panics(), 0, "no panic in any background task");
 }
