@@ -1,7 +1,7 @@
 //! The store conformance suite: one set of behaviours, run against every
-//! store (the embedded store always; FoundationDB when `FDB_CLUSTER_FILE`
-//! is set), so that key-space code written against [`crate::store`] means
-//! the same thing everywhere.
+//! store (the embedded and `sim` stores always; FoundationDB when
+//! `FDB_CLUSTER_FILE` is set), so that key-space code written against
+//! [`crate::store`] means the same thing everywhere.
 //!
 //! Test code: compiled only with the crate's `testkit` feature, which the
 //! crate's own tests turn on (its dev-dependency on itself) and nothing
