@@ -25,3 +25,23 @@ couch_workers_core::store_conformance_tests!(open_fresh, open_second);
 mod keyspace {
     couch_workers_core::keyspace_conformance_tests!(super::open_fresh, super::open_second);
 }
+
+/// Both suites again on a cluster with FoundationDB-like latencies (GRV and
+/// reads 0.2-1 ms, commit batches 1.5-2.5 ms): concurrent commits share
+/// batches, so transactions of one batch conflict with each other and
+/// share a commit version, as on FoundationDB.
+mod with_latencies {
+    use couch_workers_core::conformance::TestDb;
+    use couch_workers_core::store::sim::{SimFaults, SimOptions, SimStore};
+
+    async fn open_fresh() -> TestDb {
+        let store = SimStore::new(SimOptions::new(rand::random()).faults(SimFaults::fdb_like_latencies()));
+        TestDb { db: store.clone(), guard: Box::new(store) }
+    }
+
+    couch_workers_core::store_conformance_tests!(open_fresh, super::open_second);
+
+    mod keyspace {
+        couch_workers_core::keyspace_conformance_tests!(super::open_fresh, super::super::open_second);
+    }
+}
