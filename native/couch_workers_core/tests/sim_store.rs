@@ -423,3 +423,30 @@ async fn faults_are_reproducible_from_the_seed() {
     let (c, _) = seeded_run(43).await;
     assert_ne!(a, c, "another seed, other faults");
 }
+
+/// A proxy whose runtime ends mid-batch (a test's runtime shutting down)
+/// does not leave the cluster without one: the next commit, on another
+/// runtime, commits.
+#[test]
+fn a_cluster_outlives_the_runtime_of_a_batch_in_flight() {
+    let faults = SimFaults { commit_latency: Latency::fixed(Duration::from_secs(3600)), ..SimFaults::none() };
+    let db = SimStore::new(SimOptions::new(5).faults(faults));
+    let runtime = || tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+    let first = runtime();
+    first.block_on(async {
+        let t = tx(&db).await;
+        t.set(&key(&db, "lost"), b"1");
+        tokio::spawn(async move { t.commit().await });
+        // Let the commit reach the proxy's queue, then end the runtime.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    });
+    drop(first);
+    db.set_faults(SimFaults::none());
+    let second = runtime();
+    second.block_on(async {
+        let k = key(&db, "after");
+        let put = tokio::time::timeout(Duration::from_secs(5), put(&db, &k, b"1")).await;
+        assert!(put.is_ok(), "a commit after the first runtime ended hung");
+        assert_eq!(get(&db, &key(&db, "lost")).await, None, "the queued commit did not happen");
+    });
+}

@@ -185,6 +185,7 @@ impl Cluster {
 
     /// The commit proxy: one batch per commit latency while commits queue.
     async fn proxy(self: Arc<Self>) {
+        let mut guard = ProxyGuard { cluster: Some(self.clone()) };
         loop {
             let latency = self.lock().dice.commit_latency();
             if latency.is_zero() {
@@ -197,6 +198,10 @@ impl Cluster {
             let batch = std::mem::take(&mut st.queue);
             if batch.is_empty() {
                 st.proxy_running = false;
+                drop(st);
+                // No await from here on: a later submit may already run
+                // a new proxy, which the guard must leave alone.
+                guard.cluster = None;
                 return;
             }
             Self::resolve(&mut st, batch);
@@ -294,6 +299,27 @@ impl Cluster {
         for (k, v) in changes {
             st.data.write(&k, v.clone(), version);
             st.watches.changed(&k, &v);
+        }
+    }
+}
+
+/// Ends a proxy that its runtime dropped mid-batch (a test's runtime
+/// shutting down): the next commit starts a new proxy, and the commits it
+/// had queued answer `commit_unknown_result` (they did not commit) rather
+/// than wait forever.
+struct ProxyGuard {
+    cluster: Option<Arc<Cluster>>,
+}
+
+impl Drop for ProxyGuard {
+    fn drop(&mut self) {
+        if let Some(cluster) = self.cluster.take() {
+            let mut st = cluster.lock();
+            st.proxy_running = false;
+            for request in std::mem::take(&mut st.queue) {
+                st.stats.unknown_not_committed += 1;
+                let _ = request.reply.send(Err(StoreError::CommitUnknown));
+            }
         }
     }
 }
