@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use couch_workers_core::jobs::JobState;
+use couch_workers_core::jobs::{JobState, NewJob};
 use couch_workers_core::store::sim::{Latency, SimFaults, SimOptions, SimStore};
 use couch_workers_core::store::Db;
 use couch_workers_core::workers::WorkerSpec;
@@ -35,17 +35,41 @@ use couch_workers_core::{Error, Node, Registration, Settings};
 use faults_common::*;
 
 const T: &[u8] = b"indexer";
-const NODES: usize = 6;
-const WORKERS_PER_NODE: usize = 3;
-const JOBS: usize = 300;
 /// Nodes 0 and 1 die a while into the run.
 const DYING: usize = 2;
 const TIMEOUT_S: u64 = 1;
-/// The whole run must be done by then.
-const DEADLINE: Duration = Duration::from_secs(40);
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
 
 fn seed() -> u64 {
-    std::env::var("CW_SIM_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(rand::random)
+    env_or("CW_SIM_SEED", rand::random())
+}
+
+/// The cluster's size: CI-sized by default; `CW_SIM_NODES`,
+/// `CW_SIM_WORKERS` (per node) and `CW_SIM_JOBS` make the long run.
+struct Shape {
+    nodes: usize,
+    workers: usize,
+    jobs: usize,
+}
+
+impl Shape {
+    fn from_env() -> Self {
+        let shape = Shape {
+            nodes: env_or("CW_SIM_NODES", 6),
+            workers: env_or("CW_SIM_WORKERS", 3),
+            jobs: env_or("CW_SIM_JOBS", 300),
+        };
+        assert!(shape.nodes > DYING, "CW_SIM_NODES must be more than the {DYING} nodes that die");
+        shape
+    }
+
+    /// The whole run must be done by then: 40 s, and 20 ms more per job.
+    fn deadline(&self) -> Duration {
+        Duration::from_secs(40) + Duration::from_millis(20) * self.jobs as u32
+    }
 }
 
 fn worker_id(node: usize, w: usize) -> Vec<u8> {
@@ -62,7 +86,13 @@ struct Tally {
     lost_ownership: usize,
 }
 
-async fn worker_loop(node: Arc<Node>, id: Vec<u8>, tally: Arc<Mutex<Tally>>, done: Arc<tokio::sync::Notify>) {
+async fn worker_loop(
+    node: Arc<Node>,
+    id: Vec<u8>,
+    jobs_total: usize,
+    tally: Arc<Mutex<Tally>>,
+    done: Arc<tokio::sync::Notify>,
+) {
     let jobs = node.jobs().clone();
     loop {
         if node.is_stopped() {
@@ -78,7 +108,7 @@ async fn worker_loop(node: Arc<Node>, id: Vec<u8>, tally: Arc<Mutex<Tally>>, don
                     Ok(()) => {
                         let mut t = tally.lock().unwrap();
                         *t.finished.entry(handle.job.id.clone()).or_default() += 1;
-                        if t.finished.len() == JOBS {
+                        if t.finished.len() == jobs_total {
                             done.notify_waiters();
                         }
                     }
@@ -101,7 +131,9 @@ async fn worker_loop(node: Arc<Node>, id: Vec<u8>, tally: Arc<Mutex<Tally>>, don
 async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker() {
     count_panics();
     let seed = seed();
-    eprintln!("sim cluster: seed {seed} (rerun with CW_SIM_SEED={seed})");
+    let shape = Shape::from_env();
+    let (nodes_n, workers_n, jobs_n) = (shape.nodes, shape.workers, shape.jobs);
+    eprintln!("sim cluster: {nodes_n} nodes x {workers_n} workers, {jobs_n} jobs, seed {seed} (rerun with CW_SIM_SEED={seed})");
     let faults = SimFaults {
         recovery: 0.002,
         spurious_watch: 0.01,
@@ -112,7 +144,7 @@ async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker(
     let settings = Settings { reaper_max_interval: Duration::from_millis(250), ..Settings::default() };
     let mut nodes = Vec::new();
     let mut logs = Vec::new();
-    for _ in 0..NODES {
+    for _ in 0..nodes_n {
         let log = CaptureLog::new();
         nodes.push(Node::with_db(cluster.connect() as Db, settings, log.clone()));
         logs.push(log);
@@ -120,7 +152,7 @@ async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker(
     let mut regs: Vec<Vec<Registration>> = Vec::new();
     for (n, node) in nodes.iter().enumerate() {
         let mut mine = Vec::new();
-        for w in 0..WORKERS_PER_NODE {
+        for w in 0..workers_n {
             let spec = WorkerSpec {
                 worker_type: T.to_vec(),
                 id: worker_id(n, w),
@@ -135,22 +167,30 @@ async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker(
     let done = Arc::new(tokio::sync::Notify::new());
     let mut tasks = Vec::new();
     for (n, node) in nodes.iter().enumerate() {
-        for w in 0..WORKERS_PER_NODE {
-            tasks.push(tokio::spawn(worker_loop(node.clone(), worker_id(n, w), tally.clone(), done.clone())));
+        for w in 0..workers_n {
+            tasks.push(tokio::spawn(worker_loop(node.clone(), worker_id(n, w), jobs_n, tally.clone(), done.clone())));
         }
     }
     let started = Instant::now();
-    // Jobs come from every node, a few at a time.
-    for i in 0..JOBS {
-        let node = if nodes[i % NODES].is_stopped() { &nodes[DYING + i % (NODES - DYING)] } else { &nodes[i % NODES] };
-        let id = format!("job-{i:05}");
-        node.jobs()
-            .add(T, id.as_bytes(), b"{}", (i % 3) as i64)
-            .await
-            .unwrap_or_else(|e| panic!("seed {seed}: add {id}: {e}"));
-        if i == JOBS / 3 {
-            // Two nodes die without a goodbye: their workers' running jobs
-            // go back to the queue once a reaper removes the workers.
+    // Jobs come from every node, in batches of up to BATCH (one
+    // `add_many` each, which makes a backlog); singles in between.
+    const BATCH: usize = 20;
+    let mut next = 0;
+    let mut died = false;
+    while next < jobs_n {
+        let n = (next / BATCH) % nodes_n;
+        let node = if nodes[n].is_stopped() { &nodes[DYING + n % (nodes_n - DYING)] } else { &nodes[n] };
+        let end = (next + BATCH).min(jobs_n);
+        let batch: Vec<NewJob> = (next..end)
+            .map(|i| NewJob { id: format!("job-{i:05}").into_bytes(), info: b"{}".to_vec(), priority: (i % 3) as i64 })
+            .collect();
+        node.jobs().add_many(T, &batch).await.unwrap_or_else(|e| panic!("seed {seed}: add jobs {next}..{end}: {e:?}"));
+        next = end;
+        if !died && next >= jobs_n / 3 {
+            // Two nodes die without a goodbye while their workers hold
+            // jobs: those go back to the queue once a reaper removes the
+            // workers.
+            died = true;
             for node in &nodes[..DYING] {
                 node.stop().await;
             }
@@ -158,10 +198,10 @@ async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker(
     }
     let finished_all = loop {
         let notified = done.notified();
-        if tally.lock().unwrap().finished.len() == JOBS {
+        if tally.lock().unwrap().finished.len() == jobs_n {
             break true;
         }
-        if started.elapsed() > DEADLINE {
+        if started.elapsed() > shape.deadline() {
             break false;
         }
         let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
@@ -172,20 +212,25 @@ async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker(
         (t.accepted, t.lost_ownership, t.finished.clone())
     };
     eprintln!(
-        "sim cluster (seed {seed}): {} of {JOBS} jobs finished in {:?}; {accepted} accepts, {lost} finishes refused \
+        "sim cluster (seed {seed}): {} of {jobs_n} jobs finished in {:?}; {accepted} accepts, {lost} finishes refused \
          (not_owner); {:.2} conflicts per accepted job; {stats:?}",
         finished.len(),
         started.elapsed(),
         stats.conflicts as f64 / accepted.max(1) as f64,
     );
-    assert!(finished_all, "seed {seed}: only {} of {JOBS} jobs finished within {DEADLINE:?}", finished.len());
+    assert!(
+        finished_all,
+        "seed {seed}: only {} of {jobs_n} jobs finished within {:?}",
+        finished.len(),
+        shape.deadline()
+    );
     let twice: Vec<_> = finished.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "seed {seed}: jobs finished more than once: {twice:?}");
 
     // The live nodes' view of the end state.
     let live = &nodes[DYING];
     let mut retried = 0;
-    for i in 0..JOBS {
+    for i in 0..jobs_n {
         let job = live
             .jobs()
             .get(T, format!("job-{i:05}").as_bytes())
@@ -197,7 +242,7 @@ async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker(
     eprintln!("sim cluster (seed {seed}): {retried} jobs ran again after their worker's node died");
     assert_eq!(live.jobs().pending_count(T).await.expect("count"), 0, "seed {seed}");
     let expected: BTreeSet<Vec<u8>> =
-        (DYING..NODES).flat_map(|n| (0..WORKERS_PER_NODE).map(move |w| worker_id(n, w))).collect();
+        (DYING..nodes_n).flat_map(|n| (0..workers_n).map(move |w| worker_id(n, w))).collect();
     // The dead nodes' workers leave within their timeout (+ a reaper pass).
     let settle = Instant::now();
     let members = loop {
@@ -218,7 +263,7 @@ async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker(
         .collect();
     let live_reaped: Vec<_> = reaped.iter().filter(|id| expected.contains(*id)).collect();
     assert!(live_reaped.is_empty(), "seed {seed}: live workers reaped: {live_reaped:?}");
-    assert_eq!(reaped.len(), DYING * WORKERS_PER_NODE, "seed {seed}: each dead node's worker reaped once: {reaped:?}");
+    assert_eq!(reaped.len(), DYING * workers_n, "seed {seed}: each dead node's worker reaped once: {reaped:?}");
 
     for node in &nodes[DYING..] {
         node.stop().await;

@@ -277,8 +277,11 @@ pub trait Transaction: Send + Sync {
     /// The key-value pairs of a range, seeing this transaction's writes.
     async fn get_range(&self, range: &RangeRequest) -> Result<Vec<KeyValue>, StoreError>;
 
-    /// The version this transaction reads at. It rises with time even when
-    /// nothing commits: liveness is measured on it, never on a wall clock.
+    /// The version this transaction reads at: on FoundationDB (and the
+    /// `sim` store) the last committed version, which moves only with
+    /// commits (an idle cluster commits an empty batch every 2 s); on the
+    /// embedded store its clock. Liveness is measured on it, never on a
+    /// wall clock, and so each reaper pass commits a write of its own.
     async fn read_version(&self) -> Result<u64, StoreError>;
 
     fn set(&self, key: &[u8], value: &[u8]);
