@@ -97,6 +97,31 @@ async fn snapshot_reads_add_no_conflict_and_add_read_conflict_key_does() {
     assert_eq!(explicit.commit().await, Err(StoreError::Conflict), "add_read_conflict_key conflicts");
 }
 
+/// Creating a watch reads its key without `snapshot` (FoundationDB's
+/// `RYWImpl::watch`): a writing transaction that arms a watch conflicts with
+/// a commit of the watched key since its read version.
+#[tokio::test]
+async fn a_watch_is_a_read_that_conflicts() {
+    let db = store();
+    let (watched, other) = (key(&db, "watched"), key(&db, "other"));
+    put(&db, &watched, b"0").await;
+    let t = tx(&db).await;
+    t.read_version().await.expect("rv");
+    let w = t.watch(&watched);
+    t.set(&other, b"x");
+    put(&db, &watched, b"1").await;
+    assert_eq!(t.commit().await, Err(StoreError::Conflict), "the watch's read conflicts");
+    assert!(w.await.is_err(), "the watch of the failed transaction errors");
+    assert_eq!(get(&db, &other).await, None);
+    // A read-only transaction's watch commits (nothing to conflict).
+    let t = tx(&db).await;
+    t.read_version().await.expect("rv");
+    let w = t.watch(&watched);
+    put(&db, &watched, b"2").await;
+    t.commit().await.expect("read-only");
+    assert_eq!(tokio::time::timeout(Duration::from_secs(1), w).await, Ok(Ok(())), "fires: changed since its read");
+}
+
 #[tokio::test]
 async fn range_reads_conflict_on_the_part_they_read() {
     let db = store();

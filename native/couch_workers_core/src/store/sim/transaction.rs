@@ -1,9 +1,9 @@
 //! [`SimTransaction`]: one transaction on a simulated cluster, with
 //! FoundationDB's client-side behaviour: a read version taken at the first
 //! read (or at commit), read-your-writes, read conflict ranges for every
-//! non-snapshot read (for a limited range read, only the part it returned),
-//! write errors deferred to the next read or the commit, and watches armed
-//! at commit.
+//! non-snapshot read (for a limited range read, only the part it returned)
+//! and for every watch (creating one reads its key), write errors deferred
+//! to the next read or the commit, and watches armed at commit.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -163,7 +163,16 @@ impl Transaction for SimTransaction {
             return Box::pin(async { Err(too_many_watches()) });
         };
         let (tx, rx) = oneshot::channel();
-        self.lock().watches.push((key.to_vec(), tx));
+        let mut st = self.lock();
+        // Creating a watch reads the key, without `snapshot`
+        // (`RYWImpl::watch`: `readWithConflictRange(.., Snapshot::False)`):
+        // a writing transaction that watches a key conflicts with every
+        // commit of that key since its read version.
+        if st.writes.read_depends_on_store(key) {
+            st.reads.add_key(key);
+        }
+        st.watches.push((key.to_vec(), tx));
+        drop(st);
         Box::pin(async move {
             let _slot = slot;
             rx.await.unwrap_or_else(|_| Err(transaction_cancelled()))
