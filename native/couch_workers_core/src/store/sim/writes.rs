@@ -89,11 +89,6 @@ fn in_range(key: &[u8], begin: &[u8], end: &[u8]) -> bool {
     begin <= key && key < end
 }
 
-/// The placeholder of `bytes` at `offset` filled with `fill`.
-fn with_stamp(bytes: &[u8], offset: usize, fill: &[u8; VERSIONSTAMP_LEN]) -> Vec<u8> {
-    fill_versionstamp(bytes, offset, fill)
-}
-
 impl Writes {
     pub(super) fn is_empty(&self) -> bool {
         self.mutations.is_empty() && self.conflicts.is_empty()
@@ -164,8 +159,8 @@ impl Writes {
         let (bytes, offset) = split_versionstamp_param(param)?;
         let mut low = [0u8; VERSIONSTAMP_LEN];
         low[..8].copy_from_slice(&read_version.unwrap_or(0).to_be_bytes());
-        let begin = with_stamp(bytes, offset, &low);
-        let end = key_after(&with_stamp(bytes, offset, &[0xff; VERSIONSTAMP_LEN]));
+        let begin = fill_versionstamp(bytes, offset, &low);
+        let end = key_after(&fill_versionstamp(bytes, offset, &[0xff; VERSIONSTAMP_LEN]));
         self.unreadable.push((begin, end));
         let mutation = Mutation::StampKey { key: bytes.to_vec(), offset, value: value.to_vec() };
         self.push(mutation, param.len() + value.len());
