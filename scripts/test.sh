@@ -31,6 +31,9 @@ bench/run --smoke
 echo "==> rebar3 eunit (builds the NIF through cargo first)"
 rebar3 eunit
 
+echo "==> the built NIF holds no test code (the core's testkit feature is off in it)"
+scripts/check-no-testkit.sh
+
 echo "==> integration: a CouchDB-shaped tree built with rebar 2 (compile, generate, boot, eunit)"
 test/integration/couchdb_tree.sh
 

@@ -1,6 +1,6 @@
 //! The key-space conformance suite: the workers, membership and job queue
-//! code of this crate, run against every store (the embedded store always;
-//! FoundationDB when `FDB_CLUSTER_FILE` is set), so that the very functions
+//! code of this crate, run against every store (the embedded and `sim`
+//! stores always; FoundationDB when `FDB_CLUSTER_FILE` is set), so that the very functions
 //! the services call are proven on each store, not only the raw store
 //! semantics that [`crate::conformance`] checks.
 //!

@@ -19,6 +19,7 @@
 //! ("couch_workers", "jobs_vs", JobType)                          = VS of the last pending change (dispatchers watch it)
 //! ("couch_workers", "orphans", WorkerType, Worker)               = tuple (RemovalVS): running jobs left for the sweeper
 //! ("couch_workers", "orphans_vs")                                = VS of the last orphan marker written (sweepers watch it)
+//! ("couch_workers", "reaper_pulse")                              = little-endian i64, atomic adds: one per reaper pass
 //! ```
 //!
 //! The job values are documented and versioned in `jobs/record.rs`. Two
@@ -59,6 +60,7 @@ const COUNTS: &[u8] = b"counts";
 const JOBS_VS: &[u8] = b"jobs_vs";
 const ORPHANS: &[u8] = b"orphans";
 const ORPHANS_VS: &[u8] = b"orphans_vs";
+const REAPER_PULSE: &[u8] = b"reaper_pulse";
 const VS: &[u8] = b"vs";
 const MEMBER: &[u8] = b"member";
 const HEALTH: &[u8] = b"health";
@@ -376,5 +378,16 @@ impl Keyspace {
     /// is written; each node's sweeper watches it.
     pub fn orphans_vs(&self) -> Vec<u8> {
         self.root.pack(&(b(ORPHANS_VS),))
+    }
+
+    // ---- reapers ------------------------------------------------------
+
+    /// `("couch_workers", "reaper_pulse")`: every reaper pass adds 1 to it
+    /// (an atomic add: reapers never conflict on it). The write makes the
+    /// pass's first transaction a real commit, which shows that the store
+    /// takes writes and moves FoundationDB's versions, which otherwise
+    /// stand still while nothing commits (`services/reaper.rs`).
+    pub fn reaper_pulse(&self) -> Vec<u8> {
+        self.root.pack(&(b(REAPER_PULSE),))
     }
 }

@@ -5,7 +5,9 @@
 
 pub mod store;
 pub mod keyspace;
+#[cfg(feature = "testkit")]
 pub mod conformance;
+#[cfg(feature = "testkit")]
 pub mod conformance_keyspace;
 pub mod error;
 pub mod jobs;

@@ -4,6 +4,8 @@
 //! can commit, the store's versions run on), and not when the store's
 //! versions jump by 100 s as at every FoundationDB recovery. A worker
 //! whose node really died is still reaped within its timeout plus 1 s.
+//! The recovery also runs on the sim store, where it is FoundationDB's
+//! (lost commits, failed watches, too-old transactions, the jump).
 //!
 //! Each test runs four nodes, each with its own reaper: node A holds the
 //! worker and its running job, nodes B, C and D only reap (three other
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 use couch_workers_core::jobs::JobState;
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::sim::{Latency, SimFaults, SimOptions, SimStore, RECOVERY_VERSION_JUMP};
 use couch_workers_core::store::{run, Db, TxOptions};
 use couch_workers_core::workers::{self, WorkerSpec};
 use couch_workers_core::{Node, Registration, Settings};
@@ -219,12 +222,51 @@ async fn a_version_jump_of_100_s_reaps_no_worker() {
     assert_eq!(panics(), 0, "no panic in any background task");
 }
 
+/// The same on the sim store, through a real recovery as FoundationDB
+/// makes it: each node has its own handle on one simulated cluster with
+/// FDB-like latencies; at the recovery the commits in flight are lost
+/// (`commit_unknown_result`), every watch errors, transactions reading
+/// before it fail too old, and versions jump by 100 s' worth.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_node_s_worker_is_reaped_within_its_timeout_plus_1_s() {
+async fn a_recovery_on_the_sim_store_reaps_no_worker() {
     count_panics();
-    let tmp = tempfile::tempdir().expect("temp dir");
-    let dir = tmp.path().join("store");
-    let stores: Vec<Arc<EmbeddedStore>> = (0..=OTHERS).map(|_| open(&dir)).collect();
+    let faults = SimFaults {
+        commit_latency: Latency::between(Duration::from_micros(1_500), Duration::from_micros(2_500)),
+        ..SimFaults::fdb_like_latencies()
+    };
+    let seed = rand::random();
+    let cluster = SimStore::new(SimOptions::new(seed).faults(faults));
+    let stores: Vec<Arc<SimStore>> = (0..=OTHERS).map(|_| cluster.connect()).collect();
+    let c = Cluster::start(|i| stores[i].clone()).await;
+    pause(Duration::from_millis(1500)).await;
+    c.assert_never_reaped("before the recovery").await;
+
+    let before = cluster.version();
+    cluster.recover();
+    let jumped = cluster.version() - before;
+    assert!(jumped >= RECOVERY_VERSION_JUMP, "seed {seed}: versions moved by {jumped}");
+    pause(Duration::from_secs(2 * TIMEOUT_S)).await;
+    let restarts = c.named("reaper_observation_restarted");
+    let jumps = restarts.iter().filter(|e| field(e, "reason").as_deref() == Some("version_jump")).count();
+    let failed = c.count("reaper_scan_failed");
+    eprintln!(
+        "sim recovery (seed {seed}): versions jumped by {jumped}; {jumps} reapers restarted their observation on the \
+         jump, {failed} passes failed (too old), {} heartbeats failed, {} reaped; {:?}",
+        c.count("heartbeat_failed"),
+        c.count("worker_reaped"),
+        cluster.stats()
+    );
+    c.assert_never_reaped(&format!("after the recovery (seed {seed})")).await;
+    assert_eq!(cluster.stats().recoveries, 1);
+    assert!(jumps + failed > OTHERS, "seed {seed}: every reaper restarted its observation ({jumps} + {failed})");
+    c.finish().await;
+    assert_eq!(panics(), 0, "no panic in any background task");
+}
+
+/// Node A dies; one of the other nodes' reapers removes its worker within
+/// the timeout plus 1 s. `stores[i]` is node `i`'s handle.
+async fn dead_node_reaped_in_time(stores: Vec<Db>, store: &str) {
+    count_panics();
     let c = Cluster::start(|i| stores[i].clone()).await;
     pause(Duration::from_millis(1500)).await;
     c.assert_never_reaped("while its node lives").await;
@@ -241,11 +283,11 @@ async fn a_dead_node_s_worker_is_reaped_within_its_timeout_plus_1_s() {
         if members.is_empty() {
             break died.elapsed();
         }
-        assert!(died.elapsed() < Duration::from_secs(TIMEOUT_S + 3), "not reaped within {:?}", died.elapsed());
+        assert!(died.elapsed() < Duration::from_secs(TIMEOUT_S + 3), "{store}: not reaped within {:?}", died.elapsed());
         pause(Duration::from_millis(5)).await;
     };
-    eprintln!("worker of the dead node left after {left:?} (timeout {TIMEOUT_S} s)");
-    assert!(left <= Duration::from_secs(TIMEOUT_S + 1), "reaped after {left:?}");
+    eprintln!("{store}: worker of the dead node left after {left:?} (timeout {TIMEOUT_S} s)");
+    assert!(left <= Duration::from_secs(TIMEOUT_S + 1), "{store}: reaped after {left:?}");
     // Its last heartbeat was at most about a third of the timeout before
     // the death: not reaped before the rest of the timeout passed.
     assert!(left >= Duration::from_secs(TIMEOUT_S) / 2, "reaped after only {left:?}");
@@ -254,4 +296,22 @@ async fn a_dead_node_s_worker_is_reaped_within_its_timeout_plus_1_s() {
     assert_eq!(job.state, JobState::Pending, "its job went back to the queue");
     c.stop_others().await;
     assert_eq!(panics(), 0, "no panic in any background task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_s_worker_is_reaped_within_its_timeout_plus_1_s() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("store");
+    dead_node_reaped_in_time((0..=OTHERS).map(|_| open(&dir) as Db).collect(), "embedded").await;
+}
+
+/// The same on the sim store, whose read versions move only with commits
+/// (as FoundationDB's do): once the dead node's heartbeats stop, only the
+/// reapers' own commits move the versions that the liveness rule counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_s_worker_is_reaped_within_its_timeout_plus_1_s_on_the_sim_store() {
+    let seed = rand::random();
+    let cluster = SimStore::new(SimOptions::new(seed).faults(SimFaults::fdb_like_latencies()));
+    let stores = (0..=OTHERS).map(|_| cluster.connect() as Db).collect();
+    dead_node_reaped_in_time(stores, &format!("sim (seed {seed})")).await;
 }

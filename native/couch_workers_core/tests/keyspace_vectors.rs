@@ -78,6 +78,7 @@ const COUNTS: &str = "01 636f756e7473 00";
 const JOBS_VS: &str = "01 6a6f62735f7673 00";
 const ORPHANS: &str = "01 6f727068616e73 00";
 const ORPHANS_VS: &str = "01 6f727068616e735f7673 00";
+const REAPER_PULSE: &str = "01 'reaper_pulse' 00";
 
 /// A sample directory prefix (what the directory layer could allocate).
 const DIR: &str = "15 0c";
@@ -314,6 +315,19 @@ fn orphan_keys_and_range() {
         // after them comes 5f ('_'), not the terminator 00.
         let vs = ks.orphans_vs();
         assert!(!(b <= vs && vs < e));
+    }
+}
+
+// ---- reapers ----------------------------------------------------------------
+
+#[test]
+fn reaper_pulse_key() {
+    for (ks, p) in both() {
+        same(&ks.reaper_pulse(), &hs(&[p, ROOT, REAPER_PULSE]));
+        same(&ks.reaper_pulse(), &hs(&[p, ROOT, "01 7265617065725f70756c7365 00"]));
+        assert_eq!(ks.parse_worker_key(&ks.reaper_pulse()), None);
+        let (begin, end) = ks.all_workers_range();
+        assert!(!(begin <= ks.reaper_pulse() && ks.reaper_pulse() < end));
     }
 }
 

@@ -3,9 +3,15 @@
 //! reaper itself saw the record unchanged for the timeout, in store
 //! versions and on its own monotonic clock, while the store was writable).
 //!
-//! A pass: first a write transaction that writes nothing (it shows the
-//! store takes writes now: on the embedded store it takes SQLite's write
-//! lock, which another process may hold); then the health records of every
+//! A pass: first a write transaction that adds 1 to the `reaper_pulse`
+//! counter (it shows the store takes writes now: on the embedded store it
+//! takes SQLite's write lock, which another process may hold; on
+//! FoundationDB only a transaction that writes commits at all). Its commit
+//! also keeps the store's versions moving with time: FoundationDB's read
+//! versions move only with commits (and an idle cluster's empty batch
+//! every 2 s, a 2 s step the observer would take for a jump), so once a
+//! dead node's heartbeats stop, the reapers' own commits are what the
+//! version measure counts. Then the health records of every
 //! worker type in small read transactions (skipping from type to type, so
 //! member options are never read), each judged by the [`Observer`]; then
 //! each dead worker is reaped in its own transaction that removes it only
@@ -96,7 +102,14 @@ impl Reaper {
     /// One pass; returns the time until the next possible death.
     async fn pass(&self, observer: &mut Observer) -> Result<Option<Duration>, StoreError> {
         let writable = self.tx(observer, true);
-        self.look(observer, writable, |tx| async move { tx.read_version().await.map(|v| ((), v)) }).await?;
+        let pulse = &self.ks.reaper_pulse();
+        self.look(observer, writable, |tx| async move {
+            // A blind atomic add: no read conflict, so concurrent passes of
+            // every node's reaper all commit.
+            tx.atomic_add(pulse, 1);
+            tx.read_version().await.map(|v| ((), v))
+        })
+        .await?;
         let scan = self.scan(observer).await?;
         observer.end_pass();
         for suspect in &scan.suspects {

@@ -7,9 +7,13 @@
 //! * [`embedded`]: SQLite in WAL mode on local disk, shared by every OS
 //!   process on the host that opens the same directory (the default);
 //! * `fdb` (cargo feature `fdb`): FoundationDB through the `foundationdb`
-//!   crate.
+//!   crate;
+//! * [`sim`]: an in-memory FoundationDB for tests (optimistic conflicts,
+//!   read versions that move only with commits, recoveries, injected
+//!   faults; feature `testkit`); never selectable from the configuration.
 //!
-//! Semantics every store must honour (checked by [`crate::conformance`]):
+//! Semantics every store must honour (checked by the conformance suite,
+//! `conformance.rs`, feature `testkit`):
 //!
 //! * serializable transactions; reads see the transaction's own writes;
 //! * ordered byte keys, range reads with a limit and in reverse;
@@ -37,7 +41,12 @@ use futures::future::BoxFuture;
 pub mod embedded;
 #[cfg(feature = "fdb")]
 pub mod fdb;
+// A test store, shipped in nothing: behind the test kit like the suites
+// that run on it.
+#[cfg(feature = "testkit")]
+pub mod sim;
 pub mod config;
+#[cfg(feature = "testkit")]
 pub mod faulty;
 mod retry;
 
@@ -268,8 +277,11 @@ pub trait Transaction: Send + Sync {
     /// The key-value pairs of a range, seeing this transaction's writes.
     async fn get_range(&self, range: &RangeRequest) -> Result<Vec<KeyValue>, StoreError>;
 
-    /// The version this transaction reads at. It rises with time even when
-    /// nothing commits: liveness is measured on it, never on a wall clock.
+    /// The version this transaction reads at: on FoundationDB (and the
+    /// `sim` store) the last committed version, which moves only with
+    /// commits (an idle cluster commits an empty batch every 2 s); on the
+    /// embedded store its clock. Liveness is measured on it, never on a
+    /// wall clock, and so each reaper pass commits a write of its own.
     async fn read_version(&self) -> Result<u64, StoreError>;
 
     fn set(&self, key: &[u8], value: &[u8]);

@@ -57,7 +57,8 @@ mod checkpoint;
 mod clock;
 mod fair;
 mod group;
-mod ops;
+// Also the sim store's versionstamp and ADD formats.
+pub(crate) mod ops;
 mod pool;
 mod schema;
 mod transaction;
