@@ -55,6 +55,8 @@
 pub mod dispatcher;
 pub mod job;
 pub mod ops;
+pub(crate) mod place;
+mod pruner;
 pub mod record;
 mod runner;
 pub mod service;
@@ -62,19 +64,31 @@ pub mod subscription;
 mod sweeper;
 
 pub use dispatcher::{AcceptReply, ReplyFn};
-pub use job::{AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobState, JobVs, NewJob};
+pub use job::{
+    AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts, NewJob,
+    Schedule,
+};
+pub use ops::{Departure, Retry, RunEnd};
+pub use place::wall_ms;
 pub use service::{JobService, JobStats};
 pub use subscription::{JobSubscription, OnJobEvent};
 
 use crate::keyspace::Keyspace;
 use crate::store::{StoreError, Tx};
 
-/// Sends every job that `worker` of `worker_type` is running back to
-/// pending (attempts kept: they count accepts), in the caller's
-/// transaction: the one that removes (or re-registers) the worker. Returns
-/// how many jobs it moved now; a worker with more running jobs than one
-/// transaction may move leaves the rest to the sweeper (see
-/// [`ops::requeue_worker_jobs`]).
-pub async fn requeue_worker_jobs(tx: &Tx, ks: &Keyspace, worker_type: &[u8], worker: &[u8]) -> Result<usize, StoreError> {
-    ops::requeue_worker_jobs(tx, ks, worker_type, worker).await
+/// Ends the run of every job that `worker` of `worker_type` is running,
+/// in the caller's transaction: the one that removes (or re-registers)
+/// the worker. `Released` (an unregister) queues them again as a release
+/// does; `Lost` (a death) fails them with `worker_lost`, which spends an
+/// attempt (attempts count accepts). Returns how many jobs it moved now; a
+/// worker with more running jobs than one transaction may move leaves the
+/// rest to the sweeper (see [`ops::requeue_worker_jobs`]).
+pub async fn requeue_worker_jobs(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    worker: &[u8],
+    departure: Departure,
+) -> Result<usize, StoreError> {
+    ops::requeue_worker_jobs(tx, ks, worker_type, worker, departure).await
 }
