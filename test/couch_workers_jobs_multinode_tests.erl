@@ -12,7 +12,7 @@
 
 -include("couch_workers_test.hrl").
 
--import(couch_workers_test_util, [unique_type/1, register_worker/3, wait_job/3]).
+-import(couch_workers_test_util, [register_worker/3, wait_job/3]).
 
 %% Run on the peer (through peer:call/4).
 -export([peer_worker/4, peer_accept_blocking/3]).
