@@ -31,6 +31,8 @@
 %% set_log_pid(Pid | undefined)     -> ok      log events: {couch_workers_log, Level, What, Fields}
 %% worker_register(Ref, Type, Id, Opts) -> ok | {error, _} | dirty  then {Ref, {ok, Registration} | {error, Name}}
 %% worker_unregister(Ref, Registration) -> ok | {error, not_started}  then {Ref, ok | {error, Name}}
+%% worker_remove_dead(Ref, Registration) as worker_unregister, for an owner that died: its running
+%%     jobs fail with worker_lost instead of being released
 %% membership_watch(Type, Tag)      -> {ok, Watch} | {error, Name}     Tag: an atom or a reference
 %%     then {couch_workers_membership_changed, Tag, Type, VS, Workers} on the first read, and on every
 %%     change that or {couch_workers_membership_delta, Tag, Type, VS, Joined, Left}: the changes since the
@@ -95,6 +97,7 @@
     test_panic/1,
     worker_register/4,
     worker_unregister/2,
+    worker_remove_dead/2,
     membership_watch/2,
     membership_unwatch/1
 ]).
@@ -228,6 +231,9 @@ worker_register_dirty(_Ref, _Type, _Id, _Opts) -> erlang:nif_error(nif_not_loade
 
 -spec worker_unregister(reference(), registration()) -> ok | {error, atom()}.
 worker_unregister(_Ref, _Registration) -> erlang:nif_error(nif_not_loaded).
+
+-spec worker_remove_dead(reference(), registration()) -> ok | {error, atom()}.
+worker_remove_dead(_Ref, _Registration) -> erlang:nif_error(nif_not_loaded).
 
 %% ---- membership ----------------------------------------------------------
 

@@ -204,6 +204,7 @@ measured_nifs() ->
         {stats, 0},
         {worker_register, 4},
         {worker_unregister, 2},
+        {worker_remove_dead, 2},
         {membership_watch, 2},
         {membership_unwatch, 1},
         {job_add, 5},
@@ -269,6 +270,8 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     %% A worker with these options, and one over the limit.
     {ok, Reg} = call(worker_register, Name, [T, Id, Info]),
     ok = call(worker_unregister, Name, [Reg]),
+    {ok, Reg2} = call(worker_register, Name, [T, Id, Info]),
+    ok = call(worker_remove_dead, Name, [Reg2]),
     {error, value_too_large} = call(worker_register, too_large, [T, <<"huge">>, TooLarge]),
     %% A membership holding it.
     {Name, MT, _} = lists:keyfind(Name, 1, Members),

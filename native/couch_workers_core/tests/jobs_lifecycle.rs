@@ -205,3 +205,33 @@ async fn a_scheduled_job_moves_to_pending_only_when_due() {
     assert_eq!(pending_keys(&node, T).await, 0);
     node.stop().await;
 }
+
+/// A death (`Node::worker_died`, what a pid exit is) fails the running
+/// jobs with `worker_lost` and spends their attempt; an unregister
+/// releases them (attempt kept, `max_attempts` raised by one).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_death_fails_running_jobs_an_unregister_releases_them() {
+    let c = Cluster::new();
+    let node = c.node();
+    let jobs = node.jobs();
+    let once = JobOpts { max_attempts: Some(MaxAttempts::Limit(1)), ..JobOpts::default() };
+    let twice = JobOpts { max_attempts: Some(MaxAttempts::Limit(2)), ..JobOpts::default() };
+    jobs.add_with(T, b"once", b"{}", &once).await.unwrap();
+    jobs.add_with(T, b"twice", b"{}", &twice).await.unwrap();
+    let w = register(&node, T, b"w").await;
+    accept_now(jobs, T, b"w").await;
+    accept_now(jobs, T, b"w").await;
+    node.worker_died(&w).await.unwrap();
+    let lost = br#"{"reason":"worker_lost"}"#.to_vec();
+    let j = get(jobs, T, b"once").await;
+    assert_eq!((j.state, j.attempts, j.error.as_ref()), (JobState::Failed, 1, Some(&lost)));
+    let j = get(jobs, T, b"twice").await;
+    assert_eq!((j.state, j.attempts, j.error.as_ref()), (JobState::Pending, 1, Some(&lost)));
+
+    let w2 = register(&node, T, b"w2").await;
+    accept_now(jobs, T, b"w2").await;
+    node.unregister_worker(&w2).await.unwrap();
+    let j = get(jobs, T, b"twice").await;
+    assert_eq!((j.state, j.attempts, j.max_attempts), (JobState::Pending, 2, MaxAttempts::Limit(3)));
+    node.stop().await;
+}
