@@ -737,7 +737,12 @@ pub async fn end(tx: &Tx, ks: &Keyspace, fence: &Fence, end: RunEnd) -> Result<O
         }
     }
     let now = place::wall_ms();
-    let before = earliest_scheduled(tx, ks, &fence.job_type).await?;
+    // Only an end that can schedule the job needs the earliest scheduled
+    // time (to wake the dispatchers if it comes first).
+    let may_schedule = rec.resubmit.is_some()
+        || matches!(&end, RunEnd::Failed { retry, .. } if *retry != Retry::No)
+        || matches!(&end, RunEnd::Released { opts, .. } if opts.schedule.is_some());
+    let before = if may_schedule { earliest_scheduled(tx, ks, &fence.job_type).await? } else { None };
     let queued = end_run(tx, ks, &fence.job_type, &fence.job_id, &mut rec, end, 0, now);
     queued.wake(tx, ks, &fence.job_type, before);
     Ok(Ok(rec.to_job(&fence.job_type, &fence.job_id, now)))
@@ -1195,6 +1200,14 @@ pub struct Pruned {
     pub removed: Vec<(Vec<u8>, Vec<u8>)>,
     /// The earliest expiry left (Unix ms); due now if the batch was full.
     pub next: Option<u64>,
+}
+
+/// The earliest expiry (Unix ms), read as a snapshot: whether a prune is
+/// due at all, without a write transaction.
+pub async fn next_expiry(tx: &Tx, ks: &Keyspace) -> Result<Option<u64>, StoreError> {
+    let (begin, end) = ks.expiry_range();
+    let rows = tx.get_range(&RangeRequest::new(begin, end).limit(1).snapshot(true)).await?;
+    Ok(rows.first().and_then(|(k, _)| ks.parse_expiry(k)).map(|(at, _, _)| u64::try_from(at).unwrap_or(0)))
 }
 
 /// Removes up to `limit` ended jobs whose `keep` ran out by `now`, in

@@ -33,7 +33,17 @@ pub(crate) async fn run_pruner(shared: Arc<Shared>, cancel: CancellationToken, l
     loop {
         let now = wall_ms();
         let ks = &shared.ks;
-        let pass = run(shared.db.as_ref(), shared.write, |tx| async move { ops::prune(&tx, ks, now, PRUNE_BATCH).await });
+        // A read first: most looks find nothing due and write nothing.
+        let pass = async {
+            let next = run(shared.db.as_ref(), shared.read, |tx| async move { ops::next_expiry(&tx, ks).await }).await?;
+            match next {
+                Some(at) if at <= now => {
+                    run(shared.db.as_ref(), shared.write, |tx| async move { ops::prune(&tx, ks, now, PRUNE_BATCH).await })
+                        .await
+                }
+                next => Ok(ops::Pruned { removed: Vec::new(), next }),
+            }
+        };
         let pass = tokio::select! {
             _ = cancel.cancelled() => return,
             pass = pass => pass,
