@@ -19,7 +19,7 @@
 //! `RunAt` the Unix ms a scheduled job falls due (nil unless scheduled),
 //! `Keep` seconds (`-1`: infinity), `ExpireAt` the Unix ms an ended job is
 //! pruned at (nil unless ended with a finite keep), `Resubmit` a byte
-//! string holding a packed [`Resubmit`] while a running job waits to be
+//! string holding a packed `Resubmit` while a running job waits to be
 //! queued again after its run. Ids and worker ids are byte strings, so any
 //! binary (NUL bytes, not UTF-8) is kept as it is.
 //!
