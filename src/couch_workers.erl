@@ -32,7 +32,17 @@
     job_get/2,
     job_pending_count/1,
     job_subscribe/3,
-    job_unsubscribe/1
+    job_unsubscribe/1,
+    job_fail/3,
+    job_release/2,
+    job_resubmit/4,
+    job_remove/3,
+    job_counts/1,
+    job_types/0,
+    job_list/2,
+    job_wait/4,
+    job_pause/1,
+    job_resume/1
 ]).
 
 -export_type([worker_type/0, worker_id/0, workers/0, vs/0]).
@@ -47,7 +57,7 @@
 
 -type job_type() :: binary().
 -type job_id() :: binary().
--type job_state() :: pending | running | finished | canceled.
+-type job_state() :: scheduled | pending | running | finished | canceled | failed.
 %% A job as `job_get/2' and subscriptions give it. `info' and `result' come
 %% back from JSON with binary keys; `vs' is the versionstamp of its last
 %% change (12 bytes; a later change compares greater); `attempts' counts
@@ -63,7 +73,11 @@
     result := map() | null,
     attempts := non_neg_integer(),
     vs := vs(),
-    cancel_requested := boolean()
+    cancel_requested := boolean(),
+    error := map() | null,
+    max_attempts := pos_integer() | infinity,
+    run_at := non_neg_integer() | null,
+    keep := non_neg_integer() | infinity
 }.
 %% What `job_accept/2' and `job_update/2' return: the job and `token', the
 %% 16-byte fencing token of that one accept. `job_update/2' and
@@ -80,6 +94,10 @@
     attempts := pos_integer(),
     vs := vs(),
     cancel_requested := boolean(),
+    error := map() | null,
+    max_attempts := pos_integer() | infinity,
+    run_at := null,
+    keep := non_neg_integer() | infinity,
     token := <<_:128>>
 }.
 
@@ -239,6 +257,46 @@ job_subscribe(JobType, JobId, Pid) ->
 -spec job_unsubscribe(reference()) -> ok.
 job_unsubscribe(Ref) ->
     couch_workers_jobs:unsubscribe(Ref).
+
+-spec job_fail(job_handle(), map(), map()) -> ok | {error, not_owner | not_found | term()}.
+job_fail(Job, Error, Opts) ->
+    couch_workers_jobs:fail(Job, Error, Opts).
+
+-spec job_release(job_handle(), map()) -> ok | {error, not_owner | not_found | term()}.
+job_release(Job, Opts) ->
+    couch_workers_jobs:release(Job, Opts).
+
+-spec job_resubmit(job_type(), job_id(), map(), map()) -> ok | {error, changed | term()}.
+job_resubmit(JobType, JobId, Info, Opts) ->
+    couch_workers_jobs:resubmit(JobType, JobId, Info, Opts).
+
+-spec job_remove(job_type(), job_id(), map()) -> ok | {error, not_found | changed | term()}.
+job_remove(JobType, JobId, Opts) ->
+    couch_workers_jobs:remove(JobType, JobId, Opts).
+
+-spec job_counts(job_type()) -> #{job_state() => non_neg_integer()} | {error, term()}.
+job_counts(JobType) ->
+    couch_workers_jobs:counts(JobType).
+
+-spec job_types() -> [job_type()] | {error, term()}.
+job_types() ->
+    couch_workers_jobs:types().
+
+-spec job_list(job_type(), map()) -> {ok, [job()], done | term()} | {error, term()}.
+job_list(JobType, Opts) ->
+    couch_workers_jobs:list(JobType, Opts).
+
+-spec job_wait(job_type(), job_id(), [job_state()], timeout()) -> {ok, job()} | {error, timeout | not_found | term()}.
+job_wait(JobType, JobId, States, Timeout) ->
+    couch_workers_jobs:wait(JobType, JobId, States, Timeout).
+
+-spec job_pause(job_type()) -> ok | {error, term()}.
+job_pause(JobType) ->
+    couch_workers_jobs:pause(JobType).
+
+-spec job_resume(job_type()) -> ok | {error, term()}.
+job_resume(JobType) ->
+    couch_workers_jobs:resume(JobType).
 
 flush_membership(Ref) ->
     receive

@@ -20,8 +20,15 @@
 
 -define(SECTION, "couch_workers").
 
--type key() :: store | runtime_threads | reaper_max_interval_ms | tx_timeout_ms.
--type kind() :: store | pos_integer.
+-type key() ::
+    store
+    | runtime_threads
+    | reaper_max_interval_ms
+    | tx_timeout_ms
+    | job_keep_s
+    | retry_backoff_base_ms
+    | retry_backoff_max_ms.
+-type kind() :: store | pos_integer | keep.
 -export_type([key/0]).
 
 %% @doc Every documented key with its type and default.
@@ -31,7 +38,12 @@ keys() ->
         {store, store, {embedded, "couch_workers_data"}},
         {runtime_threads, pos_integer, 2},
         {reaper_max_interval_ms, pos_integer, 500},
-        {tx_timeout_ms, pos_integer, 5000}
+        {tx_timeout_ms, pos_integer, 5000},
+        %% Read at each call that uses them (job_add, job_fail), not only
+        %% at start.
+        {job_keep_s, keep, infinity},
+        {retry_backoff_base_ms, pos_integer, 1000},
+        {retry_backoff_max_ms, pos_integer, 3600000}
     ].
 
 %% @doc The ini section couch_workers reads.
@@ -73,6 +85,18 @@ parse(store, String) ->
         ["embedded", Dir] when Dir =/= "" -> {ok, {embedded, Dir}};
         ["fdb", File] when File =/= "" -> {ok, {fdb, File}};
         _ -> error
+    end;
+parse(keep, String) ->
+    case string:trim(String) of
+        "infinity" ->
+            {ok, infinity};
+        Trimmed ->
+            try list_to_integer(Trimmed) of
+                N when N >= 0 -> {ok, N};
+                _ -> error
+            catch
+                error:badarg -> error
+            end
     end;
 parse(pos_integer, String) ->
     try list_to_integer(string:trim(String)) of

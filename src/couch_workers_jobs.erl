@@ -39,7 +39,17 @@
     get/2,
     pending_count/1,
     subscribe/3,
-    unsubscribe/1
+    unsubscribe/1,
+    fail/3,
+    release/2,
+    resubmit/4,
+    remove/3,
+    counts/1,
+    types/0,
+    list/2,
+    wait/4,
+    pause/1,
+    resume/1
 ]).
 -export([start_link/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
@@ -50,6 +60,7 @@
 -define(MAX_AFTER, 16#ffffffff).
 %% Accept timeouts are capped here (about 292 million years).
 -define(MAX_TIMEOUT, (1 bsl 63)).
+-define(STATES, [scheduled, pending, running, finished, canceled, failed]).
 
 -record(sub, {
     pid :: pid(),
@@ -73,9 +84,9 @@
 
 -spec add(binary(), binary(), map(), map()) -> ok | {error, term()}.
 add(Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info), is_map(Opts) ->
-    case priority(Opts) of
-        {ok, P} -> nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_add, [Ref, Type, Id, Info, P]) end);
-        error -> {error, invalid_priority}
+    case add_opts(Opts) of
+        {ok, NifOpts} -> nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_add, [Ref, Type, Id, Info, NifOpts]) end);
+        {error, _} = Error -> Error
     end;
 add(_Type, _Id, _Info, _Opts) ->
     erlang:error(badarg).
@@ -87,6 +98,177 @@ add_many(Type, Jobs) when is_binary(Type), is_list(Jobs) ->
         {error, _} = Error -> Error
     end;
 add_many(_Type, _Jobs) ->
+    erlang:error(badarg).
+
+-spec fail(map(), map(), map()) -> ok | {error, term()}.
+fail(Job, Error, Opts) when is_map(Job), is_map(Error), is_map(Opts) ->
+    case retry(Opts) of
+        {ok, Retry} -> nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_fail, [Ref, Job, Error, Retry]) end);
+        {error, _} = Err -> Err
+    end;
+fail(_Job, _Error, _Opts) ->
+    erlang:error(badarg).
+
+-spec release(map(), map()) -> ok | {error, term()}.
+release(Job, Opts) when is_map(Job), is_map(Opts) ->
+    Info = opt(info, Opts, undefined),
+    case nif_opts(maps:without([info, <<"info">>], Opts), [priority, schedule]) of
+        {ok, NifOpts} when Info =:= undefined; is_map(Info) ->
+            nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_release, [Ref, Job, Info, NifOpts]) end);
+        {ok, _} ->
+            {error, invalid_info};
+        {error, _} = Error ->
+            Error
+    end;
+release(_Job, _Opts) ->
+    erlang:error(badarg).
+
+-spec resubmit(binary(), binary(), map(), map()) -> ok | {error, term()}.
+resubmit(Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info), is_map(Opts) ->
+    case if_vs(Opts) of
+        {ok, IfVs} ->
+            Rest = maps:without([if_vs, <<"if_vs">>], Opts),
+            case nif_opts(Rest, [priority, schedule, max_attempts, keep]) of
+                {ok, NifOpts} ->
+                    nif_call(fun(Ref) ->
+                        couch_workers_nif:budgeted(job_resubmit, [Ref, Type, Id, Info, NifOpts, IfVs])
+                    end);
+                {error, _} = Error ->
+                    Error
+            end;
+        {error, _} = Error ->
+            Error
+    end;
+resubmit(_Type, _Id, _Info, _Opts) ->
+    erlang:error(badarg).
+
+-spec remove(binary(), binary(), map()) -> ok | {error, term()}.
+remove(Type, Id, Opts) when is_binary(Type), is_binary(Id), is_map(Opts) ->
+    case if_vs(Opts) of
+        {ok, IfVs} -> nif_call(fun(Ref) -> couch_workers_nif:job_remove_if(Ref, Type, Id, IfVs) end);
+        {error, _} = Error -> Error
+    end;
+remove(_Type, _Id, _Opts) ->
+    erlang:error(badarg).
+
+-spec counts(binary()) -> #{atom() => non_neg_integer()} | {error, term()}.
+counts(Type) when is_binary(Type) ->
+    case nif_call(fun(Ref) -> couch_workers_nif:job_counts(Ref, Type) end) of
+        {ok, Counts} -> Counts;
+        {error, _} = Error -> Error
+    end;
+counts(_Type) ->
+    erlang:error(badarg).
+
+-spec types() -> [binary()] | {error, term()}.
+types() ->
+    case nif_call(fun(Ref) -> couch_workers_nif:job_types(Ref) end) of
+        {ok, Types} -> Types;
+        {error, _} = Error -> Error
+    end.
+
+-spec list(binary(), map()) -> {ok, [map()], term()} | {error, term()}.
+list(Type, Opts) when is_binary(Type), is_map(Opts) ->
+    States = opt(states, Opts, all),
+    Limit = opt(limit, Opts, 100),
+    Cont = opt(cont, Opts, undefined),
+    if
+        not (States =:= all orelse (is_list(States) andalso States =/= [])) ->
+            {error, invalid_states};
+        is_list(States) ->
+            case lists:all(fun(S) -> lists:member(S, ?STATES) end, States) of
+                true -> do_list(Type, States, Limit, Cont);
+                false -> {error, invalid_states}
+            end;
+        true ->
+            do_list(Type, States, Limit, Cont)
+    end;
+list(_Type, _Opts) ->
+    erlang:error(badarg).
+
+do_list(Type, States, Limit, Cont) ->
+    case {is_integer(Limit) andalso Limit >= 1 andalso Limit =< 1000, cont(Cont)} of
+        {false, _} ->
+            {error, invalid_limit};
+        {_, error} ->
+            {error, invalid_cont};
+        {true, {ok, done}} ->
+            {ok, [], done};
+        {true, {ok, After}} ->
+            case nif_call(fun(Ref) -> couch_workers_nif:job_list(Ref, Type, States, Limit, After) end) of
+                {ok, Jobs, done} -> {ok, Jobs, done};
+                {ok, Jobs, Last} -> {ok, Jobs, {?MODULE, Type, Last}};
+                {error, _} = Error -> Error
+            end
+    end.
+
+%% A `Cont' is opaque to callers: `{couch_workers_jobs, Type, LastId}'.
+cont(undefined) -> {ok, undefined};
+cont(done) -> {ok, done};
+cont({?MODULE, _Type, Last}) when is_binary(Last) -> {ok, Last};
+cont(_) -> error.
+
+%% Waits on a subscription of its own: the job's changes are pushed.
+-spec wait(binary(), binary(), [atom()], timeout()) -> {ok, map()} | {error, term()}.
+wait(Type, Id, States, Timeout) when is_binary(Type), is_binary(Id), is_list(States) ->
+    ValidTimeout = Timeout =:= infinity orelse (is_integer(Timeout) andalso Timeout >= 0),
+    ValidStates = States =/= [] andalso lists:all(fun(S) -> lists:member(S, ?STATES) end, States),
+    if
+        not ValidStates ->
+            {error, invalid_states};
+        not ValidTimeout ->
+            {error, invalid_timeout};
+        true ->
+            case subscribe(Type, Id, self()) of
+                {ok, Sub, Job} ->
+                    Deadline =
+                        case Timeout of
+                            infinity -> infinity;
+                            _ -> now_ms() + Timeout
+                        end,
+                    try
+                        wait_loop(Sub, Job, States, Deadline)
+                    after
+                        unsubscribe(Sub)
+                    end;
+                {error, _} = Error ->
+                    Error
+            end
+    end;
+wait(_Type, _Id, _States, _Timeout) ->
+    erlang:error(badarg).
+
+wait_loop(Sub, #{state := State} = Job, States, Deadline) ->
+    case lists:member(State, States) of
+        true ->
+            {ok, Job};
+        false ->
+            After =
+                case Deadline of
+                    infinity -> infinity;
+                    _ -> min(max(0, Deadline - now_ms()), ?MAX_AFTER)
+                end,
+            receive
+                {couch_workers_job, Sub, removed} -> {error, not_found};
+                {couch_workers_job, Sub, Next} -> wait_loop(Sub, Next, States, Deadline)
+            after After ->
+                case Deadline =/= infinity andalso now_ms() >= Deadline of
+                    true -> {error, timeout};
+                    false -> wait_loop(Sub, Job, States, Deadline)
+                end
+            end
+    end.
+
+-spec pause(binary()) -> ok | {error, term()}.
+pause(Type) when is_binary(Type) ->
+    nif_call(fun(Ref) -> couch_workers_nif:job_set_paused(Ref, Type, true) end);
+pause(_Type) ->
+    erlang:error(badarg).
+
+-spec resume(binary()) -> ok | {error, term()}.
+resume(Type) when is_binary(Type) ->
+    nif_call(fun(Ref) -> couch_workers_nif:job_set_paused(Ref, Type, false) end);
+resume(_Type) ->
     erlang:error(badarg).
 
 -spec accept(term(), map()) -> {ok, map()} | {error, term()}.
@@ -175,19 +357,99 @@ nif_call(Fun) ->
         {error, _} = Error -> Error
     end.
 
-%% `priority' (atom or binary key): any integer (the NIF checks the
-%% 64-bit range), default 0.
-priority(Opts) ->
-    case opt(priority, Opts, 0) of
-        P when is_integer(P) -> {ok, P};
+%% `timeout' (atom or binary key): ms, a non-negative integer or
+%% `infinity', default 0.
+accept_timeout(Opts) ->
+    case opt(timeout, Opts, 0) of
+        infinity -> {ok, ?MAX_TIMEOUT};
+        T when is_integer(T), T >= 0 -> {ok, min(T, ?MAX_TIMEOUT)};
         _ -> error
     end.
 
-%% `timeout' (atom or binary key): ms, a non-negative integer, default 0.
-accept_timeout(Opts) ->
-    case opt(timeout, Opts, 0) of
-        T when is_integer(T), T >= 0 -> {ok, min(T, ?MAX_TIMEOUT)};
-        _ -> error
+%% The options of `add/4': every option, `keep' defaulting to the app
+%% env's `job_keep_s'.
+add_opts(Opts) ->
+    case nif_opts(Opts, [priority, schedule, max_attempts, keep]) of
+        {ok, {P, S, M, undefined}} ->
+            case couch_workers_config:get(job_keep_s) of
+                {ok, Keep} -> {ok, {P, S, M, Keep}};
+                {error, _} = Error -> Error
+            end;
+        Other ->
+            Other
+    end.
+
+%% The NIF's options tuple `{Priority, Schedule, MaxAttempts, Keep}' from
+%% a caller's map, each `undefined' when not given; only the `Allowed'
+%% ones are read. Every value is checked: `{error, invalid_*}' names the
+%% first bad one.
+nif_opts(Opts, Allowed) ->
+    Get = fun(Key) ->
+        case lists:member(Key, Allowed) of
+            true -> opt(Key, Opts, undefined);
+            false -> undefined
+        end
+    end,
+    Delay = case lists:member(schedule, Allowed) of
+        true -> opt(delay, Opts, undefined);
+        false -> undefined
+    end,
+    RunAt = case lists:member(schedule, Allowed) of
+        true -> opt(run_at, Opts, undefined);
+        false -> undefined
+    end,
+    Priority = Get(priority),
+    MaxAttempts = Get(max_attempts),
+    Keep = Get(keep),
+    if
+        Priority =/= undefined andalso not is_integer(Priority) -> {error, invalid_priority};
+        Delay =/= undefined andalso RunAt =/= undefined -> {error, invalid_schedule};
+        Delay =/= undefined andalso not (is_integer(Delay) andalso Delay >= 0) -> {error, invalid_delay};
+        RunAt =/= undefined andalso not (is_integer(RunAt) andalso RunAt >= 0) -> {error, invalid_run_at};
+        MaxAttempts =/= undefined andalso MaxAttempts =/= infinity andalso
+            not (is_integer(MaxAttempts) andalso MaxAttempts > 0) ->
+            {error, invalid_max_attempts};
+        Keep =/= undefined andalso Keep =/= infinity andalso not (is_integer(Keep) andalso Keep >= 0) ->
+            {error, invalid_keep};
+        true ->
+            Schedule =
+                if
+                    Delay =/= undefined -> {delay, min(Delay, ?MAX_TIMEOUT)};
+                    RunAt =/= undefined -> {run_at, min(RunAt, ?MAX_TIMEOUT)};
+                    true -> undefined
+                end,
+            {ok, {Priority, Schedule, cap(MaxAttempts), cap(Keep)}}
+    end.
+
+cap(N) when is_integer(N) -> min(N, ?MAX_TIMEOUT);
+cap(Other) -> Other.
+
+%% The retry of `fail/3': `retry => false', else `delay', else the
+%% default backoff of the app env.
+retry(Opts) ->
+    case {opt(retry, Opts, true), opt(delay, Opts, undefined)} of
+        {false, _} ->
+            {ok, false};
+        {true, undefined} ->
+            case {couch_workers_config:get(retry_backoff_base_ms), couch_workers_config:get(retry_backoff_max_ms)} of
+                {{ok, Base}, {ok, Max}} -> {ok, {backoff, Base, Max}};
+                {{error, _} = Error, _} -> Error;
+                {_, {error, _} = Error} -> Error
+            end;
+        {true, D} when is_integer(D), D >= 0 ->
+            {ok, {delay, min(D, ?MAX_TIMEOUT)}};
+        {true, _} ->
+            {error, invalid_delay};
+        {_, _} ->
+            {error, invalid_retry}
+    end.
+
+%% `if_vs' (atom or binary key): a job's `vs' binary.
+if_vs(Opts) ->
+    case opt(if_vs, Opts, undefined) of
+        undefined -> {ok, undefined};
+        <<_:96>> = VS -> {ok, VS};
+        _ -> {error, invalid_vs}
     end.
 
 opt(Key, Opts, Default) ->
@@ -196,16 +458,17 @@ opt(Key, Opts, Default) ->
         #{} -> maps:get(atom_to_binary(Key), Opts, Default)
     end.
 
-%% [{Id, Info, Opts}] to the NIF's [{Id, Info, Priority}]: every shape is
-%% checked (badarg) before a bad priority is reported.
+%% [{Id, Info, Opts}] to the NIF's [{Id, Info, NifOpts}]: every shape is
+%% checked (badarg) before a bad option is reported.
 nif_jobs([], Acc, ok) ->
     {ok, lists:reverse(Acc)};
 nif_jobs([], _Acc, Error) ->
     Error;
 nif_jobs([{Id, Info, Opts} | Rest], Acc, Status) when is_binary(Id), is_map(Info), is_map(Opts) ->
-    case priority(Opts) of
-        {ok, P} -> nif_jobs(Rest, [{Id, Info, P} | Acc], Status);
-        error -> nif_jobs(Rest, Acc, {error, invalid_priority})
+    case add_opts(Opts) of
+        {ok, NifOpts} -> nif_jobs(Rest, [{Id, Info, NifOpts} | Acc], Status);
+        {error, _} = Error when Status =:= ok -> nif_jobs(Rest, Acc, Error);
+        {error, _} -> nif_jobs(Rest, Acc, Status)
     end;
 nif_jobs(_, _Acc, _Status) ->
     erlang:error(badarg).

@@ -35,6 +35,8 @@
 %%     reaped (and registered again): {couch_workers_worker_reaped, Tag} to Owner
 %%     replaced by another registration: {couch_workers_worker_lost, Tag, superseded} to Owner and
 %%     {couch_workers_worker_superseded, Tag} to the caller (again to a later caller; see workers.rs)
+%% worker_remove_dead(Ref, Registration) as worker_unregister, for an owner that died: its running
+%%     jobs fail with worker_lost instead of being released
 %% membership_watch(Type, Tag)      -> {ok, Watch} | {error, Name}     Tag: an atom or a reference
 %%     then {couch_workers_membership_changed, Tag, Type, VS, Workers} on the first read, and on every
 %%     change that or {couch_workers_membership_delta, Tag, Type, VS, Joined, Left}: the changes since the
@@ -42,13 +44,28 @@
 %% membership_unwatch(Watch)        -> ok
 %% test_panic(Ref)                  -> ok  then {Ref, {error, {panic, Msg}}}
 %%
-%% job_add(Ref, Type, Id, Info, Priority)     -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
-%% job_add_many(Ref, Type, [{Id, Info, Priority}])
+%% job_add(Ref, Type, Id, Info, Opts)         -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
+%%     Opts = {Priority, Schedule, MaxAttempts, Keep}, each `undefined' when not given;
+%%     Schedule = {delay, Ms} | {run_at, UnixMs}; MaxAttempts = pos_integer() | infinity;
+%%     Keep = non_neg_integer() (s) | infinity
+%% job_add_many(Ref, Type, [{Id, Info, Opts}])
 %%                                            -> ok | {error, _}  then {Ref, ok | {error, {already_exists, [Id]}} | {error, Name}}
 %% job_accept(Ref, Type, Worker, TimeoutMs)   -> {ok, Waiter} | {error, _}  then {Ref, {ok, Handle} | {error, Name}}
 %% job_accept_abandon(Waiter)                 -> abandoned | delivered
 %% job_update(Ref, Handle, Info)              -> ok | {error, _} | dirty  then {Ref, {ok, Handle} | {error, Name}}
 %% job_finish(Ref, Handle, Result)            -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
+%% job_fail(Ref, Handle, Error, Retry)        -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
+%%     Retry = false | {delay, Ms} | {backoff, BaseMs, MaxMs}
+%% job_release(Ref, Handle, Info | undefined, Opts)
+%%                                            -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
+%% job_resubmit(Ref, Type, Id, Info, Opts, VS | undefined)
+%%                                            -> ok | {error, _} | dirty  then {Ref, ok | {error, changed | Name}}
+%% job_remove_if(Ref, Type, Id, VS | undefined) -> ok | {error, _}  then {Ref, ok | {error, not_found | changed | Name}}
+%% job_counts(Ref, Type)                      -> ok | {error, _}  then {Ref, {ok, #{State => N}} | {error, Name}}
+%% job_types(Ref)                             -> ok | {error, _}  then {Ref, {ok, [Type]} | {error, Name}}
+%% job_list(Ref, Type, all | [State], Limit, After | undefined)
+%%                                            -> ok | {error, _}  then {Ref, {ok, [Job], LastId | done} | {error, Name}}
+%% job_set_paused(Ref, Type, Bool)            -> ok | {error, _}  then {Ref, ok | {error, Name}}
 %% job_cancel(Ref, Type, Id)                  -> ok | {error, _}  then {Ref, ok | {error, Name}}
 %% job_remove(Ref, Type, Id)                  -> ok | {error, _}  then {Ref, ok | {error, Name}}
 %% job_get(Ref, Type, Id)                     -> ok | {error, _}  then {Ref, {ok, Job} | {error, Name}}
@@ -58,7 +75,8 @@
 %%     {couch_workers_job_ended, SubRef} to the caller after `removed'
 %% job_unsubscribe(Subscription)              -> ok      (nothing of it is sent after this returns)
 %%
-%% worker_register_dirty/4, job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3
+%% worker_register_dirty/4, job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3,
+%% job_fail_dirty/4, job_release_dirty/4, job_resubmit_dirty/6
 %%                                            the DirtyCpu twins: as above, never `dirty'
 %% budgeted(Nif, Args)                        Nif's answer, through its twin when it is `dirty'
 %% '''
@@ -84,6 +102,7 @@
     worker_register/4,
     worker_unregister/2,
     worker_notify/3,
+    worker_remove_dead/2,
     membership_watch/2,
     membership_unwatch/1
 ]).
@@ -100,7 +119,15 @@
     job_get/3,
     job_pending_count/2,
     job_subscribe/5,
-    job_unsubscribe/1
+    job_unsubscribe/1,
+    job_fail/4,
+    job_release/4,
+    job_resubmit/6,
+    job_remove_if/4,
+    job_counts/2,
+    job_types/1,
+    job_list/5,
+    job_set_paused/3
 ]).
 
 %% The DirtyCpu twins of the NIFs that convert a caller's map.
@@ -108,7 +135,10 @@
     worker_register_dirty/4,
     job_add_dirty/5,
     job_update_dirty/3,
-    job_finish_dirty/3
+    job_finish_dirty/3,
+    job_fail_dirty/4,
+    job_release_dirty/4,
+    job_resubmit_dirty/6
 ]).
 
 -export([wait/2, budgeted/2]).
@@ -120,8 +150,15 @@
 -type watch() :: reference().
 -type waiter() :: reference().
 -type job_subscription() :: reference().
--type budgeted_nif() :: worker_register | job_add | job_update | job_finish.
--export_type([registration/0, watch/0, waiter/0, job_subscription/0, budgeted_nif/0]).
+-type budgeted_nif() :: worker_register | job_add | job_update | job_finish | job_fail | job_release | job_resubmit.
+-type job_opts() :: {
+    integer() | undefined,
+    {delay | run_at, non_neg_integer()} | undefined,
+    pos_integer() | infinity | undefined,
+    non_neg_integer() | infinity | undefined
+}.
+-type retry() :: false | {delay, non_neg_integer()} | {backoff, non_neg_integer(), non_neg_integer()}.
+-export_type([registration/0, watch/0, waiter/0, job_subscription/0, budgeted_nif/0, job_opts/0, retry/0]).
 
 -spec init() -> ok | {error, term()}.
 init() ->
@@ -167,7 +204,10 @@ budgeted(Nif, Args) ->
 dirty_twin(worker_register) -> worker_register_dirty;
 dirty_twin(job_add) -> job_add_dirty;
 dirty_twin(job_update) -> job_update_dirty;
-dirty_twin(job_finish) -> job_finish_dirty.
+dirty_twin(job_finish) -> job_finish_dirty;
+dirty_twin(job_fail) -> job_fail_dirty;
+dirty_twin(job_release) -> job_release_dirty;
+dirty_twin(job_resubmit) -> job_resubmit_dirty.
 
 %% ---- lifecycle -----------------------------------------------------------
 
@@ -199,6 +239,8 @@ worker_unregister(_Ref, _Registration) -> erlang:nif_error(nif_not_loaded).
 
 -spec worker_notify(registration(), pid(), reference()) -> ok.
 worker_notify(_Registration, _Owner, _Tag) -> erlang:nif_error(nif_not_loaded).
+-spec worker_remove_dead(reference(), registration()) -> ok | {error, atom()}.
+worker_remove_dead(_Ref, _Registration) -> erlang:nif_error(nif_not_loaded).
 
 %% ---- membership ----------------------------------------------------------
 
@@ -210,13 +252,13 @@ membership_unwatch(_Watch) -> erlang:nif_error(nif_not_loaded).
 
 %% ---- jobs ----------------------------------------------------------------
 
--spec job_add(reference(), binary(), binary(), map(), integer()) -> ok | {error, atom()} | dirty.
-job_add(_Ref, _Type, _Id, _Info, _Priority) -> erlang:nif_error(nif_not_loaded).
+-spec job_add(reference(), binary(), binary(), map(), job_opts()) -> ok | {error, atom()} | dirty.
+job_add(_Ref, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
 
--spec job_add_dirty(reference(), binary(), binary(), map(), integer()) -> ok | {error, atom()}.
-job_add_dirty(_Ref, _Type, _Id, _Info, _Priority) -> erlang:nif_error(nif_not_loaded).
+-spec job_add_dirty(reference(), binary(), binary(), map(), job_opts()) -> ok | {error, atom()}.
+job_add_dirty(_Ref, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
 
--spec job_add_many(reference(), binary(), [{binary(), map(), integer()}]) -> ok | {error, atom()}.
+-spec job_add_many(reference(), binary(), [{binary(), map(), job_opts()}]) -> ok | {error, atom()}.
 job_add_many(_Ref, _Type, _Jobs) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_accept(reference(), binary(), binary(), non_neg_integer()) -> {ok, waiter()} | {error, atom()}.
@@ -254,3 +296,38 @@ job_subscribe(_Ref, _Type, _Id, _Pid, _SubRef) -> erlang:nif_error(nif_not_loade
 
 -spec job_unsubscribe(job_subscription()) -> ok.
 job_unsubscribe(_Sub) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_fail(reference(), map(), map(), retry()) -> ok | {error, atom()} | dirty.
+job_fail(_Ref, _Handle, _Error, _Retry) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_fail_dirty(reference(), map(), map(), retry()) -> ok | {error, atom()}.
+job_fail_dirty(_Ref, _Handle, _Error, _Retry) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_release(reference(), map(), map() | undefined, job_opts()) -> ok | {error, atom()} | dirty.
+job_release(_Ref, _Handle, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_release_dirty(reference(), map(), map() | undefined, job_opts()) -> ok | {error, atom()}.
+job_release_dirty(_Ref, _Handle, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_resubmit(reference(), binary(), binary(), map(), job_opts(), binary() | undefined) ->
+    ok | {error, atom()} | dirty.
+job_resubmit(_Ref, _Type, _Id, _Info, _Opts, _IfVs) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_resubmit_dirty(reference(), binary(), binary(), map(), job_opts(), binary() | undefined) ->
+    ok | {error, atom()}.
+job_resubmit_dirty(_Ref, _Type, _Id, _Info, _Opts, _IfVs) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_remove_if(reference(), binary(), binary(), binary() | undefined) -> ok | {error, atom()}.
+job_remove_if(_Ref, _Type, _Id, _IfVs) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_counts(reference(), binary()) -> ok | {error, atom()}.
+job_counts(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_types(reference()) -> ok | {error, atom()}.
+job_types(_Ref) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_list(reference(), binary(), all | [atom()], pos_integer(), binary() | undefined) -> ok | {error, atom()}.
+job_list(_Ref, _Type, _States, _Limit, _After) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_set_paused(reference(), binary(), boolean()) -> ok | {error, atom()}.
+job_set_paused(_Ref, _Type, _Paused) -> erlang:nif_error(nif_not_loaded).

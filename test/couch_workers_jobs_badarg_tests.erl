@@ -6,6 +6,9 @@
 
 -include("couch_workers_test.hrl").
 
+%% The NIF's options tuple with only a priority.
+-define(OPTS(P), {P, undefined, undefined, undefined}).
+
 -import(couch_workers_test_util, [unique_type/1, register_worker/2, register_worker/3, settled_stats/1]).
 
 -define(KEY_LIMIT, 10000).
@@ -140,13 +143,20 @@ bad_timeouts(#{type := T}) ->
             ?assertEqual({error, invalid_timeout}, couch_workers:job_accept(W, #{timeout => Timeout})),
             ?assertEqual({error, invalid_timeout}, couch_workers:job_accept(W, #{<<"timeout">> => Timeout}))
         end,
-        [-1, 1.5, infinity, <<"10">>, "10", null]
+        [-1, 1.5, infinite, <<"10">>, "10", null]
     ),
     %% None of them took the job.
     ?assertMatch({ok, #{state := pending, attempts := 0}}, couch_workers:job_get(T, <<"j1">>)),
     %% A huge timeout is fine (capped): the job is there, taken at once.
     ?assertMatch({ok, #{id := <<"j1">>}}, couch_workers:job_accept(W, #{timeout => 1 bsl 70})),
     ok = couch_workers:job_remove(T, <<"j1">>),
+    %% So is `infinity' (DESIGN.md): it waits until a job comes.
+    Self = self(),
+    spawn_link(fun() -> Self ! {accepted, couch_workers:job_accept(W, #{timeout => infinity})} end),
+    receive {accepted, Early} -> error({accepted_without_a_job, Early}) after 300 -> ok end,
+    ok = couch_workers:job_add(T, <<"j2">>, #{}, #{}),
+    receive {accepted, Got} -> ?assertMatch({ok, #{id := <<"j2">>}}, Got) after 5000 -> error(no_accept) end,
+    ok = couch_workers:job_remove(T, <<"j2">>),
     ok = couch_workers:worker_unregister(W).
 
 info_json_cannot_hold(#{type := T}) ->
@@ -311,10 +321,10 @@ nif_shape_checks(#{type := T}) ->
     R = make_ref(),
     Job = #{type => T, id => <<"j">>, worker => <<"w">>, token => <<0:128>>},
     %% The reference must be a reference; every shape is checked.
-    ?assertError(badarg, couch_workers_nif:job_add(not_ref, T, <<"j">>, #{}, 0)),
+    ?assertError(badarg, couch_workers_nif:job_add(not_ref, T, <<"j">>, #{}, ?OPTS(0))),
     ?assertError(badarg, couch_workers_nif:job_add(R, T, <<"j">>, #{}, 1.0)),
-    ?assertError(badarg, couch_workers_nif:job_add(R, T, <<"j">>, [], 0)),
-    ?assertError(badarg, couch_workers_nif:job_add_many(R, T, [{<<"j">>, #{}, 1.0}])),
+    ?assertError(badarg, couch_workers_nif:job_add(R, T, <<"j">>, [], ?OPTS(0))),
+    ?assertError(badarg, couch_workers_nif:job_add_many(R, T, [{<<"j">>, #{}, {1.0, undefined, undefined, undefined}}])),
     ?assertError(badarg, couch_workers_nif:job_add_many(R, T, [{<<"j">>, #{}}])),
     ?assertError(badarg, couch_workers_nif:job_accept(R, T, <<"w">>, -1)),
     ?assertError(badarg, couch_workers_nif:job_accept(R, T, <<"w">>, 1 bsl 64)),
@@ -332,8 +342,8 @@ nif_shape_checks(#{type := T}) ->
     %% No answer was ever sent for R.
     ?assertEqual({error, timeout}, couch_workers_nif:wait(R, 100)),
     %% Value errors answer at once, with nothing sent later.
-    ?assertEqual({error, invalid_priority}, couch_workers_nif:job_add(R, T, <<"j">>, #{}, 1 bsl 63)),
-    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add(R, T, <<"j">>, #{t => {}}, 0)),
+    ?assertEqual({error, invalid_priority}, couch_workers_nif:job_add(R, T, <<"j">>, #{}, ?OPTS(1 bsl 63))),
+    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add(R, T, <<"j">>, #{t => {}}, ?OPTS(0))),
     ?assertEqual({error, timeout}, couch_workers_nif:wait(R, 100)),
     assert_nothing_written(T).
 
@@ -348,25 +358,25 @@ big_terms_take_the_dirty_twins(#{type := T}) ->
     BadEarly = #{<<"l">> => [{} | lists:seq(1, 5000)]},
     LongBin = #{<<"b">> => binary:copy(<<"b">>, 50000)},
     Job = #{type => T, id => <<"j">>, worker => <<"w">>, token => <<0:128>>},
-    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, Big, 0)),
-    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, LongBin, 0)),
-    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, BadLate, 0)),
+    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, Big, ?OPTS(0))),
+    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, LongBin, ?OPTS(0))),
+    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, BadLate, ?OPTS(0))),
     ?assertEqual(dirty, couch_workers_nif:job_update(R, Job, Big)),
     ?assertEqual(dirty, couch_workers_nif:job_finish(R, Job, Big)),
     ?assertEqual(dirty, couch_workers_nif:worker_register(R, T, <<"w">>, Big)),
-    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add(R, T, <<"j">>, BadEarly, 0)),
-    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add_dirty(R, T, <<"j">>, BadLate, 0)),
-    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add_dirty(R, T, <<"j">>, BadEarly, 0)),
+    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add(R, T, <<"j">>, BadEarly, ?OPTS(0))),
+    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add_dirty(R, T, <<"j">>, BadLate, ?OPTS(0))),
+    ?assertEqual({error, invalid_info}, couch_workers_nif:job_add_dirty(R, T, <<"j">>, BadEarly, ?OPTS(0))),
     %% Shapes first, on both.
-    ?assertError(badarg, couch_workers_nif:job_add(not_ref, T, <<"j">>, Big, 0)),
-    ?assertError(badarg, couch_workers_nif:job_add_dirty(not_ref, T, <<"j">>, Big, 0)),
+    ?assertError(badarg, couch_workers_nif:job_add(not_ref, T, <<"j">>, Big, ?OPTS(0))),
+    ?assertError(badarg, couch_workers_nif:job_add_dirty(not_ref, T, <<"j">>, Big, ?OPTS(0))),
     ?assertError(badarg, couch_workers_nif:job_update_dirty(R, maps:remove(token, Job), Big)),
     ?assertError(badarg, couch_workers_nif:job_finish_dirty(R, Job, not_map)),
     ?assertError(badarg, couch_workers_nif:worker_register_dirty(R, T, 1, Big)),
-    ?assertError(badarg, couch_workers_nif:budgeted(job_add, [R, T, 1, Big, 0])),
+    ?assertError(badarg, couch_workers_nif:budgeted(job_add, [R, T, 1, Big, ?OPTS(0)])),
     %% Value errors, through budgeted/2 (as couch_workers calls them).
-    ?assertEqual({error, invalid_priority}, couch_workers_nif:budgeted(job_add, [R, T, <<"j">>, Big, 1 bsl 63])),
-    ?assertEqual({error, invalid_info}, couch_workers_nif:budgeted(job_add, [R, T, <<"j">>, BadLate, 0])),
+    ?assertEqual({error, invalid_priority}, couch_workers_nif:budgeted(job_add, [R, T, <<"j">>, Big, ?OPTS(1 bsl 63)])),
+    ?assertEqual({error, invalid_info}, couch_workers_nif:budgeted(job_add, [R, T, <<"j">>, BadLate, ?OPTS(0)])),
     ?assertEqual({error, invalid_result}, couch_workers_nif:budgeted(job_finish, [R, Job, BadLate])),
     ?assertEqual({error, invalid_options}, couch_workers_nif:budgeted(worker_register, [R, T, <<"w">>, BadLate])),
     ?assertEqual(
@@ -374,8 +384,8 @@ big_terms_take_the_dirty_twins(#{type := T}) ->
         couch_workers_nif:budgeted(worker_register, [R, T, <<"w">>, Big#{timeout => 0}])
     ),
     TooLarge = #{<<"l">> => lists:duplicate(60000, 0)},
-    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, TooLarge, 0)),
-    ?assertEqual({error, value_too_large}, couch_workers_nif:job_add_dirty(R, T, <<"j">>, TooLarge, 0)),
+    ?assertEqual(dirty, couch_workers_nif:job_add(R, T, <<"j">>, TooLarge, ?OPTS(0))),
+    ?assertEqual({error, value_too_large}, couch_workers_nif:job_add_dirty(R, T, <<"j">>, TooLarge, ?OPTS(0))),
     ?assertEqual({error, value_too_large}, couch_workers:job_add(T, <<"j">>, TooLarge, #{})),
     %% Nothing was sent for R, nothing written.
     ?assertEqual({error, timeout}, couch_workers_nif:wait(R, 100)),

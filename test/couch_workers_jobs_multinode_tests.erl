@@ -4,13 +4,15 @@
 %% Node A is this EUnit VM; node B is a peer started with OTP's `peer'
 %% over its standard I/O (see couch_workers_multinode_tests). A job added
 %% on one node is pushed to an acceptor waiting on the other; `kill -9' of
-%% B while its worker runs jobs sends them back to pending (attempts kept)
-%% once A's reaper finds the worker dead, and A's workers finish them.
+%% B while its worker runs jobs fails them with `worker_lost' once A's
+%% reaper finds the worker dead: back to pending while attempts are left
+%% (A's workers finish them), else `failed'. A pause made on A holds B's
+%% acceptors; the resume wakes them at once.
 -module(couch_workers_jobs_multinode_tests).
 
 -include("couch_workers_test.hrl").
 
--import(couch_workers_test_util, [unique_type/1, register_worker/3, wait_job/3]).
+-import(couch_workers_test_util, [register_worker/3, wait_job/3]).
 
 %% Run on the peer (through peer:call/4).
 -export([peer_worker/4, peer_accept_blocking/3]).
@@ -23,7 +25,9 @@ jobs_multinode_test_() ->
         "jmn",
         [
             ?TDEF_FE(job_added_here_is_pushed_to_peer_acceptor, 30),
-            ?TDEF_FE(kill_9_of_peer_sends_its_jobs_back_to_pending, 30)
+            ?TDEF_FE(kill_9_of_peer_sends_its_jobs_back_to_pending, 30),
+            ?TDEF_FE(kill_9_spends_an_attempt_and_ends_in_worker_lost, 30),
+            ?TDEF_FE(pause_here_stops_acceptors_there_and_resume_wakes_them, 40)
         ]
     ).
 
@@ -106,6 +110,61 @@ kill_9_of_peer_sends_its_jobs_back_to_pending(#{peer := Peer, os_pid := OsPid, t
     ?assertEqual(0, couch_workers:job_pending_count(T)),
     [ok = couch_workers:job_unsubscribe(S) || {_, S} <- Subs],
     ok = couch_workers:worker_unregister(W).
+
+%% A death spends an attempt (DESIGN.md): a job that kills every node it
+%% runs on ends `failed' with `worker_lost' instead of cycling forever.
+kill_9_spends_an_attempt_and_ends_in_worker_lost(#{peer := Peer, os_pid := OsPid, type := T}) ->
+    TimeoutS = 2,
+    ok = couch_workers:job_add(T, <<"last">>, #{}, #{max_attempts => 1}),
+    ok = couch_workers:job_add(T, <<"more">>, #{}, #{max_attempts => 2}),
+    {ok, SL, _} = couch_workers:job_subscribe(T, <<"last">>, self()),
+    {ok, SM, _} = couch_workers:job_subscribe(T, <<"more">>, self()),
+    ?assertEqual({ok, [<<"last">>, <<"more">>]}, peer:call(Peer, ?MODULE, peer_worker, [T, <<"b1">>, TimeoutS, 2], ?PEER_TIMEOUT)),
+    wait_job(SL, fun(#{state := St}) -> St =:= running end, 5000),
+    wait_job(SM, fun(#{state := St}) -> St =:= running end, 5000),
+    "" = os:cmd("kill -9 " ++ OsPid),
+    Lost = #{<<"reason">> => <<"worker_lost">>},
+    ?assertMatch(
+        #{state := failed, attempts := 1, error := Lost, worker := null},
+        wait_job(SL, fun(#{state := St}) -> St =/= running end, (TimeoutS + 5) * 1000)
+    ),
+    ?assertMatch(
+        #{state := pending, attempts := 1, error := Lost},
+        wait_job(SM, fun(#{state := St}) -> St =/= running end, (TimeoutS + 5) * 1000)
+    ),
+    ?assertMatch(#{failed := 1, pending := 1, running := 0}, couch_workers:job_counts(T)),
+    [ok = couch_workers:job_unsubscribe(S) || S <- [SL, SM]].
+
+%% The pause is cluster-wide: paused here, the peer's acceptor waits past
+%% a pending job; resumed here, it gets the job at once.
+pause_here_stops_acceptors_there_and_resume_wakes_them(#{peer := Peer, type := T}) ->
+    ok = couch_workers:job_pause(T),
+    ok = couch_workers:job_pause(T),
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    ?assertEqual({error, not_found}, peer:call(Peer, ?MODULE, peer_accept_blocking, [T, <<"b1">>, 1500], ?PEER_TIMEOUT)),
+    %% Adds, cancels and removes still work while paused.
+    ok = couch_workers:job_add(T, <<"j2">>, #{}, #{}),
+    ok = couch_workers:job_cancel(T, <<"j2">>),
+    ok = couch_workers:job_remove(T, <<"j2">>),
+    ?assertEqual(1, couch_workers:job_pending_count(T)),
+    Self = self(),
+    Waiter = spawn_link(fun() ->
+        Self ! {peer_got, peer:call(Peer, ?MODULE, peer_accept_blocking, [T, <<"b2">>, 20000], 25000)}
+    end),
+    timer:sleep(1500),
+    T0 = erlang:monotonic_time(millisecond),
+    ok = couch_workers:job_resume(T),
+    Got =
+        receive
+            {peer_got, R} -> R
+        after 25000 -> error(peer_accept_timeout)
+        end,
+    Elapsed = erlang:monotonic_time(millisecond) - T0,
+    ?assertEqual({ok, <<"j1">>, <<"b2">>, 1}, Got),
+    %% Woken by the resume's bump, not by the end of its 20 s wait.
+    ?assert(Elapsed < 5000),
+    ok = couch_workers:job_resume(T),
+    unlink(Waiter).
 
 %% ---- run on the peer -----------------------------------------------------
 

@@ -3,7 +3,9 @@
 %%
 %% Each sequence draws calls of register, unregister, owner exits (kill
 %% and normal), membership subscribe/unsubscribe, job add/add_many,
-%% accept (timeout 0), update, finish, cancel, remove, and bad inputs of
+%% accept (timeout 0), update, finish, fail (no retry, or retried at
+%% once), release, resubmit (with priority and max_attempts, in every
+%% state), cancel, remove, and bad inputs of
 %% every kind (wrong types, maps JSON cannot hold, unknown and stale
 %% references, forged and cross-type handles, keys and values over the
 %% limits), and checks after every call, against a simple model:
@@ -11,8 +13,9 @@
 %% * the call's result is the model's;
 %% * every job of the sequence's types and ids (`job_get' of each) is in
 %%   exactly the model's state, with its worker, priority, info, result,
-%%   attempts and cancel request; every other id is `not_found';
-%% * the pending count of each type is the model's;
+%%   error, attempts, max_attempts and cancel request; every other id is
+%%   `not_found';
+%% * the pending count and `job_counts/1' of each type are the model's;
 %% * no running job (as `job_get' says) without a live registered owner:
 %%   its worker is registered on this node (the registration table) and
 %%   the owner process is alive;
@@ -67,6 +70,9 @@
     finish/2,
     cancel/2,
     remove/2,
+    fail/3,
+    release/1,
+    resubmit/5,
     bad/3
 ]).
 %% For scripts/proper_long.sh.
@@ -149,7 +155,7 @@
 %% ---- the model -------------------------------------------------------------
 
 -record(job, {
-    state = pending :: pending | running | finished | canceled,
+    state = pending :: pending | running | finished | canceled | failed,
     worker = null :: null | binary(),
     prio = 0 :: integer(),
     info = 0 :: non_neg_integer(),
@@ -159,7 +165,12 @@
     %% FIFO position while pending: {transaction counter, index in it}
     seq = undefined :: undefined | {non_neg_integer(), non_neg_integer()},
     %% the accept (handle number) that holds it while running
-    acc = undefined :: undefined | pos_integer()
+    acc = undefined :: undefined | pos_integer(),
+    max = 20 :: pos_integer(),
+    %% the info number of the last failure's error
+    error = null :: null | non_neg_integer(),
+    %% a resubmission waiting for the end of the run: {Info, Prio, Max}
+    resub = undefined :: undefined | {non_neg_integer(), integer(), pos_integer()}
 }).
 
 -record(m, {
@@ -200,6 +211,7 @@ command(M) ->
             {2, {call, ?MODULE, accept, [AnyWorker]}},
             {2, {call, ?MODULE, cancel, [Type, Id]}},
             {2, {call, ?MODULE, remove, [Type, Id]}},
+            {3, {call, ?MODULE, resubmit, [Type, Id, Info, Prio, proper_types:oneof([1, 2, 20])]}},
             {4, {call, ?MODULE, bad, [proper_types:oneof(?BAD), Type, proper_types:oneof([0 | Handles])]}}
         ] ++
             [{3, {call, ?MODULE, unregister, [proper_types:oneof(Registered)]}} || Registered =/= []] ++
@@ -207,7 +219,9 @@ command(M) ->
             [{1, {call, ?MODULE, owner_exit, [proper_types:oneof(Exitable), proper_types:oneof([kill, normal])]}} || Exitable =/= []] ++
             [{1, {call, ?MODULE, unsubscribe, [proper_types:oneof(Subscribed)]}} || Subscribed =/= []] ++
             [{5, {call, ?MODULE, update, [proper_types:oneof(Handles), Info]}} || Handles =/= []] ++
-            [{5, {call, ?MODULE, finish, [proper_types:oneof(Handles), Info]}} || Handles =/= []]
+            [{5, {call, ?MODULE, finish, [proper_types:oneof(Handles), Info]}} || Handles =/= []] ++
+            [{3, {call, ?MODULE, fail, [proper_types:oneof(Handles), Info, proper_types:oneof([false, 0])]}} || Handles =/= []] ++
+            [{2, {call, ?MODULE, release, [proper_types:oneof(Handles)]}} || Handles =/= []]
     ).
 
 precondition(M, {call, _, owner_exit, [O, _]}) ->
@@ -217,6 +231,10 @@ precondition(M, {call, _, unsubscribe, [T]}) ->
 precondition(M, {call, _, update, [N, _]}) ->
     lists:keymember(N, 1, M#m.handles);
 precondition(M, {call, _, finish, [N, _]}) ->
+    lists:keymember(N, 1, M#m.handles);
+precondition(M, {call, _, fail, [N, _, _]}) ->
+    lists:keymember(N, 1, M#m.handles);
+precondition(M, {call, _, release, [N]}) ->
     lists:keymember(N, 1, M#m.handles);
 precondition(M, {call, _, bad, [_, _, N]}) ->
     N =:= 0 orelse lists:keymember(N, 1, M#m.handles);
@@ -302,7 +320,11 @@ next_state(M, _Res, {call, _, accept, [{T, W} = K]}) ->
 next_state(M, _Res, {call, _, update, [N, I]}) ->
     case handle_status(M, N) of
         {current, Key, #job{cancel_req = true} = Job} ->
-            M#m{jobs = maps:put(Key, Job#job{state = canceled, worker = null, cancel_req = false, acc = undefined}, M#m.jobs)};
+            M#m{
+                jobs = maps:put(
+                    Key, Job#job{state = canceled, worker = null, cancel_req = false, acc = undefined, resub = undefined}, M#m.jobs
+                )
+            };
         {current, Key, Job} ->
             M#m{jobs = maps:put(Key, Job#job{info = I}, M#m.jobs)};
         _ ->
@@ -312,16 +334,53 @@ next_state(M, _Res, {call, _, finish, [N, R]}) ->
     case handle_status(M, N) of
         {current, Key, Job} ->
             Done = Job#job{state = finished, worker = null, result = R, cancel_req = false, acc = undefined},
-            M#m{jobs = maps:put(Key, Done, M#m.jobs)};
+            end_run(M, Key, Done, Job#job.resub);
         _ ->
             M
+    end;
+next_state(M, _Res, {call, _, fail, [N, E, Retry]}) ->
+    case handle_status(M, N) of
+        {current, Key, #job{attempts = A, max = Max, cancel_req = Cancel} = Job} ->
+            Left = Retry =:= 0 andalso A < Max,
+            Ended = Job#job{worker = null, error = E, cancel_req = false, acc = undefined},
+            case {Left, Cancel} of
+                {true, true} -> end_run(M, Key, Ended#job{state = canceled}, undefined);
+                {true, false} -> end_run(M, Key, Ended#job{state = pending}, Job#job.resub);
+                {false, _} -> end_run(M, Key, Ended#job{state = failed}, Job#job.resub)
+            end;
+        _ ->
+            M
+    end;
+next_state(M, _Res, {call, _, release, [N]}) ->
+    case handle_status(M, N) of
+        {current, Key, #job{cancel_req = true} = Job} ->
+            end_run(M, Key, Job#job{state = canceled, worker = null, cancel_req = false, acc = undefined, max = Job#job.max + 1}, undefined);
+        {current, Key, Job} ->
+            end_run(M, Key, Job#job{state = pending, worker = null, acc = undefined, max = Job#job.max + 1}, Job#job.resub);
+        _ ->
+            M
+    end;
+next_state(M, _Res, {call, _, resubmit, [T, J, I, P, Max]}) ->
+    C = M#m.counter,
+    case maps:find({T, J}, M#m.jobs) of
+        error ->
+            Job = #job{prio = P, info = I, seq = {C, 0}, max = Max},
+            M#m{jobs = maps:put({T, J}, Job, M#m.jobs), counter = C + 1};
+        {ok, #job{state = running} = Job} ->
+            M#m{jobs = maps:put({T, J}, Job#job{resub = {I, P, Max}}, M#m.jobs)};
+        {ok, #job{state = pending} = Job} ->
+            Job1 = Job#job{info = I, prio = P, max = Max, seq = {C, 0}},
+            M#m{jobs = maps:put({T, J}, Job1, M#m.jobs), counter = C + 1};
+        {ok, Job} ->
+            Job1 = Job#job{state = pending, info = I, prio = P, max = Max, attempts = 0, error = null, seq = {C, 0}},
+            M#m{jobs = maps:put({T, J}, Job1, M#m.jobs), counter = C + 1}
     end;
 next_state(M, _Res, {call, _, cancel, [T, J]}) ->
     case maps:find({T, J}, M#m.jobs) of
         {ok, #job{state = pending} = Job} ->
             M#m{jobs = maps:put({T, J}, Job#job{state = canceled, seq = undefined}, M#m.jobs)};
         {ok, #job{state = running} = Job} ->
-            M#m{jobs = maps:put({T, J}, Job#job{cancel_req = true}, M#m.jobs)};
+            M#m{jobs = maps:put({T, J}, Job#job{cancel_req = true, resub = undefined}, M#m.jobs)};
         _ ->
             M
     end;
@@ -330,9 +389,25 @@ next_state(M, _Res, {call, _, remove, [T, J]}) ->
 next_state(M, _Res, {call, _, bad, _}) ->
     M.
 
-%% A worker leaves: its running jobs go back to pending in one
-%% transaction, in job id order (canceled instead if a cancel was
-%% requested); attempts are kept.
+%% A run ends as `Job' says (its state already set); a resubmission made
+%% while it ran (`Resub') queues it again instead, with attempts 0 and no
+%% error. A job that becomes pending takes the next FIFO position.
+end_run(M, Key, Job, undefined) ->
+    queue(M, Key, Job#job{resub = undefined});
+end_run(M, Key, #job{state = canceled} = Job, _Resub) ->
+    queue(M, Key, Job#job{resub = undefined});
+end_run(M, Key, Job, {I, P, Max}) ->
+    queue(M, Key, Job#job{state = pending, info = I, prio = P, max = Max, attempts = 0, error = null, resub = undefined}).
+
+queue(M, Key, #job{state = pending} = Job) ->
+    C = M#m.counter,
+    M#m{jobs = maps:put(Key, Job#job{seq = {C, 0}}, M#m.jobs), counter = C + 1};
+queue(M, Key, Job) ->
+    M#m{jobs = maps:put(Key, Job#job{seq = undefined}, M#m.jobs)}.
+
+%% A worker leaves: its running jobs are released in one transaction, in
+%% job id order (canceled instead if a cancel was requested; queued with
+%% its resubmission if one waits); attempts are kept, max_attempts + 1.
 remove_worker(M, {T, _W} = K) ->
     case maps:is_key(K, M#m.workers) of
         false ->
@@ -341,11 +416,19 @@ remove_worker(M, {T, _W} = K) ->
             C = M#m.counter,
             {Jobs, _} = lists:foldl(
                 fun(J, {Js, Ix}) ->
-                    Job = maps:get({T, J}, Js),
+                    Job0 = maps:get({T, J}, Js),
+                    Job = Job0#job{max = Job0#job.max + 1},
                     Job1 =
-                        case Job#job.cancel_req of
-                            true -> Job#job{state = canceled, worker = null, cancel_req = false, acc = undefined};
-                            false -> Job#job{state = pending, worker = null, seq = {C, Ix}, acc = undefined}
+                        case {Job#job.cancel_req, Job#job.resub} of
+                            {true, _} ->
+                                Job#job{state = canceled, worker = null, cancel_req = false, acc = undefined, resub = undefined};
+                            {false, undefined} ->
+                                Job#job{state = pending, worker = null, seq = {C, Ix}, acc = undefined};
+                            {false, {I, P, Max}} ->
+                                Job#job{
+                                    state = pending, worker = null, seq = {C, Ix}, acc = undefined, info = I, prio = P,
+                                    max = Max, attempts = 0, error = null, resub = undefined
+                                }
                         end,
                     {maps:put({T, J}, Job1, Js), Ix + 1}
                 end,
@@ -436,10 +519,12 @@ expected(M, {call, _, accept, [{T, W} = K]}, Res) ->
         none ->
             Res =:= {error, not_found};
         {ok, J} ->
-            #job{prio = P, info = I, attempts = A} = maps:get({T, J}, M#m.jobs),
+            #job{prio = P, info = I, attempts = A, result = R0} = maps:get({T, J}, M#m.jobs),
+            %% A job run again keeps the result of its last finish.
+            Result = case R0 of null -> null; _ -> info(R0) end,
             case Res of
                 {ok, #{type := TB, id := J, state := running, worker := W, priority := P, info := Info, attempts := A1,
-                        result := null, cancel_requested := false}} ->
+                        result := Result, cancel_requested := false}} ->
                     TB =:= tbin(T) andalso Info =:= info(I) andalso A1 =:= A + 1;
                 _ ->
                     false
@@ -462,6 +547,18 @@ expected(M, {call, _, finish, [N, _]}, Res) ->
         {current, _, _} -> Res =:= ok;
         Error -> Res =:= {error, Error}
     end;
+expected(M, {call, _, fail, [N, _, _]}, Res) ->
+    case handle_status(M, N) of
+        {current, _, _} -> Res =:= ok;
+        Error -> Res =:= {error, Error}
+    end;
+expected(M, {call, _, release, [N]}, Res) ->
+    case handle_status(M, N) of
+        {current, _, _} -> Res =:= ok;
+        Error -> Res =:= {error, Error}
+    end;
+expected(_M, {call, _, resubmit, _}, Res) ->
+    Res =:= ok;
 expected(M, {call, _, cancel, [T, J]}, Res) ->
     case maps:is_key({T, J}, M#m.jobs) of
         true -> Res =:= ok;
@@ -576,6 +673,18 @@ check_world(M) ->
         )
      || T <- ?TYPES
     ],
+    [
+        check(
+            {job_counts, T},
+            lists:foldl(
+                fun(#job{state = S}, Acc) -> maps:update_with(S, fun(N) -> N + 1 end, Acc) end,
+                #{scheduled => 0, pending => 0, running => 0, finished => 0, canceled => 0, failed => 0},
+                [Job || {{T1, _}, Job} <- maps:to_list(M#m.jobs), T1 =:= T]
+            ),
+            couch_workers:job_counts(tbin(T))
+        )
+     || T <- ?TYPES
+    ],
     %% No running job without a live registered owner.
     [check_owner(T, J, W) || {T, J, {ok, #{state := running, worker := W}}} <- Actual],
     check_membership(M),
@@ -597,7 +706,13 @@ check_job({ok, #job{} = Job}, T, J, Got) ->
                 R -> info(R)
             end,
         attempts => Job#job.attempts,
-        cancel_requested => Job#job.cancel_req
+        cancel_requested => Job#job.cancel_req,
+        max_attempts => Job#job.max,
+        error =>
+            case Job#job.error of
+                null -> null;
+                E -> info(E)
+            end
     },
     case Got of
         {ok, #{} = Map} -> check({job, T, J}, Want, maps:with(maps:keys(Want), Map));
@@ -776,6 +891,17 @@ cancel(T, J) ->
 
 remove(T, J) ->
     couch_workers:job_remove(tbin(T), J).
+
+fail(N, E, false) ->
+    couch_workers:job_fail(get({handle, N}), info(E), #{retry => false});
+fail(N, E, Delay) ->
+    couch_workers:job_fail(get({handle, N}), info(E), #{delay => Delay}).
+
+release(N) ->
+    couch_workers:job_release(get({handle, N}), #{}).
+
+resubmit(T, J, I, P, Max) ->
+    couch_workers:job_resubmit(tbin(T), J, info(I), #{priority => P, max_attempts => Max}).
 
 bad(Kind, T, N) ->
     try

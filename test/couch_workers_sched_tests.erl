@@ -70,6 +70,9 @@
 
 -include("couch_workers_test.hrl").
 
+%% The NIF's options tuple with only a priority.
+-define(OPTS(P), {P, undefined, undefined, undefined}).
+
 -import(couch_workers_test_util, [unique_type/1]).
 
 -export([terms/1]).
@@ -83,7 +86,8 @@
 %% NIFs declared `schedule = "DirtyCpu"': they leave the normal
 %% schedulers, so their time is not measured here.
 -define(DIRTY_NIFS, [
-    {job_add_many, 3}, {worker_register_dirty, 4}, {job_add_dirty, 5}, {job_update_dirty, 3}, {job_finish_dirty, 3}
+    {job_add_many, 3}, {worker_register_dirty, 4}, {job_add_dirty, 5}, {job_update_dirty, 3}, {job_finish_dirty, 3},
+    {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}
 ]).
 %% Lifecycle and test hooks: no stored term passes through them.
 -define(UNMEASURED_NIFS, [{start, 2}, {stop, 1}, {set_log_pid, 1}, {test_panic, 1}]).
@@ -201,6 +205,7 @@ measured_nifs() ->
         {worker_register, 4},
         {worker_unregister, 2},
         {worker_notify, 3},
+        {worker_remove_dead, 2},
         {membership_watch, 2},
         {membership_unwatch, 1},
         {job_add, 5},
@@ -213,7 +218,15 @@ measured_nifs() ->
         {job_finish, 3},
         {job_cancel, 3},
         {job_pending_count, 2},
-        {job_remove, 3}
+        {job_remove, 3},
+        {job_resubmit, 6},
+        {job_counts, 2},
+        {job_types, 1},
+        {job_list, 5},
+        {job_release, 4},
+        {job_fail, 4},
+        {job_set_paused, 3},
+        {job_remove_if, 4}
     ].
 
 %% Runs the iterations in a fresh process (its heap holds only the terms
@@ -259,6 +272,8 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     {ok, Reg} = call(worker_register, Name, [T, Id, Info]),
     ok = sync(worker_notify, Name, [Reg, self(), make_ref()]),
     ok = call(worker_unregister, Name, [Reg]),
+    {ok, Reg2} = call(worker_register, Name, [T, Id, Info]),
+    ok = call(worker_remove_dead, Name, [Reg2]),
     {error, value_too_large} = call(worker_register, too_large, [T, <<"huge">>, TooLarge]),
     %% A membership holding it.
     {Name, MT, _} = lists:keyfind(Name, 1, Members),
@@ -272,8 +287,8 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     %% A job with this info: added, read, subscribed to (the reply holds
     %% the job), accepted (so does the handle), updated, finished with it
     %% as result (a small info first: the record holds both), removed.
-    ok = call(job_add, Name, [T, Id, Info, 0]),
-    {error, value_too_large} = call(job_add, too_large, [T, <<"huge">>, TooLarge, 0]),
+    ok = call(job_add, Name, [T, Id, Info, ?OPTS(0)]),
+    {error, value_too_large} = call(job_add, too_large, [T, <<"huge">>, TooLarge, ?OPTS(0)]),
     {ok, #{id := Id}} = call(job_get, Name, [T, Id]),
     {ok, Sub, #{id := Id}} = call(job_subscribe, Name, [T, Id, self(), make_ref()]),
     ok = sync(job_unsubscribe, Name, [Sub]),
@@ -286,7 +301,29 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     ok = call(job_finish, Name, [H2, Info]),
     %% Finished: a cancel changes nothing, but is a whole call.
     ok = call(job_cancel, Name, [T, Id]),
+    %% Removed, then resubmitted with this info (added again), counted,
+    %% listed (the page holds the job), released with the info, failed
+    %% with it as the error (with the info that is over the value limit:
+    %% the conversion is timed all the same), paused and resumed, removed
+    %% (a stale vs first).
+    ok = call(job_remove, Name, [T, Id]),
+    ok = call(job_resubmit, Name, [T, Id, Info, ?OPTS(undefined), undefined]),
+    {ok, #{pending := 1}} = call(job_counts, Name, [T]),
+    {ok, [_ | _]} = call(job_types, Name, []),
+    {ok, [#{id := Id}], _} = call(job_list, Name, [T, [pending], 10, undefined]),
+    {{ok, #{id := Id} = H3}, W3} = call(job_accept, small, [T, <<"w">>, 0]),
+    delivered = sync(job_accept_abandon, small, [W3]),
+    ok = call(job_release, Name, [H3, Info, ?OPTS(undefined)]),
+    {{ok, #{id := Id} = H4}, W4} = call(job_accept, small, [T, <<"w">>, 0]),
+    delivered = sync(job_accept_abandon, small, [W4]),
+    case call(job_fail, Name, [H4, Info, false]) of
+        ok -> ok;
+        {error, value_too_large} -> ok = call(job_fail, small, [H4, #{}, false])
+    end,
+    ok = call(job_set_paused, Name, [T, true]),
+    ok = call(job_set_paused, Name, [T, false]),
     {ok, 0} = call(job_pending_count, Name, [T]),
+    {error, changed} = call(job_remove_if, Name, [T, Id, <<0:96>>]),
     ok = call(job_remove, Name, [T, Id]),
     ok.
 
@@ -322,7 +359,10 @@ wait(Ref) ->
 dirty_twin(worker_register) -> worker_register_dirty;
 dirty_twin(job_add) -> job_add_dirty;
 dirty_twin(job_update) -> job_update_dirty;
-dirty_twin(job_finish) -> job_finish_dirty.
+dirty_twin(job_finish) -> job_finish_dirty;
+dirty_twin(job_fail) -> job_fail_dirty;
+dirty_twin(job_release) -> job_release_dirty;
+dirty_twin(job_resubmit) -> job_resubmit_dirty.
 
 %% The NIF's own time on this scheduler. The minor collection first: a
 %% collection that the VM runs right after the NIF (it does when the

@@ -9,7 +9,7 @@
 
 -export([main/1]).
 
--define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2t0", "J3", "J4", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1"]).
+-define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2t0", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1"]).
 %% Extra workloads, run only when named with --only.
 -define(EXTRA, ["sqlite_shapes"]).
 -define(CHILD_TIMEOUT_MS, 30 * 60 * 1000).
@@ -140,6 +140,10 @@ sizes("J2", true, _) -> #{jobs => 1000, workers => 8};
 sizes("J2", false, _) -> #{jobs => 20000, workers => 8};
 sizes("J2t0", true, _) -> #{jobs => 1000, workers => 8};
 sizes("J2t0", false, _) -> #{jobs => 20000, workers => 8};
+sizes("J2f", true, _) -> #{jobs => 1000, workers => 8};
+sizes("J2f", false, _) -> #{jobs => 20000, workers => 8};
+sizes("J5", true, _) -> #{jobs => 1000, spread_ms => 2000, workers => 8};
+sizes("J5", false, _) -> #{jobs => 10000, spread_ms => 10000, workers => 8};
 sizes("J3", true, _) -> #{jobs => 100, interval_ms => 10};
 sizes("J3", false, _) -> #{jobs => 500, interval_ms => 10};
 sizes("J4", Smoke, #{j4_large := Large}) ->

@@ -14,7 +14,7 @@
 %% logger handler (captures the store's durability string)
 -export([log/2]).
 %% spawned
--export([j2_worker/5]).
+-export([j2_worker/5, j2f_worker/4, j5_worker/4]).
 
 -define(RESULT_TAG, "CWBENCH ").
 -define(PEER_TIMEOUT, 30000).
@@ -110,7 +110,9 @@ run(Workload, Params) ->
         'J1b' -> with_app(Params, fun j1b/1);
         'J2' -> with_app(Params, fun(P) -> j2(P, 'J2') end);
         'J2t0' -> with_app(Params, fun(P) -> j2(P#{accept_timeout_ms => 0}, 'J2t0') end);
+        'J2f' -> with_app(Params, fun j2f/1);
         'J3' -> with_app(Params, fun j3/1);
+        'J5' -> with_app(Params, fun j5/1);
         'J4' -> j4(Params);
         'M1' -> m1(Params);
         'M2' -> m2(Params);
@@ -209,6 +211,114 @@ j2_loop(Ref, AT, Count, Last) ->
             j2_loop(Ref, AT, Count + 1, now_us());
         {error, not_found} ->
             {Count, Last}
+    end.
+
+%% J2f: J2 where a tenth of the jobs fail their first run
+%% (`job_fail/3' with `delay => 0': pending again at once) and are
+%% retried, by any worker. Timed as J2, until every job is finished.
+j2f(P) ->
+    N = maps:get(jobs, P, 20000),
+    W = maps:get(workers, P, 8),
+    Type = <<"j2f">>,
+    ok = add_batches(Type, 1, N, 1000),
+    Self = self(),
+    Pids = [spawn_link(?MODULE, j2f_worker, [Self, Type, I, go]) || I <- lists:seq(1, W)],
+    [receive {ready, Pid} -> ok after 10000 -> error(worker_register_timeout) end || Pid <- Pids],
+    T0 = now_us(),
+    [Pid ! go || Pid <- Pids],
+    Done = [receive {done, Pid, C, F, Last} -> {C, F, Last} after 120000 -> error(j2f_timeout) end || Pid <- Pids],
+    Finished = lists:sum([C || {C, _, _} <- Done]),
+    Failed = lists:sum([F || {_, F, _} <- Done]),
+    Us = lists:max([L || {_, _, L} <- Done]) - T0,
+    #{finished := Fin} = couch_workers:job_counts(Type),
+    #{
+        workload => 'J2f',
+        jobs => Finished,
+        workers => W,
+        failed_runs => Failed,
+        finished_in_store => Fin,
+        seconds => Us / 1.0e6,
+        jobs_per_s => rate(Finished, Us),
+        runs_per_s => rate(Finished + Failed, Us)
+    }.
+
+j2f_worker(Parent, Type, I, go) ->
+    Ref = couch_workers:worker_register(Type, <<"w", (integer_to_binary(I))/binary>>, #{}, self()),
+    true = is_reference(Ref),
+    Parent ! {ready, self()},
+    receive go -> ok end,
+    {C, F, Last} = j2f_loop(Ref, 0, 0, now_us()),
+    Parent ! {done, self(), C, F, Last}.
+
+j2f_loop(Ref, C, F, Last) ->
+    case couch_workers:job_accept(Ref, #{timeout => 1000}) of
+        {ok, #{info := #{<<"n">> := Nth}, attempts := 1} = Job} when Nth rem 10 =:= 0 ->
+            ok = couch_workers:job_fail(Job, #{<<"reason">> => <<"bench">>}, #{delay => 0}),
+            j2f_loop(Ref, C, F + 1, now_us());
+        {ok, Job} ->
+            ok = couch_workers:job_finish(Job, #{}),
+            j2f_loop(Ref, C + 1, F, now_us());
+        {error, not_found} ->
+            {C, F, Last}
+    end.
+
+%% J5: N jobs scheduled at random times over `spread_ms' (starting 1 s
+%% after they are added), W workers waiting in job_accept. Lateness of
+%% each job: the wall clock when job_accept returns it less its run_at
+%% (kept in its info), in microseconds. A negative lateness is a job
+%% taken early (counted, must be 0).
+j5(P) ->
+    N = maps:get(jobs, P, 10000),
+    Spread = maps:get(spread_ms, P, 10000),
+    W = maps:get(workers, P, 8),
+    Type = <<"j5">>,
+    Start = os:system_time(millisecond) + 1000,
+    rand:seed(exsss, {5, 5, 5}),
+    Ats = [Start + rand:uniform(Spread) - 1 || _ <- lists:seq(1, N)],
+    j5_add(Type, lists:enumerate(Ats)),
+    #{scheduled := N} = couch_workers:job_counts(Type),
+    Self = self(),
+    Pids = [spawn_link(?MODULE, j5_worker, [Self, Type, I, go]) || I <- lists:seq(1, W)],
+    [receive {ready, Pid} -> ok after 10000 -> error(worker_register_timeout) end || Pid <- Pids],
+    [Pid ! go || Pid <- Pids],
+    Late = lists:append([receive {done, Pid, L} -> L after 120000 + Spread -> error(j5_timeout) end || Pid <- Pids]),
+    S = lists:sort(Late),
+    #{
+        workload => 'J5',
+        jobs => length(S),
+        workers => W,
+        spread_ms => Spread,
+        early => length([X || X <- S, X < 0]),
+        p50_ms => pct(S, 50) / 1000,
+        p99_ms => pct(S, 99) / 1000,
+        max_ms => lists:last(S) / 1000,
+        over_5ms => length([X || X <- S, X > 5000])
+    }.
+
+j5_add(_Type, []) ->
+    ok;
+j5_add(Type, Ats) ->
+    {Batch, Rest} = lists:split(min(500, length(Ats)), Ats),
+    ok = couch_workers:job_add_many(Type, [{job_id(I), #{<<"at">> => At}, #{run_at => At}} || {I, At} <- Batch]),
+    j5_add(Type, Rest).
+
+j5_worker(Parent, Type, I, go) ->
+    Ref = couch_workers:worker_register(Type, <<"w", (integer_to_binary(I))/binary>>, #{}, self()),
+    true = is_reference(Ref),
+    Parent ! {ready, self()},
+    receive go -> ok end,
+    Parent ! {done, self(), j5_loop(Ref, [])}.
+
+%% Waits up to 3 s for each next job: the jobs are spread over the whole
+%% run, so a gap that long means none is left.
+j5_loop(Ref, Acc) ->
+    case couch_workers:job_accept(Ref, #{timeout => 3000}) of
+        {ok, #{info := #{<<"at">> := At}} = Job} ->
+            Late = os:system_time(microsecond) - At * 1000,
+            ok = couch_workers:job_finish(Job, #{}),
+            j5_loop(Ref, [Late | Acc]);
+        {error, not_found} ->
+            Acc
     end.
 
 %% J3: one idle worker blocked in job_accept (timeout 5 s); a job added

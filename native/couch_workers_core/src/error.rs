@@ -18,6 +18,9 @@ pub enum Error {
     NotOwner,
     #[error("canceled")]
     Canceled,
+    /// A conditional write (`if_vs`) found the job changed or gone.
+    #[error("changed")]
+    Changed,
     /// Bad input that passed the NIF's shape checks (an empty worker id,
     /// a zero timeout, ...).
     #[error("invalid argument: {0}")]
@@ -34,6 +37,7 @@ impl Error {
             Error::AlreadyExists => "already_exists",
             Error::NotOwner => "not_owner",
             Error::Canceled => "canceled",
+            Error::Changed => "changed",
             Error::Invalid(what) => what,
             Error::Store(e) => e.name(),
         }

@@ -12,10 +12,15 @@
 //! ("couch_workers", "workers", WorkerType, "health", Worker)    = tuple (VS, TStamp, Timeout, Incarnation)
 //! ("couch_workers", "workers", WorkerType, "log", VS, Worker)   = tuple (1, "join" | "leave"): member-set changes, kept 60 s
 //! ("couch_workers", "workers", WorkerType, "log_floor")         = version (8 bytes BE) below which the log was trimmed
-//! ("couch_workers", "jobs", JobType, JobId)                      = job record, tuple (1, State, Worker, Priority, Attempts, Token, CancelRequested, VS, Info, Result)
+//! ("couch_workers", "jobs", JobType, JobId)                      = job record, tuple (2, State, Worker, Priority, ...; see jobs/record.rs)
 //! ("couch_workers", "pending", JobType, Priority, VS, JobId)     = ""
+//! ("couch_workers", "scheduled", JobType, RunAt, JobId)          = "": scheduled jobs by due time (Unix ms)
 //! ("couch_workers", "active", WorkerType, Worker, JobId)         = tuple (1, AcceptVS)
-//! ("couch_workers", "counts", JobType, "pending")               = little-endian i64, atomic adds
+//! ("couch_workers", "counts", JobType, State)                    = little-endian i64, atomic adds: jobs in that state
+//! ("couch_workers", "by_state", JobType, State, JobId)           = "": the per-state index job_list pages through
+//! ("couch_workers", "types", JobType)                            = little-endian i64, atomic adds: jobs of the type
+//! ("couch_workers", "expiry", ExpireAt, JobType, JobId)          = "": ended jobs by the Unix ms they are pruned at
+//! ("couch_workers", "paused", JobType)                           = "": the type is paused
 //! ("couch_workers", "jobs_vs", JobType)                          = VS of the last pending change (dispatchers watch it)
 //! ("couch_workers", "orphans", WorkerType, Worker)               = tuple (RemovalVS): running jobs left for the sweeper
 //! ("couch_workers", "orphans_vs")                                = VS of the last orphan marker written (sweepers watch it)
@@ -57,6 +62,11 @@ const JOBS: &[u8] = b"jobs";
 const PENDING: &[u8] = b"pending";
 const ACTIVE: &[u8] = b"active";
 const COUNTS: &[u8] = b"counts";
+const SCHEDULED: &[u8] = b"scheduled";
+const BY_STATE: &[u8] = b"by_state";
+const TYPES: &[u8] = b"types";
+const EXPIRY: &[u8] = b"expiry";
+const PAUSED: &[u8] = b"paused";
 const JOBS_VS: &[u8] = b"jobs_vs";
 const ORPHANS: &[u8] = b"orphans";
 const ORPHANS_VS: &[u8] = b"orphans_vs";
@@ -346,7 +356,115 @@ impl Keyspace {
 
     /// `("couch_workers", "counts", JobType, "pending")`: exact pending count.
     pub fn pending_count(&self, job_type: &[u8]) -> Vec<u8> {
-        self.root.pack(&(b(COUNTS), b(job_type), b(PENDING)))
+        self.state_count(job_type, PENDING)
+    }
+
+    /// `("couch_workers", "counts", JobType, State)`: how many jobs of the
+    /// type are in `state` (a state name), kept by atomic adds in every
+    /// transaction that moves a job.
+    pub fn state_count(&self, job_type: &[u8], state: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(COUNTS), b(job_type), b(state)))
+    }
+
+    /// `("couch_workers", "scheduled", JobType, RunAt, JobId)`: a scheduled
+    /// job, by the Unix ms it falls due.
+    pub fn scheduled(&self, job_type: &[u8], run_at: i64, job_id: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(SCHEDULED), b(job_type), run_at, b(job_id)))
+    }
+
+    /// Every scheduled key of one type, earliest first.
+    pub fn scheduled_range(&self, job_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(SCHEDULED), b(job_type))))
+    }
+
+    /// The first scheduled key of the type due after `run_at`: the keys
+    /// before it (from the range's start) are due at or before `run_at`.
+    pub fn scheduled_after(&self, job_type: &[u8], run_at: i64) -> Vec<u8> {
+        match run_at.checked_add(1) {
+            Some(next) => self.root.pack(&(b(SCHEDULED), b(job_type), next)),
+            None => self.scheduled_range(job_type).1,
+        }
+    }
+
+    /// Decodes a scheduled key: `(run_at, job id)`.
+    pub fn parse_scheduled(&self, job_type: &[u8], key: &[u8]) -> Option<(i64, Vec<u8>)> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (s, t, at, id) = unpack::<(Bytes, Bytes, i64, Bytes)>(rest).ok()?;
+        (&*s == SCHEDULED && &*t == job_type).then(|| (at, id.into_owned()))
+    }
+
+    /// `("couch_workers", "by_state", JobType, State, JobId)`: the index
+    /// of one state's jobs in id order.
+    pub fn by_state(&self, job_type: &[u8], state: &[u8], job_id: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(BY_STATE), b(job_type), b(state), b(job_id)))
+    }
+
+    /// Every index key of one state of a type.
+    pub fn by_state_range(&self, job_type: &[u8], state: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(BY_STATE), b(job_type), b(state))))
+    }
+
+    /// Decodes an index key's job id.
+    pub fn parse_by_state(&self, job_type: &[u8], state: &[u8], key: &[u8]) -> Option<Vec<u8>> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (i, t, s, id) = unpack::<(Bytes, Bytes, Bytes, Bytes)>(rest).ok()?;
+        (&*i == BY_STATE && &*t == job_type && &*s == state).then(|| id.into_owned())
+    }
+
+    /// Decodes a job record key's id.
+    pub fn parse_job(&self, job_type: &[u8], key: &[u8]) -> Option<Vec<u8>> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (j, t, id) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
+        (&*j == JOBS && &*t == job_type).then(|| id.into_owned())
+    }
+
+    /// `("couch_workers", "types", JobType)`: how many jobs the type has.
+    pub fn job_type_count(&self, job_type: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(TYPES), b(job_type)))
+    }
+
+    /// Every job type count.
+    pub fn job_types_range(&self) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(TYPES),)))
+    }
+
+    /// Decodes a job type count's key.
+    pub fn parse_job_type(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (t, ty) = unpack::<(Bytes, Bytes)>(rest).ok()?;
+        (&*t == TYPES).then(|| ty.into_owned())
+    }
+
+    /// `("couch_workers", "expiry", ExpireAt, JobType, JobId)`: an ended
+    /// job to prune at `expire_at` (Unix ms).
+    pub fn expiry(&self, expire_at: i64, job_type: &[u8], job_id: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(EXPIRY), expire_at, b(job_type), b(job_id)))
+    }
+
+    /// Every expiry key, earliest first.
+    pub fn expiry_range(&self) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(EXPIRY),)))
+    }
+
+    /// The first expiry key after every one due at or before `at`.
+    pub fn expiry_after(&self, at: i64) -> Vec<u8> {
+        match at.checked_add(1) {
+            Some(next) => self.root.pack(&(b(EXPIRY), next)),
+            None => self.expiry_range().1,
+        }
+    }
+
+    /// Decodes an expiry key: `(expire_at, job type, job id)`.
+    pub fn parse_expiry(&self, key: &[u8]) -> Option<(i64, Vec<u8>, Vec<u8>)> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (e, at, t, id) = unpack::<(Bytes, i64, Bytes, Bytes)>(rest).ok()?;
+        (&*e == EXPIRY).then(|| (at, t.into_owned(), id.into_owned()))
+    }
+
+    /// `("couch_workers", "paused", JobType)`: present while the type is
+    /// paused.
+    pub fn paused(&self, job_type: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(PAUSED), b(job_type)))
     }
 
     /// `("couch_workers", "jobs_vs", JobType)`: bumped whenever a job of the

@@ -195,7 +195,7 @@ impl Node {
             // `stop` began while the write was in flight: no heartbeat will
             // run, so take the worker out again rather than leave it for a
             // reaper to find.
-            let _ = self.remove_worker(&spec.worker_type, &spec.id, &incarnation).await;
+            let _ = self.remove_worker(&spec.worker_type, &spec.id, &incarnation, false).await;
             return Err(Error::Store(store::StoreError::Closed));
         }
         let spec = Arc::new(spec);
@@ -221,11 +221,23 @@ impl Node {
     /// registration of the same id is left alone, also when this runs long
     /// after it (a retry, the drop).
     pub async fn unregister_worker(&self, reg: &Registration) -> Result<(), Error> {
+        self.end_registration(reg, false).await
+    }
+
+    /// As [`Node::unregister_worker`], for a registration whose owner died
+    /// (its pid exited): a death, so its running jobs fail with
+    /// `worker_lost` and spend an attempt (DESIGN.md), where an unregister
+    /// releases them.
+    pub async fn worker_died(&self, reg: &Registration) -> Result<(), Error> {
+        self.end_registration(reg, true).await
+    }
+
+    async fn end_registration(&self, reg: &Registration, died: bool) -> Result<(), Error> {
         reg.cancel.cancel();
         if reg.removed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        let result = self.remove_worker(&reg.spec.worker_type, &reg.spec.id, &reg.incarnation).await;
+        let result = self.remove_worker(&reg.spec.worker_type, &reg.spec.id, &reg.incarnation, died).await;
         if result.is_err() {
             // Let a later unregister (or the drop) try again.
             reg.removed.store(false, Ordering::SeqCst);
@@ -233,10 +245,14 @@ impl Node {
         result
     }
 
-    async fn remove_worker(&self, worker_type: &[u8], id: &[u8], incarnation: &Incarnation) -> Result<(), Error> {
+    async fn remove_worker(&self, worker_type: &[u8], id: &[u8], incarnation: &Incarnation, died: bool) -> Result<(), Error> {
         let ks = &self.ks;
         run(self.db.as_ref(), self.write_options(), |tx| async move {
-            workers::remove(&tx, ks, worker_type, id, incarnation).await
+            if died {
+                workers::remove_dead(&tx, ks, worker_type, id, incarnation).await
+            } else {
+                workers::remove(&tx, ks, worker_type, id, incarnation).await
+            }
         })
         .await?;
         Ok(())
@@ -348,7 +364,7 @@ impl Drop for Registration {
         let (spec, incarnation) = (self.spec.clone(), self.incarnation);
         let n = node.clone();
         node.spawn(async move {
-            if let Err(e) = n.remove_worker(&spec.worker_type, &spec.id, &incarnation).await {
+            if let Err(e) = n.remove_worker(&spec.worker_type, &spec.id, &incarnation, false).await {
                 n.log.log(
                     Event::new(Level::Warning, "worker_remove_failed")
                         .with("type", &spec.worker_type)

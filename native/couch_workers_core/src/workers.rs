@@ -146,7 +146,9 @@ fn held_by(value: &[u8], incarnation: &Incarnation) -> bool {
 pub async fn register(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) -> Result<(), StoreError> {
     let member_key = ks.member(&spec.worker_type, &spec.id);
     if tx.get(&member_key, false).await?.is_some() {
-        jobs::requeue_worker_jobs(tx, ks, &spec.worker_type, &spec.id).await?;
+        // The id's previous registration is gone without unregistering
+        // (its node restarted, or another node took the id): a death.
+        jobs::requeue_worker_jobs(tx, ks, &spec.worker_type, &spec.id, jobs::Departure::Lost).await?;
     }
     tx.set(&member_key, &spec.options_json);
     write_health(tx, ks, spec, incarnation, tstamp);
@@ -176,19 +178,29 @@ pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &
 /// incarnation, which keeps its registration and its jobs).
 pub async fn remove(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], incarnation: &Incarnation) -> Result<bool, StoreError> {
     match stored_health(tx, ks, worker_type, id).await? {
-        Some(value) if held_by(&value, incarnation) => remove_current(tx, ks, worker_type, id).await,
+        Some(value) if held_by(&value, incarnation) => remove_current(tx, ks, worker_type, id, jobs::Departure::Released).await,
+        _ => Ok(false),
+    }
+}
+
+/// As [`remove`], for a registration whose owner died (its pid exited):
+/// a death, so its running jobs fail with `worker_lost` (DESIGN.md),
+/// where an unregister releases them.
+pub async fn remove_dead(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], incarnation: &Incarnation) -> Result<bool, StoreError> {
+    match stored_health(tx, ks, worker_type, id).await? {
+        Some(value) if held_by(&value, incarnation) => remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await,
         _ => Ok(false),
     }
 }
 
 /// Removes whichever incarnation is registered: only for a caller that has
 /// judged the current health record in this transaction (the reaper).
-async fn remove_current(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<bool, StoreError> {
+async fn remove_current(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], departure: jobs::Departure) -> Result<bool, StoreError> {
     let member_key = ks.member(worker_type, id);
     if tx.get(&member_key, false).await?.is_none() {
         return Ok(false);
     }
-    jobs::requeue_worker_jobs(tx, ks, worker_type, id).await?;
+    jobs::requeue_worker_jobs(tx, ks, worker_type, id, departure).await?;
     tx.clear(&member_key);
     tx.clear(&ks.health(worker_type, id));
     record_change(tx, ks, worker_type, id, Change::Leave).await?;
@@ -205,7 +217,8 @@ async fn remove_current(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -
 /// conflict and re-check. Returns whether it removed the worker.
 pub async fn reap(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], observed: &[u8]) -> Result<bool, StoreError> {
     match stored_health(tx, ks, worker_type, id).await? {
-        Some(value) if value == observed => remove_current(tx, ks, worker_type, id).await,
+        // Reaped: a death, its jobs fail with `worker_lost`.
+        Some(value) if value == observed => remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await,
         _ => Ok(false),
     }
 }

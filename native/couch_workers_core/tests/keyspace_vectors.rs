@@ -601,3 +601,117 @@ fn membership_log_keys() {
         assert!(ks.membership_log_at_version(b"repl", 8) > complete);
     }
 }
+
+// ---- issue 13: scheduled jobs, per-state counts and indexes, types,
+// ---- expiry, pause ----------------------------------------------------------
+
+const SCHEDULED: &str = "01 7363686564756c6564 00";
+const BY_STATE: &str = "01 62795f7374617465 00";
+const TYPES: &str = "01 7479706573 00";
+const EXPIRY: &str = "01 657870697279 00";
+const PAUSED: &str = "01 706175736564 00";
+
+#[test]
+fn state_count_keys() {
+    for (ks, p) in both() {
+        same(&ks.state_count(b"repl", b"failed"), &hs(&[p, ROOT, COUNTS, "01 'repl' 00", "01 'failed' 00"]));
+        // The pending count is the state count of `pending`.
+        same(&ks.state_count(b"repl", b"pending"), &ks.pending_count(b"repl"));
+    }
+}
+
+#[test]
+fn scheduled_keys_and_ranges() {
+    for (ks, p) in both() {
+        same(
+            &ks.scheduled(b"repl", 1_700_000_000, b"j\x00"),
+            &hs(&[p, ROOT, SCHEDULED, "01 'repl' 00", "18 6553f100", "01 6a 00ff 00"]),
+        );
+        let (b, e) = ks.scheduled_range(b"repl");
+        same(&b, &hs(&[p, ROOT, SCHEDULED, "01 'repl' 00", "00"]));
+        same(&e, &hs(&[p, ROOT, SCHEDULED, "01 'repl' 00", "ff"]));
+        // Everything due at or before 255 sorts before the key of 256.
+        same(&ks.scheduled_after(b"repl", 255), &hs(&[p, ROOT, SCHEDULED, "01 'repl' 00", "16 0100"]));
+        assert!(ks.scheduled(b"repl", 255, b"\xff\xff") < ks.scheduled_after(b"repl", 255));
+        assert!(ks.scheduled(b"repl", 256, b"") >= ks.scheduled_after(b"repl", 255));
+        same(&ks.scheduled_after(b"repl", i64::MAX), &e);
+        assert_eq!(ks.parse_scheduled(b"repl", &ks.scheduled(b"repl", 7, b"j")), Some((7, b"j".to_vec())));
+        assert_eq!(ks.parse_scheduled(b"other", &ks.scheduled(b"repl", 7, b"j")), None);
+    }
+}
+
+#[test]
+fn by_state_keys_and_range() {
+    for (ks, p) in both() {
+        same(
+            &ks.by_state(b"repl", b"running", b"job-1"),
+            &hs(&[p, ROOT, BY_STATE, "01 'repl' 00", "01 'running' 00", "01 'job-1' 00"]),
+        );
+        let (b, e) = ks.by_state_range(b"repl", b"running");
+        same(&b, &hs(&[p, ROOT, BY_STATE, "01 'repl' 00", "01 'running' 00", "00"]));
+        same(&e, &hs(&[p, ROOT, BY_STATE, "01 'repl' 00", "01 'running' 00", "ff"]));
+        let key = ks.by_state(b"repl", b"running", b"job-1");
+        assert_eq!(ks.parse_by_state(b"repl", b"running", &key), Some(b"job-1".to_vec()));
+        assert_eq!(ks.parse_by_state(b"repl", b"pending", &key), None);
+    }
+}
+
+#[test]
+fn job_type_count_keys() {
+    for (ks, p) in both() {
+        same(&ks.job_type_count(b"repl"), &hs(&[p, ROOT, TYPES, "01 'repl' 00"]));
+        let (b, e) = ks.job_types_range();
+        same(&b, &hs(&[p, ROOT, TYPES, "00"]));
+        same(&e, &hs(&[p, ROOT, TYPES, "ff"]));
+        assert_eq!(ks.parse_job_type(&ks.job_type_count(b"a\x00b")), Some(b"a\x00b".to_vec()));
+        assert_eq!(ks.parse_job_type(&ks.jobs_vs(b"repl")), None);
+    }
+}
+
+#[test]
+fn expiry_keys_and_ranges() {
+    for (ks, p) in both() {
+        same(
+            &ks.expiry(1_000_000, b"repl", b"job-1"),
+            &hs(&[p, ROOT, EXPIRY, "17 0f4240", "01 'repl' 00", "01 'job-1' 00"]),
+        );
+        let (b, e) = ks.expiry_range();
+        same(&b, &hs(&[p, ROOT, EXPIRY, "00"]));
+        same(&e, &hs(&[p, ROOT, EXPIRY, "ff"]));
+        same(&ks.expiry_after(255), &hs(&[p, ROOT, EXPIRY, "16 0100"]));
+        assert_eq!(
+            ks.parse_expiry(&ks.expiry(9, b"t", b"i")),
+            Some((9, b"t".to_vec(), b"i".to_vec()))
+        );
+    }
+}
+
+#[test]
+fn paused_key() {
+    for (ks, p) in both() {
+        same(&ks.paused(b"repl"), &hs(&[p, ROOT, PAUSED, "01 'repl' 00"]));
+    }
+}
+
+#[test]
+fn job_types_named_like_the_new_subspaces_do_not_collide() {
+    for (ks, _) in both() {
+        let names: [&[u8]; 5] = [b"scheduled", b"by_state", b"types", b"expiry", b"paused"];
+        let mut keys = Vec::new();
+        for name in names {
+            keys.extend([
+                ks.job(name, b"j"),
+                ks.scheduled(name, 1, b"j"),
+                ks.by_state(name, b"pending", b"j"),
+                ks.job_type_count(name),
+                ks.expiry(1, name, b"j"),
+                ks.paused(name),
+                ks.state_count(name, b"pending"),
+            ]);
+        }
+        let n = keys.len();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), n);
+    }
+}

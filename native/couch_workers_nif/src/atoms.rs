@@ -53,6 +53,14 @@ rustler::atoms! {
     vs,
     token,
     cancel_requested,
+    max_attempts,
+    run_at,
+    keep,
+    // jobs: option shapes
+    delay,
+    infinity,
+    backoff,
+    done,
     // jobs: answers and messages
     already_exists,
     invalid_priority,

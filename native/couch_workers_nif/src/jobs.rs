@@ -56,7 +56,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_workers_core::jobs::{
-    AcceptReply, AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobService, JobSubscription, NewJob,
+    AcceptReply, AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobService, JobSpec, JobState,
+    JobSubscription, JobVs, Keep, MaxAttempts, Retry, Schedule,
 };
 use couch_workers_core::log::{Event, Level};
 use couch_workers_core::store::MAX_TRANSACTION_SIZE;
@@ -128,6 +129,10 @@ pub fn job_to_term<'a>(env: Env<'a>, job: &Job, token: Option<&AcceptToken>) -> 
         atoms::attempts().encode(env),
         atoms::vs().encode(env),
         atoms::cancel_requested().encode(env),
+        atoms::error().encode(env),
+        atoms::max_attempts().encode(env),
+        atoms::run_at().encode(env),
+        atoms::keep().encode(env),
     ];
     let mut values = vec![
         binary(env, &job.job_type),
@@ -140,6 +145,16 @@ pub fn job_to_term<'a>(env: Env<'a>, job: &Job, token: Option<&AcceptToken>) -> 
         job.attempts.encode(env),
         binary(env, &job.vs),
         job.cancel_requested.encode(env),
+        job.error.as_deref().map_or_else(null, |e| json_bytes_to_term(env, e)),
+        match job.max_attempts {
+            MaxAttempts::Limit(n) => n.encode(env),
+            MaxAttempts::Infinity => atoms::infinity().encode(env),
+        },
+        job.run_at.map_or_else(null, |t| t.encode(env)),
+        match job.keep {
+            Keep::Seconds(s) => s.encode(env),
+            Keep::Infinity => atoms::infinity().encode(env),
+        },
     ];
     if let Some(token) = token {
         keys.push(atoms::token().encode(env));
@@ -162,6 +177,33 @@ fn already_exists_answer(ids: Vec<Vec<u8>>) -> Answer {
     Box::new(move |env| {
         let ids: Vec<Term> = ids.iter().map(|id| binary(env, id)).collect();
         (atoms::error(), (atoms::already_exists(), ids)).encode(env)
+    })
+}
+
+/// `{ok, #{State => N}}`.
+fn counts_answer(counts: [(JobState, u64); 6]) -> Answer {
+    Box::new(move |env| {
+        let keys: Vec<Term> = counts.iter().map(|(s, _)| atom(env, s.name())).collect();
+        let values: Vec<Term> = counts.iter().map(|(_, n)| n.encode(env)).collect();
+        let map = Term::map_from_term_arrays(env, &keys, &values).unwrap_or_else(|_| rustler::types::map::map_new(env));
+        (atoms::ok(), map).encode(env)
+    })
+}
+
+/// `{ok, [Type]}`.
+fn types_answer(types: Vec<Vec<u8>>) -> Answer {
+    Box::new(move |env| {
+        let list: Vec<Term> = types.iter().map(|t| binary(env, t)).collect();
+        (atoms::ok(), list).encode(env)
+    })
+}
+
+/// `{ok, [Job], Cont}`, `Cont` the last id or `done`.
+fn page_answer(page: Vec<Job>, cont: Option<Vec<u8>>) -> Answer {
+    Box::new(move |env| {
+        let list: Vec<Term> = page.iter().map(|j| job_to_term(env, j, None)).collect();
+        let cont = cont.map_or_else(|| atoms::done().encode(env), |c| binary(env, &c));
+        (atoms::ok(), list, cont).encode(env)
     })
 }
 
@@ -209,6 +251,61 @@ fn priority_arg(term: Term) -> NifResult<Option<i64>> {
     Ok(term.decode::<i64>().ok())
 }
 
+/// The options tuple `{Priority, Schedule, MaxAttempts, Keep}`, each
+/// `undefined` when not given (`couch_workers_jobs` validates the caller's
+/// map and builds it): `Schedule` `{delay, Ms}` or `{run_at, Ms}`,
+/// `MaxAttempts` a positive integer or `infinity`, `Keep` a non-negative
+/// integer or `infinity`. `Ok(None)`: a priority outside i64. Anything
+/// else is `badarg`.
+fn opts_arg(term: Term) -> NifResult<Option<JobOpts>> {
+    let fields = get_tuple(term)?;
+    let [priority, schedule, max_attempts, keep] = fields[..] else { return Err(Error::BadArg) };
+    let given = |t: Term| !(t.is_atom() && t.decode::<rustler::Atom>().is_ok_and(|a| a == atoms::undefined()));
+    let is_infinity = |t: Term| t.is_atom() && t.decode::<rustler::Atom>().is_ok_and(|a| a == atoms::infinity());
+    let mut opts = JobOpts::default();
+    if given(priority) {
+        match priority_arg(priority)? {
+            Some(p) => opts.priority = Some(p),
+            None => return Ok(None),
+        }
+    }
+    if given(schedule) {
+        let sched = get_tuple(schedule)?;
+        let [kind, ms] = sched[..] else { return Err(Error::BadArg) };
+        let ms: u64 = ms.decode().map_err(|_| Error::BadArg)?;
+        let kind: rustler::Atom = kind.decode()?;
+        opts.schedule = Some(if kind == atoms::delay() {
+            Schedule::Delay(ms)
+        } else if kind == atoms::run_at() {
+            Schedule::RunAt(ms)
+        } else {
+            return Err(Error::BadArg);
+        });
+    }
+    if given(max_attempts) {
+        opts.max_attempts = Some(if is_infinity(max_attempts) {
+            MaxAttempts::Infinity
+        } else {
+            match max_attempts.decode::<u64>() {
+                Ok(n) if n > 0 => MaxAttempts::Limit(n),
+                _ => return Err(Error::BadArg),
+            }
+        });
+    }
+    if given(keep) {
+        opts.keep = Some(if is_infinity(keep) { Keep::Infinity } else { Keep::Seconds(keep.decode().map_err(|_| Error::BadArg)?) });
+    }
+    Ok(Some(opts))
+}
+
+/// `undefined`, or a job's 12-byte `vs`.
+fn vs_arg(term: Term) -> NifResult<Option<JobVs>> {
+    if term.is_atom() {
+        return if term.decode::<rustler::Atom>()? == atoms::undefined() { Ok(None) } else { Err(Error::BadArg) };
+    }
+    Ok(Some(JobVs::try_from(bytes_arg(term)?).map_err(|_| Error::BadArg)?))
+}
+
 fn check_ref(reference: Term) -> NifResult<()> {
     if reference.is_ref() {
         Ok(())
@@ -246,7 +343,7 @@ macro_rules! try_json {
 
 // ---- add --------------------------------------------------------------------
 
-budgeted_nif!(job_add, job_add_dirty, add(reference, job_type, id, info, priority));
+budgeted_nif!(job_add, job_add_dirty, add(reference, job_type, id, info, opts));
 
 fn add<'a>(
     env: Env<'a>,
@@ -254,20 +351,20 @@ fn add<'a>(
     job_type: Term<'a>,
     id: Term<'a>,
     info: Term<'a>,
-    priority: Term<'a>,
+    opts: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
     check_ref(reference)?;
     let job_type = bytes_arg(job_type)?.to_vec();
     let id = bytes_arg(id)?.to_vec();
-    let priority = priority_arg(priority)?;
+    let opts = opts_arg(opts)?;
     let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
-    let Some(priority) = priority else {
+    let Some(opts) = opts else {
         return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
     };
     let (jobs, rt) = try_service!(env);
     reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.add(&job_type, &id, &info, priority).await {
+        match jobs.add_with(&job_type, &id, &info, &opts).await {
             Ok(()) => reply::ok(),
             Err(e) => core_error(&e),
         }
@@ -289,30 +386,30 @@ fn job_add_many<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, list:
     let mut items = Vec::with_capacity(len);
     for item in list.into_list_iterator()? {
         let fields = get_tuple(item)?;
-        let [id, info, priority] = fields[..] else { return Err(Error::BadArg) };
+        let [id, info, opts] = fields[..] else { return Err(Error::BadArg) };
         if !info.is_map() {
             return Err(Error::BadArg);
         }
-        items.push((bytes_arg(id)?, info, priority_arg(priority)?));
+        items.push((bytes_arg(id)?, info, opts_arg(opts)?));
     }
     // The whole batch must fit one transaction (the core refuses it
     // otherwise): stop converting as soon as it cannot.
     let mut total = 0usize;
     let mut jobs = Vec::with_capacity(len);
-    for (id, info, priority) in items {
+    for (id, info, opts) in items {
         let info = try_json!(json_arg(env, info, Sched::Dirty, atoms::invalid_info()));
-        let Some(priority) = priority else {
+        let Some(opts) = opts else {
             return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
         };
         total += info.len() + id.len();
         if total > MAX_TRANSACTION_SIZE {
             return Ok((atoms::error(), atoms::transaction_too_large()).encode(env));
         }
-        jobs.push(NewJob { id: id.to_vec(), info, priority });
+        jobs.push(JobSpec { id: id.to_vec(), info, opts });
     }
     let (service, rt) = try_service!(env);
     reply::spawn(&rt, Replier::new(env, reference), async move {
-        match service.add_many(&job_type, &jobs).await {
+        match service.add_many_with(&job_type, &jobs).await {
             Ok(()) => reply::ok(),
             Err(AddManyError::AlreadyExists(ids)) => already_exists_answer(ids),
             Err(AddManyError::Error(e)) => core_error(&e),
@@ -451,7 +548,215 @@ fn finish<'a>(
     Ok(atoms::ok().encode(env))
 }
 
+budgeted_nif!(job_fail, job_fail_dirty, fail(reference, handle, error, retry));
+
+/// `Retry`: `false` (no retry), `{delay, Ms}`, or `{backoff, BaseMs, MaxMs}`.
+fn retry_arg(term: Term) -> NifResult<Retry> {
+    if term.is_atom() {
+        return if term.decode::<bool>()? { Err(Error::BadArg) } else { Ok(Retry::No) };
+    }
+    let fields = get_tuple(term)?;
+    match fields[..] {
+        [kind, ms] if kind.decode::<rustler::Atom>()? == atoms::delay() => Ok(Retry::After(ms.decode()?)),
+        [kind, base, max] if kind.decode::<rustler::Atom>()? == atoms::backoff() => {
+            Ok(Retry::Backoff { base_ms: base.decode()?, max_ms: max.decode()? })
+        }
+        _ => Err(Error::BadArg),
+    }
+}
+
+fn fail<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    handle: Term<'a>,
+    error: Term<'a>,
+    retry: Term<'a>,
+    sched: Sched,
+) -> NifResult<Term<'a>> {
+    check_ref(reference)?;
+    let fence = fence_arg(handle)?;
+    let retry = retry_arg(retry)?;
+    let error = try_json!(json_arg(env, error, sched, atoms::invalid_info()));
+    let (jobs, rt) = try_service!(env);
+    reply::spawn(&rt, Replier::new(env, reference), async move {
+        match jobs.fail(&fence, &error, retry).await {
+            Ok(()) => reply::ok(),
+            Err(e) => core_error(&e),
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+budgeted_nif!(job_release, job_release_dirty, release(reference, handle, info, opts));
+
+fn release<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    handle: Term<'a>,
+    info: Term<'a>,
+    opts: Term<'a>,
+    sched: Sched,
+) -> NifResult<Term<'a>> {
+    check_ref(reference)?;
+    let fence = fence_arg(handle)?;
+    let opts = opts_arg(opts)?;
+    // `undefined` (keep the info) or a map.
+    let info = if info.is_map() {
+        Some(try_json!(json_arg(env, info, sched, atoms::invalid_info())))
+    } else if vs_arg(info)?.is_none() {
+        None
+    } else {
+        return Err(Error::BadArg);
+    };
+    let Some(opts) = opts else {
+        return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
+    };
+    let (jobs, rt) = try_service!(env);
+    reply::spawn(&rt, Replier::new(env, reference), async move {
+        match jobs.release(&fence, &opts, info.as_deref()).await {
+            Ok(()) => reply::ok(),
+            Err(e) => core_error(&e),
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+budgeted_nif!(job_resubmit, job_resubmit_dirty, resubmit(reference, job_type, id, info, opts, if_vs));
+
+fn resubmit<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    job_type: Term<'a>,
+    id: Term<'a>,
+    info: Term<'a>,
+    opts: Term<'a>,
+    if_vs: Term<'a>,
+    sched: Sched,
+) -> NifResult<Term<'a>> {
+    check_ref(reference)?;
+    let job_type = bytes_arg(job_type)?.to_vec();
+    let id = bytes_arg(id)?.to_vec();
+    let opts = opts_arg(opts)?;
+    let if_vs = vs_arg(if_vs)?;
+    let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
+    let Some(opts) = opts else {
+        return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
+    };
+    let (jobs, rt) = try_service!(env);
+    reply::spawn(&rt, Replier::new(env, reference), async move {
+        match jobs.resubmit(&job_type, &id, &info, &opts, if_vs.as_ref()).await {
+            Ok(()) => reply::ok(),
+            Err(e) => core_error(&e),
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
 // ---- anyone's side: cancel, remove, get, count --------------------------------
+
+#[rustler::nif]
+fn job_remove_if<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>, vs: Term<'a>) -> NifResult<Term<'a>> {
+    check_ref(reference)?;
+    let job_type = bytes_arg(job_type)?.to_vec();
+    let id = bytes_arg(id)?.to_vec();
+    let vs = vs_arg(vs)?;
+    let (jobs, rt) = try_service!(env);
+    reply::spawn(&rt, Replier::new(env, reference), async move {
+        match jobs.remove_if(&job_type, &id, vs.as_ref()).await {
+            Ok(()) => reply::ok(),
+            Err(e) => core_error(&e),
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+#[rustler::nif]
+fn job_counts<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) -> NifResult<Term<'a>> {
+    check_ref(reference)?;
+    let job_type = bytes_arg(job_type)?.to_vec();
+    let (jobs, rt) = try_service!(env);
+    reply::spawn(&rt, Replier::new(env, reference), async move {
+        match jobs.counts(&job_type).await {
+            Ok(counts) => counts_answer(counts),
+            Err(e) => core_error(&e),
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+#[rustler::nif]
+fn job_types<'a>(env: Env<'a>, reference: Term<'a>) -> NifResult<Term<'a>> {
+    check_ref(reference)?;
+    let (jobs, rt) = try_service!(env);
+    reply::spawn(&rt, Replier::new(env, reference), async move {
+        match jobs.job_types().await {
+            Ok(types) => types_answer(types),
+            Err(e) => core_error(&e),
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+/// `job_list(Ref, Type, States, Limit, After)`: `States` `all` or a
+/// non-empty list of state atoms; `Limit` 1..1000; `After` `undefined` or
+/// the binary id the previous page ended with.
+#[rustler::nif]
+fn job_list<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    job_type: Term<'a>,
+    states: Term<'a>,
+    limit: Term<'a>,
+    after: Term<'a>,
+) -> NifResult<Term<'a>> {
+    check_ref(reference)?;
+    let job_type = bytes_arg(job_type)?.to_vec();
+    let states: Option<Vec<JobState>> = if states.is_list() {
+        let mut out = Vec::new();
+        for s in states.into_list_iterator()? {
+            let name: rustler::Atom = s.decode()?;
+            let name = JobState::ALL.into_iter().find(|st| rustler::Atom::from_str(env, st.name()).is_ok_and(|a| a == name));
+            out.push(name.ok_or(Error::BadArg)?);
+        }
+        if out.is_empty() {
+            return Err(Error::BadArg);
+        }
+        Some(out)
+    } else if states.decode::<rustler::Atom>().is_ok_and(|a| a == rustler::Atom::from_str(env, "all").unwrap_or(atoms::undefined())) {
+        None
+    } else {
+        return Err(Error::BadArg);
+    };
+    let limit: usize = limit.decode().map_err(|_| Error::BadArg)?;
+    if !(1..=1000).contains(&limit) {
+        return Err(Error::BadArg);
+    }
+    let after = if after.is_binary() { Some(bytes_arg(after)?.to_vec()) } else if vs_arg(after)?.is_none() { None } else { return Err(Error::BadArg) };
+    let (jobs, rt) = try_service!(env);
+    reply::spawn(&rt, Replier::new(env, reference), async move {
+        match jobs.list(&job_type, states.as_deref(), limit, after.as_deref()).await {
+            Ok((page, cont)) => page_answer(page, cont),
+            Err(e) => core_error(&e),
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+#[rustler::nif]
+fn job_set_paused<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, paused: Term<'a>) -> NifResult<Term<'a>> {
+    check_ref(reference)?;
+    let job_type = bytes_arg(job_type)?.to_vec();
+    let paused: bool = paused.decode()?;
+    let (jobs, rt) = try_service!(env);
+    reply::spawn(&rt, Replier::new(env, reference), async move {
+        match jobs.set_paused(&job_type, paused).await {
+            Ok(()) => reply::ok(),
+            Err(e) => core_error(&e),
+        }
+    });
+    Ok(atoms::ok().encode(env))
+}
+
 
 #[rustler::nif]
 fn job_cancel<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {

@@ -147,6 +147,27 @@ fn worker_unregister<'a>(
     reference: Term<'a>,
     registration: ResourceArc<RegistrationResource>,
 ) -> NifResult<Term<'a>> {
+    end_registration(env, reference, registration, false)
+}
+
+/// `worker_unregister/2` for a registration whose owner died: its running
+/// jobs fail with `worker_lost` (`Node::worker_died`) instead of being
+/// released.
+#[rustler::nif]
+fn worker_remove_dead<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    registration: ResourceArc<RegistrationResource>,
+) -> NifResult<Term<'a>> {
+    end_registration(env, reference, registration, true)
+}
+
+fn end_registration<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    registration: ResourceArc<RegistrationResource>,
+    died: bool,
+) -> NifResult<Term<'a>> {
     if !reference.is_ref() {
         return Err(Error::BadArg);
     }
@@ -158,7 +179,12 @@ fn worker_unregister<'a>(
     let replier = Replier::new(env, reference);
     let rt = node.runtime().clone();
     reply::spawn(&rt, replier, async move {
-        match node.unregister_worker(&registration.reg).await {
+        let removed = if died {
+            node.worker_died(&registration.reg).await
+        } else {
+            node.unregister_worker(&registration.reg).await
+        };
+        match removed {
             Ok(()) => reply::ok(),
             Err(e) => reply::error(e.name()),
         }

@@ -22,6 +22,17 @@
 //! * while the rounds find jobs for every waiter they serve, the next round
 //!   follows at once: waiters past the first [`ROUND_MAX_WAITERS`] are
 //!   served from the jobs already pending, which fire no watch;
+//! * scheduled jobs: each round also reads the earliest `run_at` of the
+//!   type's scheduled jobs, and the dispatcher arms one timer for it (per
+//!   node and type, on this node's wall clock). When it fires, one
+//!   transaction moves the due jobs to pending ([`ops::promote_due`]) and
+//!   a round takes them. A job scheduled earlier than every other bumps
+//!   `jobs_vs`, so the round it causes re-arms the timer; no scan runs on
+//!   a fixed interval. A job is never taken before its `run_at` by the
+//!   clock of the node that moves it;
+//! * while the type is paused (a flag every round reads), rounds take
+//!   nothing and the watch stays armed: `job_resume/1` bumps `jobs_vs`,
+//!   which wakes every node's dispatcher at once;
 //! * a waiter whose deadline passes gets `not_found`; an accept with
 //!   timeout 0 never comes here (one transaction, no dispatcher);
 //! * when no waiter is left the dispatcher exits (it is started again on
@@ -51,6 +62,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::job::JobHandle;
 use super::ops::{self, Take};
+use super::place::wall_ms;
 use super::runner::{complete_handle_vs, run_committed};
 use super::service::{Live, Shared};
 use crate::error::Error;
@@ -150,6 +162,8 @@ impl Dispatchers {
             receiver,
             cancel: shared.cancel.child_token(),
             waiters: VecDeque::new(),
+            next_due: None,
+            paused: false,
         };
         shared.spawn(dispatcher.run());
     }
@@ -157,6 +171,8 @@ impl Dispatchers {
 
 enum Wake {
     Nothing,
+    /// The timer of the earliest scheduled job fired.
+    Due,
     Waiter(Waiter),
     Watch(Result<(), StoreError>),
 }
@@ -176,9 +192,25 @@ struct Dispatcher {
     receiver: mpsc::UnboundedReceiver<Waiter>,
     cancel: CancellationToken,
     waiters: VecDeque<Waiter>,
+    /// The earliest `run_at` of the type's scheduled jobs, as the last
+    /// round saw it: the timer.
+    next_due: Option<u64>,
+    /// The type was paused at the last round.
+    paused: bool,
+}
+
+/// The monotonic instant at which this node's wall clock reads `at_ms`.
+fn instant_of(at_ms: u64) -> Instant {
+    let now = Instant::now();
+    now.checked_add(Duration::from_millis(at_ms.saturating_sub(wall_ms()))).unwrap_or(now + Duration::from_secs(86_400 * 365))
 }
 
 impl Dispatcher {
+    /// Whether scheduled jobs are due now (and may be taken).
+    fn due(&self) -> bool {
+        !self.paused && self.next_due.is_some_and(|t| t <= wall_ms())
+    }
+
     async fn run(mut self) {
         let _live = Live::new(&self.shared.counts.dispatchers);
         let mut watch: Option<Watch> = None;
@@ -231,15 +263,24 @@ impl Dispatcher {
             }
             let now = Instant::now();
             let wake = self.waiters.iter().map(|w| w.deadline).min().unwrap_or(now).min(now + PRUNE_INTERVAL);
+            let timer = match self.next_due {
+                Some(at) if !self.paused => instant_of(at),
+                _ => now + Duration::from_secs(86_400),
+            };
             let mut armed = watch.take();
             let woke = tokio::select! {
                 _ = self.cancel.cancelled() => Wake::Nothing,
                 w = self.receiver.recv() => w.map_or(Wake::Nothing, Wake::Waiter),
                 fired = wait_armed(&mut armed) => Wake::Watch(fired),
+                _ = tokio::time::sleep_until(timer) => Wake::Due,
                 _ = tokio::time::sleep_until(wake) => Wake::Nothing,
             };
             match woke {
                 Wake::Nothing => watch = armed,
+                Wake::Due => {
+                    watch = armed;
+                    need_round = true;
+                }
                 Wake::Waiter(w) => {
                     watch = armed;
                     self.push(w);
@@ -326,6 +367,9 @@ impl Dispatcher {
     /// One accept round for the first waiters. Returns whether another
     /// round is due at once, and the watch armed for the waiters left.
     async fn round(&mut self) -> Result<(bool, Option<Watch>), StoreError> {
+        if self.due() {
+            self.next_due = self.shared.promote(&self.job_type).await?;
+        }
         let n = self.waiters.len().min(ROUND_MAX_WAITERS);
         let batch: Vec<Waiter> = self.waiters.drain(..n).collect();
         let workers: Vec<Vec<u8>> = batch.iter().map(|w| w.worker.clone()).collect();
@@ -360,7 +404,9 @@ impl Dispatcher {
         // pending jobs only because it was full: the waiters behind it are
         // due a round now, since no watch fires for jobs already pending.
         let batch_drained = !round.takes.iter().any(|t| matches!(t, Take::NoJob));
-        let again = round.more || (rest > 0 && batch_drained);
+        self.next_due = round.next_due;
+        self.paused = round.paused;
+        let again = round.more || (rest > 0 && batch_drained) || self.due();
         let mut left = Vec::new();
         let mut answered = 0u64;
         for (waiter, take) in batch.into_iter().zip(round.takes) {
@@ -404,7 +450,7 @@ impl Shared {
         let fence = handle.fence();
         let ks = &self.ks;
         let f = &fence;
-        let released = run(self.db.as_ref(), self.write, |tx| async move { ops::release(&tx, ks, f).await }).await;
+        let released = run(self.db.as_ref(), self.write, |tx| async move { ops::give_back(&tx, ks, f).await }).await;
         match released {
             Ok(true) => self.log.log(
                 Event::new(Level::Info, "job_released")

@@ -15,31 +15,127 @@ pub type AcceptToken = [u8; 16];
 /// The state of a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum JobState {
+    /// Waiting for its `run_at`; then pending.
+    Scheduled,
     Pending,
     Running,
     Finished,
     Canceled,
+    /// Its attempts were spent, or a failure asked for no retry.
+    Failed,
 }
 
 impl JobState {
     /// The name stored in the record and returned to Erlang as an atom.
     pub fn name(self) -> &'static str {
         match self {
+            JobState::Scheduled => "scheduled",
             JobState::Pending => "pending",
             JobState::Running => "running",
             JobState::Finished => "finished",
             JobState::Canceled => "canceled",
+            JobState::Failed => "failed",
         }
     }
 
     pub fn from_name(name: &[u8]) -> Option<Self> {
         match name {
+            b"scheduled" => Some(JobState::Scheduled),
             b"pending" => Some(JobState::Pending),
             b"running" => Some(JobState::Running),
             b"finished" => Some(JobState::Finished),
             b"canceled" => Some(JobState::Canceled),
+            b"failed" => Some(JobState::Failed),
             _ => None,
         }
+    }
+
+    /// Every state, in the order `job_counts` lists them.
+    pub const ALL: [JobState; 6] = [
+        JobState::Scheduled,
+        JobState::Pending,
+        JobState::Running,
+        JobState::Finished,
+        JobState::Canceled,
+        JobState::Failed,
+    ];
+
+    /// A state a job ends in: its `keep` runs from here.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, JobState::Finished | JobState::Canceled | JobState::Failed)
+    }
+}
+
+/// `max_attempts`: how many accepts a job may have before a failure ends
+/// it as `failed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxAttempts {
+    Limit(u64),
+    Infinity,
+}
+
+impl MaxAttempts {
+    pub const DEFAULT: MaxAttempts = MaxAttempts::Limit(20);
+
+    /// Whether a job accepted `attempts` times may run again after a
+    /// failure.
+    pub fn allows_retry(self, attempts: u64) -> bool {
+        match self {
+            MaxAttempts::Limit(n) => attempts < n,
+            MaxAttempts::Infinity => true,
+        }
+    }
+
+    /// One more (a release does not bring a job closer to `failed`).
+    pub fn raised(self) -> MaxAttempts {
+        match self {
+            MaxAttempts::Limit(n) => MaxAttempts::Limit(n.saturating_add(1)),
+            MaxAttempts::Infinity => MaxAttempts::Infinity,
+        }
+    }
+}
+
+/// `keep`: how long a job stays once it ended (finished, canceled,
+/// failed), in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    Seconds(u64),
+    Infinity,
+}
+
+/// When a queued job may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// This many ms after the write, on the writing node's wall clock.
+    Delay(u64),
+    /// At this Unix time in ms.
+    RunAt(u64),
+}
+
+impl Schedule {
+    /// The Unix ms the job falls due, given the writer's wall clock.
+    pub fn run_at(self, now_ms: u64) -> u64 {
+        match self {
+            Schedule::Delay(d) => now_ms.saturating_add(d),
+            Schedule::RunAt(t) => t,
+        }
+    }
+}
+
+/// The options of `add`, `resubmit` and `release`; `None` is "not given"
+/// (for `add`: the default; for `resubmit`: keep the job's value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JobOpts {
+    pub priority: Option<i64>,
+    pub schedule: Option<Schedule>,
+    pub max_attempts: Option<MaxAttempts>,
+    pub keep: Option<Keep>,
+}
+
+impl JobOpts {
+    /// Only a priority (the older calls).
+    pub fn priority(priority: i64) -> JobOpts {
+        JobOpts { priority: Some(priority), ..JobOpts::default() }
     }
 }
 
@@ -64,6 +160,12 @@ pub struct Job {
     /// cancels it.
     pub cancel_requested: bool,
     pub vs: JobVs,
+    /// The last failure's error, a JSON object (`None` until a failure).
+    pub error: Option<Vec<u8>>,
+    pub max_attempts: MaxAttempts,
+    /// Unix ms when a scheduled job falls due (`None` unless scheduled).
+    pub run_at: Option<u64>,
+    pub keep: Keep,
 }
 
 /// What `accept` and `update` return: the job and the token of the accept
@@ -106,7 +208,24 @@ pub struct NewJob {
     pub priority: i64,
 }
 
-/// A change of a subscribed job.
+/// One job to add with every option of `job_add/4`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSpec {
+    pub id: Vec<u8>,
+    /// A JSON object.
+    pub info: Vec<u8>,
+    pub opts: JobOpts,
+}
+
+impl From<&NewJob> for JobSpec {
+    fn from(job: &NewJob) -> JobSpec {
+        JobSpec { id: job.id.clone(), info: job.info.clone(), opts: JobOpts::priority(job.priority) }
+    }
+}
+
+/// A change of a subscribed job. (`Changed` is the common case; boxing it
+/// would cost an allocation per event to save stack on the rare one.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobEvent {
     /// The job changed (its versionstamp grew); the job as it is now.

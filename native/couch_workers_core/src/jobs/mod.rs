@@ -6,12 +6,18 @@
 //! are documented and versioned in `record.rs`.)
 //!
 //! ```text
-//! ("couch_workers", "jobs", JobType, JobId)                  = (1, State, Worker|nil, Priority, Attempts, Token|nil, CancelRequested, VS, Info, Result|nil)
+//! ("couch_workers", "jobs", JobType, JobId)                  = (2, State, Worker|nil, Priority, Attempts, Token|nil, CancelRequested, VS, Info, Result|nil,
+//!                                                               Error|nil, MaxAttempts, RunAt|nil, Keep, ExpireAt|nil, Resubmit|nil)
 //! ("couch_workers", "pending", JobType, Priority, VS, JobId) = ""
+//! ("couch_workers", "scheduled", JobType, RunAt, JobId)      = ""
 //! ("couch_workers", "active", WorkerType, Worker, JobId)     = (1, AcceptVS)
-//! ("couch_workers", "counts", JobType, "pending")           = little-endian i64 (atomic adds)
-//! ("couch_workers", "jobs_vs", JobType)                      = 10-byte VS of the last time a job became pending
-//! ("couch_workers", "orphans", WorkerType, Worker)           = (RemovalVS,)
+//! ("couch_workers", "counts", JobType, State)                = little-endian i64 (atomic adds)
+//! ("couch_workers", "by_state", JobType, State, JobId)       = ""
+//! ("couch_workers", "types", JobType)                        = little-endian i64 (atomic adds)
+//! ("couch_workers", "expiry", ExpireAt, JobType, JobId)      = ""
+//! ("couch_workers", "paused", JobType)                       = ""
+//! ("couch_workers", "jobs_vs", JobType)                      = 10-byte VS: a job became pending, a new earliest schedule, a pause or resume
+//! ("couch_workers", "orphans", WorkerType, Worker)           = (RemovalVS,) | (RemovalVS, "lost")
 //! ("couch_workers", "orphans_vs")                            = 10-byte VS of the last orphan marker
 //! ```
 //!
@@ -22,22 +28,28 @@
 //! * A job's `VS` changes at every write of its record, so a later change
 //!   compares greater; subscribers compare it.
 //! * The accept token is 16 random bytes, new at every accept. A handle
-//!   (`Fence`) is accepted by `update`/`finish` only while the record is
-//!   running with that token: once the job has left the worker (finish,
-//!   cancel, remove, failover) the handle is refused, also after the same
-//!   worker accepted the job again.
-//! * `counts` is exact: every set or clear of a pending key adds ±1 in the
-//!   same transaction.
+//!   (`Fence`) is accepted by `update`/`finish`/`fail`/`release` only while
+//!   the record is running with that token: once the job has left the
+//!   worker (finish, cancel, remove, failover) the handle is refused, also
+//!   after the same worker accepted the job again.
+//! * Each state's keys (its counter, its `by_state` entry, and the
+//!   pending, scheduled, active or expiry key) are written in one place,
+//!   `place.rs`: every state change is `unplace` of the old record, then
+//!   `place` of the new one, in one transaction, so the counts are exact.
 //!
 //! ## Transitions
 //!
 //! ```text
-//! add ──► pending ──accept──► running ──finish──► finished
-//!           │  ▲                 │  │
-//!    cancel │  └──failover/──────┘  └─update with cancel requested──► canceled
-//!           ▼      release
-//!        canceled                (failover of a job with a cancel request: canceled)
-//! remove: from any state, the record and its index keys go.
+//!             ┌──────────── run_at passes ───────────┐
+//!             │                                      ▼
+//! add ──► scheduled ◄── fail (retry) / release ── pending ──accept──► running ──finish──► finished
+//!  │          │            (with a delay)          ▲  │                │ │ │
+//!  └──────────┼────────────────────────────────────┘  │ cancel         │ │ └─ fail, attempts spent / retry false ─► failed
+//!             │ cancel                                ▼                │ └─── update with a cancel request ──► canceled
+//!             └──────────────────────────────────► canceled            └── fail (retry) / release / death ──► pending or scheduled
+//! resubmit: absent → add; queued → new info and options; running → queued again when the run ends;
+//!           ended (finished, canceled, failed) → queued, attempts 0.
+//! keep: an ended job's expiry; the pruner removes it. remove: from any state, every key goes.
 //! ```
 //!
 //! ## Modules
@@ -48,13 +60,17 @@
 //! * [`dispatcher`]: the per-(node, type) accept dispatcher (no thundering
 //!   herd: one watch per node and type, one transaction per round);
 //! * [`subscription`]: job watchers shared per (node, job);
+//! * `place.rs`: the keys and counters of each state (the one writer);
 //! * [`sweeper`]: finishes the failover of workers removed with more
 //!   running jobs than one transaction may move;
+//! * `pruner.rs`: removes ended jobs past their `keep`;
 //! * [`service`]: the node-level API the NIF calls.
 
 pub mod dispatcher;
 pub mod job;
 pub mod ops;
+pub(crate) mod place;
+mod pruner;
 pub mod record;
 mod runner;
 pub mod service;
@@ -62,19 +78,31 @@ pub mod subscription;
 mod sweeper;
 
 pub use dispatcher::{AcceptReply, ReplyFn};
-pub use job::{AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobState, JobVs, NewJob};
+pub use job::{
+    AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts, NewJob,
+    Schedule,
+};
+pub use ops::{Departure, Retry, RunEnd};
+pub use place::wall_ms;
 pub use service::{JobService, JobStats};
 pub use subscription::{JobSubscription, OnJobEvent};
 
 use crate::keyspace::Keyspace;
 use crate::store::{StoreError, Tx};
 
-/// Sends every job that `worker` of `worker_type` is running back to
-/// pending (attempts kept: they count accepts), in the caller's
-/// transaction: the one that removes (or re-registers) the worker. Returns
-/// how many jobs it moved now; a worker with more running jobs than one
-/// transaction may move leaves the rest to the sweeper (see
-/// [`ops::requeue_worker_jobs`]).
-pub async fn requeue_worker_jobs(tx: &Tx, ks: &Keyspace, worker_type: &[u8], worker: &[u8]) -> Result<usize, StoreError> {
-    ops::requeue_worker_jobs(tx, ks, worker_type, worker).await
+/// Ends the run of every job that `worker` of `worker_type` is running,
+/// in the caller's transaction: the one that removes (or re-registers)
+/// the worker. `Released` (an unregister) queues them again as a release
+/// does; `Lost` (a death) fails them with `worker_lost`, which spends an
+/// attempt (attempts count accepts). Returns how many jobs it moved now; a
+/// worker with more running jobs than one transaction may move leaves the
+/// rest to the sweeper (see [`ops::requeue_worker_jobs`]).
+pub async fn requeue_worker_jobs(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    worker: &[u8],
+    departure: Departure,
+) -> Result<usize, StoreError> {
+    ops::requeue_worker_jobs(tx, ks, worker_type, worker, departure).await
 }

@@ -31,8 +31,9 @@ use std::collections::{HashMap, HashSet};
 use futures::future::try_join_all;
 use rand::RngCore;
 
-use super::job::{AcceptToken, AddManyError, Fence, Job, JobHandle, JobState, JobVs, NewJob};
-use super::record::{self, incomplete_vs, Record};
+use super::job::{AcceptToken, AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState, JobVs, NewJob, Schedule};
+use super::place::{self, earliest_scheduled, key_i64, place, queue_state, unplace, write_record, Queued};
+use super::record::{self, Record, Resubmit};
 use crate::error::{check_key, Error};
 use crate::keyspace::Keyspace;
 use crate::store::{
@@ -84,31 +85,8 @@ async fn get_many(tx: &Tx, keys: &[Vec<u8>], snapshot: bool) -> Result<Vec<Optio
     Ok(out)
 }
 
-fn write_record(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, user_version: u16) {
-    rec.vs = incomplete_vs(user_version);
-    tx.set_versionstamped_value(&ks.job(job_type, id), &rec.encode(user_version));
-}
-
-/// Makes `rec` pending: a new pending key (same user version as the
-/// record's VS), the record, count + 1. The caller bumps `jobs_vs`.
-fn enqueue(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, user_version: u16) {
-    rec.state = JobState::Pending;
-    rec.worker = None;
-    rec.token = None;
-    rec.cancel_requested = false;
-    tx.set_versionstamped_key(&ks.pending_new(job_type, rec.priority, user_version, id), b"");
-    write_record(tx, ks, job_type, id, rec, user_version);
-    tx.atomic_add(&ks.pending_count(job_type), 1);
-}
-
-/// Clears the pending key of a pending `rec`, count − 1.
-fn dequeue(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &Record) {
-    tx.clear(&ks.pending(job_type, rec.priority, &rec.vs, id));
-    tx.atomic_add(&ks.pending_count(job_type), -1);
-}
-
 fn bump_pending(tx: &Tx, ks: &Keyspace, job_type: &[u8]) {
-    tx.set_versionstamped_value(&ks.jobs_vs(job_type), &Keyspace::vs_placeholder_value());
+    place::bump_jobs_vs(tx, ks, job_type);
 }
 
 fn new_token() -> AcceptToken {
@@ -145,46 +123,176 @@ pub struct Acceptors<'a> {
     pub recheck: bool,
 }
 
-/// A running job leaves its worker for `state` (finished, canceled): the
-/// active key goes, and with it the worker and the token.
-fn leave(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, state: JobState) {
-    if let Some(worker) = rec.worker.take() {
-        tx.clear(&ks.active(job_type, &worker, id));
-    }
-    rec.state = state;
-    rec.token = None;
-    rec.cancel_requested = false;
-    write_record(tx, ks, job_type, id, rec, 0);
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    /// `finish` with this result.
+    Finished(Vec<u8>),
+    /// The worker saw its cancel request (`update`).
+    Canceled,
+    /// `fail` with this error: retried as `retry` says while attempts
+    /// are left, else `failed`.
+    Failed { error: Vec<u8>, retry: Retry },
+    /// Given back without a failure (`release`, an unregister, a failed
+    /// delivery): queued again, `max_attempts` raised by one (unless
+    /// `bump` is false: the job never reached its worker).
+    Released { opts: JobOpts, info: Option<Vec<u8>>, bump: bool },
+    /// Its worker died: a failure with `worker_lost`, retried at once.
+    Lost,
 }
 
-/// A running job whose worker is gone: back to pending, or canceled if a
-/// cancel was requested while it ran (nobody is left to see the request,
-/// and running it again would ignore it). Attempts are kept: they count
-/// accepts. The caller clears the active key and bumps `jobs_vs` when this
-/// returns true (the job became pending).
-fn requeue_running(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, user_version: u16) -> bool {
-    if rec.cancel_requested {
-        rec.state = JobState::Canceled;
-        rec.worker = None;
-        rec.token = None;
-        rec.cancel_requested = false;
-        write_record(tx, ks, job_type, id, rec, user_version);
-        false
-    } else {
-        enqueue(tx, ks, job_type, id, rec, user_version);
-        true
+/// Whether and when a failed run is tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// `retry => false`: `failed` at once.
+    No,
+    /// After this many ms (0: pending at once).
+    After(u64),
+    /// After the default backoff: `base_ms` × 2^(attempts − 1), capped at
+    /// `max_ms`, less a random jitter of up to a quarter (so that jobs that
+    /// failed together do not come back together).
+    Backoff { base_ms: u64, max_ms: u64 },
+}
+
+impl Retry {
+    /// The delay before the next try of a job accepted `attempts` times.
+    pub fn delay_ms(self, attempts: u64) -> Option<u64> {
+        match self {
+            Retry::No => None,
+            Retry::After(ms) => Some(ms),
+            Retry::Backoff { base_ms, max_ms } => {
+                let exp = attempts.saturating_sub(1).min(62) as u32;
+                let full = base_ms.saturating_mul(1u64 << exp).min(max_ms);
+                let jitter = if full >= 4 { rand::random_range(0..=full / 4) } else { 0 };
+                Some(full - jitter)
+            }
+        }
+    }
+}
+
+/// Why a worker's running jobs leave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departure {
+    /// `worker_unregister/1`: released.
+    Released,
+    /// A death (reaped, or replaced by a new registration of its id):
+    /// each job fails with `worker_lost`.
+    Lost,
+}
+
+impl Departure {
+    fn run_end(self) -> RunEnd {
+        match self {
+            Departure::Released => RunEnd::Released { opts: JobOpts::default(), info: None, bump: true },
+            Departure::Lost => RunEnd::Lost,
+        }
+    }
+}
+
+/// Ends the run of the running `rec`: it leaves its worker (active key,
+/// token) and goes where `end` says, in the caller's transaction. A
+/// resubmission made while it ran wins over everything but a cancel. A
+/// cancel request wins over a retry or release (nobody would see it
+/// otherwise). Returns what it queued.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn end_run(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, end: RunEnd, user_version: u16, now: u64) -> Queued {
+    unplace(tx, ks, job_type, id, rec);
+    let resubmit = rec.resubmit.take();
+    let cancel = rec.cancel_requested;
+    match end {
+        RunEnd::Canceled => rec.state = JobState::Canceled,
+        RunEnd::Finished(result) => {
+            rec.result = Some(result);
+            rec.state = JobState::Finished;
+        }
+        RunEnd::Failed { error, retry } => {
+            rec.error = Some(error);
+            let retry = retry.delay_ms(rec.attempts).filter(|_| rec.max_attempts.allows_retry(rec.attempts));
+            match retry {
+                Some(_) if cancel => rec.state = JobState::Canceled,
+                Some(delay) => queue_state(rec, Some(Schedule::Delay(delay)), now),
+                None => rec.state = JobState::Failed,
+            }
+        }
+        RunEnd::Lost => {
+            rec.error = Some(place::worker_lost_error());
+            if cancel {
+                rec.state = JobState::Canceled;
+            } else if rec.max_attempts.allows_retry(rec.attempts) {
+                rec.state = JobState::Pending;
+            } else {
+                rec.state = JobState::Failed;
+            }
+        }
+        RunEnd::Released { opts, info, bump } => {
+            if bump {
+                rec.max_attempts = rec.max_attempts.raised();
+            }
+            if cancel {
+                rec.state = JobState::Canceled;
+            } else {
+                if let Some(info) = info {
+                    rec.info = info;
+                }
+                if let Some(p) = opts.priority {
+                    rec.priority = p;
+                }
+                queue_state(rec, opts.schedule, now);
+            }
+        }
+    }
+    if rec.state != JobState::Canceled {
+        if let Some(r) = resubmit {
+            apply_resubmit(rec, r, now);
+        }
+    }
+    place(tx, ks, job_type, id, rec, user_version, now);
+    let mut queued = Queued::default();
+    queued.note(rec);
+    queued
+}
+
+/// Queues `rec` again as `resubmit` says: its info, its options over the
+/// job's, attempts 0, no error (a result is kept).
+fn apply_resubmit(rec: &mut Record, r: Resubmit, now: u64) {
+    rec.info = r.info;
+    apply_opts(rec, &r.opts);
+    rec.attempts = 0;
+    rec.error = None;
+    queue_state(rec, r.opts.schedule, now);
+}
+
+/// The options given replace the job's; the others keep their values.
+fn apply_opts(rec: &mut Record, opts: &JobOpts) {
+    if let Some(p) = opts.priority {
+        rec.priority = p;
+    }
+    if let Some(m) = opts.max_attempts {
+        rec.max_attempts = m;
+    }
+    if let Some(k) = opts.keep {
+        rec.keep = k;
     }
 }
 
 /// Checks the keys a new job will have and builds its record.
-fn new_record(ks: &Keyspace, job_type: &[u8], job: &NewJob) -> Result<Record, Error> {
-    check_key(&ks.job(job_type, &job.id))?;
-    check_key(&ks.pending(job_type, job.priority, &[0; 12], &job.id))?;
-    let rec = Record::new_pending(job.priority, job.info.clone());
+fn new_record(ks: &Keyspace, job_type: &[u8], job: &JobSpec) -> Result<Record, Error> {
+    check_index_keys(ks, job_type, &job.id, job.opts.priority.unwrap_or(0))?;
+    let rec = Record::new(job.info.clone(), &job.opts);
     if rec.stored_len() > MAX_VALUE_SIZE {
         return Err(Error::Store(StoreError::ValueTooLarge));
     }
     Ok(rec)
+}
+
+/// Checks the longest keys a job of this id may get (its record, its
+/// pending key, its index and expiry keys) against the key limit.
+fn check_index_keys(ks: &Keyspace, job_type: &[u8], id: &[u8], priority: i64) -> Result<(), Error> {
+    check_key(&ks.job(job_type, id))?;
+    check_key(&ks.pending(job_type, priority, &[0; 12], id))?;
+    check_key(&ks.by_state(job_type, JobState::Scheduled.name().as_bytes(), id))?;
+    check_key(&ks.expiry(i64::MAX, job_type, id))?;
+    check_key(&ks.scheduled(job_type, i64::MAX, id))
 }
 
 /// Checks the job key a call will read (a key over the limit is an error
@@ -198,6 +306,13 @@ pub fn check_job_key(ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<(), Er
 /// Adds a pending job. `AlreadyExists` if a job of that type and id exists
 /// in any state.
 pub async fn add(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &NewJob) -> Result<Outcome<()>, StoreError> {
+    add_job(tx, ks, job_type, &JobSpec::from(job), place::wall_ms()).await
+}
+
+/// Adds a job with its options: `scheduled` if its schedule is in the
+/// future of `now`, else pending. `AlreadyExists` if a job of that type and
+/// id exists in any state.
+pub async fn add_job(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &JobSpec, now: u64) -> Result<Outcome<()>, StoreError> {
     let mut rec = match new_record(ks, job_type, job) {
         Ok(rec) => rec,
         Err(e) => return Ok(Err(e)),
@@ -205,9 +320,20 @@ pub async fn add(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &NewJob) -> Resul
     if tx.get(&ks.job(job_type, &job.id), false).await?.is_some() {
         return Ok(Err(Error::AlreadyExists));
     }
-    enqueue(tx, ks, job_type, &job.id, &mut rec, 0);
-    bump_pending(tx, ks, job_type);
+    let before = if job.opts.schedule.is_some() { earliest_scheduled(tx, ks, job_type).await? } else { None };
+    let mut queued = Queued::default();
+    insert(tx, ks, job_type, &job.id, &mut rec, job.opts.schedule, 0, now, &mut queued);
+    queued.wake(tx, ks, job_type, before);
     Ok(Ok(()))
+}
+
+/// Writes a new job: queued as its schedule says, counted in its type.
+#[allow(clippy::too_many_arguments)]
+fn insert(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, schedule: Option<Schedule>, user_version: u16, now: u64, queued: &mut Queued) {
+    queue_state(rec, schedule, now);
+    place(tx, ks, job_type, id, rec, user_version, now);
+    tx.atomic_add(&ks.job_type_count(job_type), 1);
+    queued.note(rec);
 }
 
 /// Adds every job or none: `AlreadyExists(ids)` names the ids that exist
@@ -216,6 +342,12 @@ pub async fn add(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &NewJob) -> Resul
 /// FoundationDB's 10 MB) is refused whole with `transaction_too_large`:
 /// splitting it would break the all-or-nothing contract.
 pub async fn add_many(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[NewJob]) -> Result<Result<(), AddManyError>, StoreError> {
+    let specs: Vec<JobSpec> = jobs.iter().map(JobSpec::from).collect();
+    add_many_jobs(tx, ks, job_type, &specs, place::wall_ms()).await
+}
+
+/// [`add_many`] with every job's options.
+pub async fn add_many_jobs(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[JobSpec], now: u64) -> Result<Result<(), AddManyError>, StoreError> {
     if jobs.is_empty() {
         return Ok(Ok(()));
     }
@@ -232,7 +364,8 @@ pub async fn add_many(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[NewJob]) 
         let job_key = ks.job(job_type, &job.id).len();
         // The record and pending key written, and the read conflict range
         // of the existence check (about twice the key).
-        size += rec.stored_len() + 3 * job_key + ks.pending(job_type, job.priority, &[0; 12], &job.id).len();
+        // The record, its pending or scheduled key and its index key.
+        size += rec.stored_len() + 5 * job_key + ks.pending(job_type, rec.priority, &[0; 12], &job.id).len();
         records.push(rec);
     }
     if size > MAX_TRANSACTION_SIZE {
@@ -252,17 +385,20 @@ pub async fn add_many(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[NewJob]) 
     if !existing.is_empty() {
         return Ok(Err(AddManyError::AlreadyExists(existing)));
     }
+    let before = if jobs.iter().any(|j| j.opts.schedule.is_some()) { earliest_scheduled(tx, ks, job_type).await? } else { None };
+    let mut queued = Queued::default();
     for (i, (job, rec)) in jobs.iter().zip(records.iter_mut()).enumerate() {
         // i < MAX_ADD_MANY = 2^16, checked above.
-        enqueue(tx, ks, job_type, &job.id, rec, i as u16);
+        insert(tx, ks, job_type, &job.id, rec, job.opts.schedule, i as u16, now, &mut queued);
     }
-    bump_pending(tx, ks, job_type);
+    queued.wake(tx, ks, job_type, before);
     Ok(Ok(()))
 }
 
 // ---- accept -----------------------------------------------------------
 
-/// What one waiter got from an accept round.
+/// What one waiter got from an accept round (most waiters get a job).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Take {
     /// A job, now running for the waiter's worker. Its `vs` is incomplete
@@ -283,6 +419,12 @@ pub struct AcceptRound {
     /// (the byte budget ran out, or stale pending keys were cleared): run
     /// another round rather than wait for a watch.
     pub more: bool,
+    /// The earliest `run_at` of the type's scheduled jobs, as this round
+    /// saw it: the dispatcher's timer. A time not after now means jobs are
+    /// due: [`promote_due`] moves them, then another round takes them.
+    pub next_due: Option<u64>,
+    /// The type is paused: nothing was taken.
+    pub paused: bool,
 }
 
 /// Takes up to one pending job for each waiter (a waiter is the worker id
@@ -298,14 +440,19 @@ pub struct AcceptRound {
 /// new active keys (and requeues them) or makes this round retry and find
 /// the worker gone.
 pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Acceptors<'_>) -> Result<AcceptRound, StoreError> {
+    let now = place::wall_ms();
     let Acceptors { workers: waiters, tokens, recheck } = acceptors;
     if tokens.len() != waiters.len() {
         return Err(StoreError::Invalid("accept: one token per waiter".into()));
     }
     let mut takes = vec![Take::NoJob; waiters.len()];
     if waiters.is_empty() {
-        return Ok(AcceptRound { takes, more: false });
+        return Ok(AcceptRound { takes, more: false, next_due: None, paused: false });
     }
+    // Not a snapshot: a pause that commits while this round runs makes it
+    // retry, and the retry sees the pause.
+    let paused = tx.get(&ks.paused(worker_type), false).await?.is_some();
+    let next_due = earliest_scheduled(tx, ks, worker_type).await?;
     // Which workers are registered (each distinct worker read once).
     let distinct: Vec<&[u8]> = {
         let mut seen = HashSet::new();
@@ -330,8 +477,8 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
             takes[i] = Take::Job(handle);
         }
     }
-    if queue.is_empty() {
-        return Ok(AcceptRound { takes, more: false });
+    if queue.is_empty() || paused {
+        return Ok(AcceptRound { takes, more: false, next_due, paused });
     }
 
     let (begin, end) = ks.pending_range(worker_type);
@@ -392,22 +539,21 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
         tx.add_read_conflict_key(pending_key);
         tx.add_read_conflict_key(&ks.job(worker_type, &id));
         let mut rec = rec;
-        dequeue(tx, ks, worker_type, &id, &rec);
+        unplace(tx, ks, worker_type, &id, &rec);
         let token = tokens[waiter];
         rec.state = JobState::Running;
         rec.worker = Some(worker.clone());
         rec.token = Some(token);
         rec.cancel_requested = false;
         rec.attempts += 1;
-        write_record(tx, ks, worker_type, &id, &mut rec, user_version);
-        tx.set_versionstamped_value(&ks.active(worker_type, worker, &id), &record::encode_active(user_version));
+        place(tx, ks, worker_type, &id, &mut rec, user_version, now);
         user_version = user_version.wrapping_add(1);
         progress = true;
-        takes[waiter] = Take::Job(JobHandle { job: rec.to_job(worker_type, &id), token });
+        takes[waiter] = Take::Job(JobHandle { job: rec.to_job(worker_type, &id, now), token });
     }
     let waiting = next < queue.len();
     let more = waiting && (!budget_left || (full && progress));
-    Ok(AcceptRound { takes, more })
+    Ok(AcceptRound { takes, more, next_due, paused })
 }
 
 /// The jobs that the waiters in `queue` already hold under their tokens:
@@ -446,7 +592,7 @@ async fn taken_before(
             let mine = queue.iter().find(|&&j| waiters[j] == *worker && tokens[j] == token && !found.iter().any(|(f, _)| *f == j));
             if let Some(&j) = mine {
                 tx.add_read_conflict_key(&ks.job(worker_type, id));
-                found.push((j, JobHandle { job: rec.to_job(worker_type, id), token }));
+                found.push((j, JobHandle { job: rec.to_job(worker_type, id, place::wall_ms()), token }));
             }
         }
     }
@@ -466,18 +612,56 @@ pub async fn pending_watch(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<Wa
 /// transaction that took the job): the job goes back to pending exactly as
 /// on failover, if the accept of `fence` still holds it. Returns whether it
 /// did.
-pub async fn release(tx: &Tx, ks: &Keyspace, fence: &Fence) -> Result<bool, StoreError> {
+pub async fn give_back(tx: &Tx, ks: &Keyspace, fence: &Fence) -> Result<bool, StoreError> {
     let Some(mut rec) = read_record(tx, ks, &fence.job_type, &fence.job_id, false).await? else {
         return Ok(false);
     };
     if rec.state != JobState::Running || rec.token != Some(fence.token) {
         return Ok(false);
     }
-    tx.clear(&ks.active(&fence.job_type, &fence.worker, &fence.job_id));
-    if requeue_running(tx, ks, &fence.job_type, &fence.job_id, &mut rec, 0) {
-        bump_pending(tx, ks, &fence.job_type);
-    }
+    // Attempts count accepts: this one happened. The worker never saw
+    // the job, so no attempt limit is raised either.
+    let end = RunEnd::Released { opts: JobOpts::default(), info: None, bump: false };
+    let queued = end_run(tx, ks, &fence.job_type, &fence.job_id, &mut rec, end, 0, place::wall_ms());
+    queued.wake(tx, ks, &fence.job_type, None);
     Ok(true)
+}
+
+/// Moves up to `limit` of the type's scheduled jobs that are due by
+/// `now` (this node's wall clock) to pending, in due order: the first
+/// moved is the first to run among equal priorities. Returns how many it
+/// moved and the earliest `run_at` left.
+pub async fn promote_due(tx: &Tx, ks: &Keyspace, job_type: &[u8], now: u64, limit: usize) -> Result<(usize, Option<u64>), StoreError> {
+    let (begin, end) = ks.scheduled_range(job_type);
+    let rows = tx.get_range(&RangeRequest::new(begin, end).limit(limit + 1)).await?;
+    let mut moved = 0usize;
+    let mut next = None;
+    for (key, _) in &rows {
+        let Some((at, id)) = ks.parse_scheduled(job_type, key) else {
+            tx.clear(key);
+            continue;
+        };
+        let at = u64::try_from(at).unwrap_or(0);
+        if at > now || moved == limit {
+            next = Some(at);
+            break;
+        }
+        match read_record(tx, ks, job_type, &id, false).await? {
+            Some(mut rec) if rec.state == JobState::Scheduled && rec.run_at == Some(at) => {
+                unplace(tx, ks, job_type, &id, &rec);
+                rec.state = JobState::Pending;
+                // < limit + 1 rows: the user versions stay distinct.
+                place(tx, ks, job_type, &id, &mut rec, moved as u16, now);
+                moved += 1;
+            }
+            // A key its record does not name: stale.
+            _ => tx.clear(key),
+        }
+    }
+    if moved > 0 {
+        bump_pending(tx, ks, job_type);
+    }
+    Ok((moved, next))
 }
 
 // ---- the worker's side: update, finish --------------------------------
@@ -495,7 +679,7 @@ async fn owned_record(tx: &Tx, ks: &Keyspace, fence: &Fence) -> Result<Outcome<R
     if let Some(marker) = tx.get(&ks.orphan(&fence.job_type, &fence.worker), false).await? {
         let accepted = tx.get(&ks.active(&fence.job_type, &fence.worker, &fence.job_id), false).await?;
         let accepted = accepted.and_then(|v| record::decode_active(&v));
-        if let (Some(removed), Some(accepted)) = (record::decode_orphan_marker(&marker), accepted) {
+        if let (Some((removed, _)), Some(accepted)) = (record::decode_orphan_marker(&marker), accepted) {
             if accepted[..10] < removed[..10] {
                 return Ok(Err(Error::NotOwner));
             }
@@ -514,8 +698,9 @@ pub async fn update(tx: &Tx, ks: &Keyspace, fence: &Fence, info: &[u8]) -> Resul
         Ok(rec) => rec,
         Err(e) => return Ok(Err(e)),
     };
+    let now = place::wall_ms();
     if rec.cancel_requested {
-        leave(tx, ks, &fence.job_type, &fence.job_id, &mut rec, JobState::Canceled);
+        end_run(tx, ks, &fence.job_type, &fence.job_id, &mut rec, RunEnd::Canceled, 0, now);
         return Ok(Err(Error::Canceled));
     }
     rec.info = info.to_vec();
@@ -523,11 +708,11 @@ pub async fn update(tx: &Tx, ks: &Keyspace, fence: &Fence, info: &[u8]) -> Resul
         return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
     }
     write_record(tx, ks, &fence.job_type, &fence.job_id, &mut rec, 0);
-    Ok(Ok(JobHandle { job: rec.to_job(&fence.job_type, &fence.job_id), token: fence.token }))
+    Ok(Ok(JobHandle { job: rec.to_job(&fence.job_type, &fence.job_id, now), token: fence.token }))
 }
 
-/// Finishes a job the handle holds (also one with a cancel request).
-pub async fn finish(tx: &Tx, ks: &Keyspace, fence: &Fence, result: &[u8]) -> Result<Outcome<Job>, StoreError> {
+/// Ends the run the handle holds as `end` says (finish, fail, release).
+pub async fn end(tx: &Tx, ks: &Keyspace, fence: &Fence, end: RunEnd) -> Result<Outcome<Job>, StoreError> {
     if let Err(e) = check_job_key(ks, &fence.job_type, &fence.job_id) {
         return Ok(Err(e));
     }
@@ -535,19 +720,45 @@ pub async fn finish(tx: &Tx, ks: &Keyspace, fence: &Fence, result: &[u8]) -> Res
         Ok(rec) => rec,
         Err(e) => return Ok(Err(e)),
     };
-    rec.result = Some(result.to_vec());
-    if rec.stored_len() > MAX_VALUE_SIZE {
+    // The size check: what this end writes into the record.
+    let mut probe = rec.clone();
+    match &end {
+        RunEnd::Finished(result) => probe.result = Some(result.clone()),
+        RunEnd::Failed { error, .. } => probe.error = Some(error.clone()),
+        RunEnd::Released { info: Some(info), .. } => probe.info = info.clone(),
+        _ => {}
+    }
+    if probe.stored_len() > MAX_VALUE_SIZE {
         return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
     }
-    leave(tx, ks, &fence.job_type, &fence.job_id, &mut rec, JobState::Finished);
-    Ok(Ok(rec.to_job(&fence.job_type, &fence.job_id)))
+    if let RunEnd::Released { opts, .. } = &end {
+        if let Err(e) = check_index_keys(ks, &fence.job_type, &fence.job_id, opts.priority.unwrap_or(rec.priority)) {
+            return Ok(Err(e));
+        }
+    }
+    let now = place::wall_ms();
+    // Only an end that can schedule the job needs the earliest scheduled
+    // time (to wake the dispatchers if it comes first).
+    let may_schedule = rec.resubmit.is_some()
+        || matches!(&end, RunEnd::Failed { retry, .. } if *retry != Retry::No)
+        || matches!(&end, RunEnd::Released { opts, .. } if opts.schedule.is_some());
+    let before = if may_schedule { earliest_scheduled(tx, ks, &fence.job_type).await? } else { None };
+    let queued = end_run(tx, ks, &fence.job_type, &fence.job_id, &mut rec, end, 0, now);
+    queued.wake(tx, ks, &fence.job_type, before);
+    Ok(Ok(rec.to_job(&fence.job_type, &fence.job_id, now)))
 }
 
-// ---- anyone's side: cancel, remove, get, count ---------------------------
+/// Finishes a job the handle holds (also one with a cancel request).
+pub async fn finish(tx: &Tx, ks: &Keyspace, fence: &Fence, result: &[u8]) -> Result<Outcome<Job>, StoreError> {
+    end(tx, ks, fence, RunEnd::Finished(result.to_vec())).await
+}
 
-/// Cancels a job: a pending one at once, a running one by request (its
-/// worker's next update cancels it), a finished or canceled one not at all
-/// (`Ok`, nothing written). Returns the job as it now is.
+// ---- anyone's side: cancel, remove, resubmit, get, count -----------------
+
+/// Cancels a job: a pending or scheduled one at once, a running one by
+/// request (its worker's next update cancels it; a resubmission waiting
+/// for the run's end is dropped), an ended one not at all (`Ok`, nothing
+/// written). Returns the job as it now is.
 pub async fn cancel(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<Outcome<Job>, StoreError> {
     if let Err(e) = check_job_key(ks, job_type, id) {
         return Ok(Err(e));
@@ -555,53 +766,167 @@ pub async fn cancel(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Resul
     let Some(mut rec) = read_record(tx, ks, job_type, id, false).await? else {
         return Ok(Err(Error::NotFound));
     };
+    let now = place::wall_ms();
     match rec.state {
-        JobState::Pending => {
-            dequeue(tx, ks, job_type, id, &rec);
+        JobState::Pending | JobState::Scheduled => {
+            unplace(tx, ks, job_type, id, &rec);
             rec.state = JobState::Canceled;
-            write_record(tx, ks, job_type, id, &mut rec, 0);
+            place(tx, ks, job_type, id, &mut rec, 0, now);
         }
-        JobState::Running if !rec.cancel_requested => {
+        JobState::Running if !rec.cancel_requested || rec.resubmit.is_some() => {
             rec.cancel_requested = true;
+            rec.resubmit = None;
             write_record(tx, ks, job_type, id, &mut rec, 0);
         }
         _ => {}
     }
-    Ok(Ok(rec.to_job(job_type, id)))
+    Ok(Ok(rec.to_job(job_type, id, now)))
+}
+
+/// The record, if `if_vs` (when given) still matches it: `Changed` when
+/// the job changed since or is gone.
+async fn read_if(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<Outcome<Option<Record>>, StoreError> {
+    let rec = read_record(tx, ks, job_type, id, false).await?;
+    match (if_vs, &rec) {
+        (Some(vs), Some(r)) if r.vs != *vs => Ok(Err(Error::Changed)),
+        (Some(_), None) => Ok(Err(Error::Changed)),
+        _ => Ok(Ok(rec)),
+    }
 }
 
 /// Removes a job in any state; a running one's worker is then refused
 /// (`not_found`).
 pub async fn remove(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<Outcome<()>, StoreError> {
+    remove_if(tx, ks, job_type, id, None).await
+}
+
+/// [`remove`]; with `if_vs`, only if the job's `vs` is still that
+/// (`Changed` otherwise; an absent job is `NotFound`).
+pub async fn remove_if(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<Outcome<()>, StoreError> {
     if let Err(e) = check_job_key(ks, job_type, id) {
         return Ok(Err(e));
     }
     let Some(rec) = read_record(tx, ks, job_type, id, false).await? else {
         return Ok(Err(Error::NotFound));
     };
-    match (rec.state, &rec.worker) {
-        (JobState::Pending, _) => dequeue(tx, ks, job_type, id, &rec),
-        (JobState::Running, Some(worker)) => tx.clear(&ks.active(job_type, worker, id)),
-        _ => {}
+    if if_vs.is_some_and(|vs| *vs != rec.vs) {
+        return Ok(Err(Error::Changed));
     }
-    tx.clear(&ks.job(job_type, id));
+    remove_record(tx, ks, job_type, id, &rec);
     Ok(Ok(()))
 }
 
-/// The job, if it exists.
-pub async fn get(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<Option<Job>, StoreError> {
-    Ok(read_record(tx, ks, job_type, id, false).await?.map(|rec| rec.to_job(job_type, id)))
+/// Clears a job and every key of its state, its type's count included.
+pub(crate) fn remove_record(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &Record) {
+    unplace(tx, ks, job_type, id, rec);
+    tx.clear(&ks.job(job_type, id));
+    tx.atomic_add(&ks.job_type_count(job_type), -1);
 }
 
-/// The exact number of pending jobs of a type (the counter, O(1)).
+/// Adds the job, or runs it again (DESIGN.md `job_resubmit/4`): absent,
+/// it is added; queued, its info and the given options replace the job's
+/// and it stays queued once; running, the resubmission waits in the
+/// record for the run's end; ended, it is queued again with attempts 0
+/// and no error. With `if_vs`, only if the job exists with that `vs`.
+#[allow(clippy::too_many_arguments)]
+pub async fn resubmit(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+    info: &[u8],
+    opts: &JobOpts,
+    if_vs: Option<&JobVs>,
+    now: u64,
+) -> Result<Outcome<()>, StoreError> {
+    let rec = match read_if(tx, ks, job_type, id, if_vs).await? {
+        Ok(rec) => rec,
+        Err(e) => return Ok(Err(e)),
+    };
+    let Some(mut rec) = rec else {
+        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
+        return add_job(tx, ks, job_type, &job, now).await;
+    };
+    if let Err(e) = check_index_keys(ks, job_type, id, opts.priority.unwrap_or(rec.priority)) {
+        return Ok(Err(e));
+    }
+    let before = earliest_scheduled(tx, ks, job_type).await?;
+    let mut queued = Queued::default();
+    match rec.state {
+        JobState::Running => {
+            rec.resubmit = Some(Resubmit { info: info.to_vec(), opts: *opts });
+            if rec.stored_len() > MAX_VALUE_SIZE {
+                return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
+            }
+            write_record(tx, ks, job_type, id, &mut rec, 0);
+        }
+        JobState::Scheduled | JobState::Pending => {
+            let mut next = rec.clone();
+            next.info = info.to_vec();
+            apply_opts(&mut next, opts);
+            let schedule = match opts.schedule {
+                Some(s) => Some(s),
+                None => next.run_at.filter(|_| next.state == JobState::Scheduled).map(Schedule::RunAt),
+            };
+            queue_state(&mut next, schedule, now);
+            if next.stored_len() > MAX_VALUE_SIZE {
+                return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
+            }
+            unplace(tx, ks, job_type, id, &rec);
+            place(tx, ks, job_type, id, &mut next, 0, now);
+            queued.note(&next);
+        }
+        JobState::Finished | JobState::Canceled | JobState::Failed => {
+            let mut next = rec.clone();
+            apply_resubmit(&mut next, Resubmit { info: info.to_vec(), opts: *opts }, now);
+            if next.stored_len() > MAX_VALUE_SIZE {
+                return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
+            }
+            unplace(tx, ks, job_type, id, &rec);
+            place(tx, ks, job_type, id, &mut next, 0, now);
+            queued.note(&next);
+        }
+    }
+    queued.wake(tx, ks, job_type, before);
+    Ok(Ok(()))
+}
+
+/// The job, if it exists, as this node's clock sees it.
+pub async fn get(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<Option<Job>, StoreError> {
+    let now = place::wall_ms();
+    Ok(read_record(tx, ks, job_type, id, false).await?.map(|rec| rec.to_job(job_type, id, now)))
+}
+
+/// How many of the type's scheduled jobs are due by `now`: they count as
+/// pending. Reads only their keys; the dispatchers keep this near zero by
+/// moving due jobs to pending while acceptors wait.
+async fn due_scheduled(tx: &Tx, ks: &Keyspace, job_type: &[u8], now: u64) -> Result<u64, StoreError> {
+    let (begin, _) = ks.scheduled_range(job_type);
+    let end = ks.scheduled_after(job_type, key_i64(now));
+    Ok(tx.get_range(&RangeRequest::new(begin, end).snapshot(true)).await?.len() as u64)
+}
+
+/// The exact number of jobs of a type that can be accepted now (pending,
+/// and scheduled ones that are due): a counter and the due keys.
 pub async fn pending_count(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<u64, StoreError> {
     let raw = tx.get(&ks.pending_count(job_type), false).await?;
-    let mut le = [0u8; 8];
-    if let Some(raw) = raw {
-        let n = raw.len().min(8);
-        le[..n].copy_from_slice(&raw[..n]);
+    Ok(place::read_counter(raw) + due_scheduled(tx, ks, job_type, place::wall_ms()).await?)
+}
+
+/// The exact number of the type's jobs in each state, in
+/// [`JobState::ALL`]'s order: one counter per state, and due scheduled
+/// jobs counted as pending.
+pub async fn counts(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<[u64; 6], StoreError> {
+    let keys: Vec<Vec<u8>> = JobState::ALL.iter().map(|s| ks.state_count(job_type, s.name().as_bytes())).collect();
+    let raw = get_many(tx, &keys, false).await?;
+    let mut out = [0u64; 6];
+    for (slot, raw) in out.iter_mut().zip(raw) {
+        *slot = place::read_counter(raw);
     }
-    Ok(u64::try_from(i64::from_le_bytes(le)).unwrap_or(0))
+    let due = due_scheduled(tx, ks, job_type, place::wall_ms()).await?.min(out[0]);
+    out[0] -= due;
+    out[1] += due;
+    Ok(out)
 }
 
 // ---- failover: requeue a removed worker's jobs ----------------------------
@@ -629,6 +954,7 @@ async fn requeue_rows(
     worker: &[u8],
     rows: &[(Vec<u8>, Vec<u8>)],
     older_than: Option<&JobVs>,
+    departure: Departure,
 ) -> Result<Batch, StoreError> {
     let ids: Vec<Option<Vec<u8>>> = rows
         .iter()
@@ -645,8 +971,9 @@ async fn requeue_rows(
 
     let mut batch = Batch::default();
     let mut written = 0usize;
-    let mut any_pending = false;
+    let mut queued = Queued::default();
     let mut user_version: u16 = 0;
+    let now = place::wall_ms();
     for (i, (active_key, _)) in rows.iter().enumerate() {
         let Some(id) = &ids[i] else {
             // Newer than the removal (a later incarnation's job), or not
@@ -669,8 +996,8 @@ async fn requeue_rows(
                     break;
                 }
                 written += cost;
-                tx.clear(active_key);
-                any_pending |= requeue_running(tx, ks, worker_type, id, &mut rec, user_version);
+                let q = end_run(tx, ks, worker_type, id, &mut rec, departure.run_end(), user_version, now);
+                queued.pending |= q.pending;
                 user_version = user_version.wrapping_add(1);
                 batch.moved += 1;
             }
@@ -679,9 +1006,7 @@ async fn requeue_rows(
         }
         batch.consumed += 1;
     }
-    if any_pending {
-        bump_pending(tx, ks, worker_type);
-    }
+    queued.wake(tx, ks, worker_type, None);
     Ok(batch)
 }
 
@@ -697,13 +1022,14 @@ async fn requeue_rows(
 /// transactions of the same bounds (see [`sweep_orphan`]). Until then the
 /// handles of those jobs are refused all the same: `update`/`finish` see
 /// the marker and compare it with the job's accept VS.
-pub async fn requeue_worker_jobs(tx: &Tx, ks: &Keyspace, worker_type: &[u8], worker: &[u8]) -> Result<usize, StoreError> {
+pub async fn requeue_worker_jobs(tx: &Tx, ks: &Keyspace, worker_type: &[u8], worker: &[u8], departure: Departure) -> Result<usize, StoreError> {
     let (begin, end) = ks.active_range(worker_type, worker);
     let rows = tx.get_range(&RangeRequest::new(begin, end).limit(REQUEUE_MAX_JOBS + 1)).await?;
     let take = rows.len().min(REQUEUE_MAX_JOBS);
-    let batch = requeue_rows(tx, ks, worker_type, worker, &rows[..take], None).await?;
+    let batch = requeue_rows(tx, ks, worker_type, worker, &rows[..take], None, departure).await?;
     if batch.consumed < rows.len() {
-        tx.set_versionstamped_value(&ks.orphan(worker_type, worker), &record::encode_orphan_marker());
+        let lost = departure == Departure::Lost;
+        tx.set_versionstamped_value(&ks.orphan(worker_type, worker), &record::encode_orphan_marker(lost));
         tx.set_versionstamped_value(&ks.orphans_vs(), &Keyspace::vs_placeholder_value());
     }
     Ok(batch.moved)
@@ -743,7 +1069,7 @@ pub async fn sweep_orphan(
     let Some(value) = tx.get(&orphan_key, false).await? else {
         return Ok(SweepStep::Done { moved: 0 });
     };
-    let Some(marker) = record::decode_orphan_marker(&value) else {
+    let Some((marker, lost)) = record::decode_orphan_marker(&value) else {
         // Not a marker this code wrote: drop it rather than guess.
         tx.clear(&orphan_key);
         return Ok(SweepStep::Done { moved: 0 });
@@ -754,7 +1080,8 @@ pub async fn sweep_orphan(
         begin.push(0);
     }
     let rows = tx.get_range(&RangeRequest::new(begin, end).limit(REQUEUE_MAX_JOBS)).await?;
-    let batch = requeue_rows(tx, ks, worker_type, worker, &rows, Some(&marker)).await?;
+    let departure = if lost { Departure::Lost } else { Departure::Released };
+    let batch = requeue_rows(tx, ks, worker_type, worker, &rows, Some(&marker), departure).await?;
     if !batch.stopped && rows.len() < REQUEUE_MAX_JOBS {
         tx.clear(&orphan_key);
         return Ok(SweepStep::Done { moved: batch.moved });
@@ -774,4 +1101,139 @@ pub async fn orphans(tx: &Tx, ks: &Keyspace, limit: usize) -> Result<(Vec<(Vec<u
     let key = ks.orphans_vs();
     tx.get(&key, true).await?;
     Ok((list, tx.watch(&key)))
+}
+
+// ---- listing, types, pause, pruning ---------------------------------------
+
+/// The job types that have jobs: the per-type counts, never the jobs.
+pub async fn job_types(tx: &Tx, ks: &Keyspace) -> Result<Vec<Vec<u8>>, StoreError> {
+    let (begin, end) = ks.job_types_range();
+    let rows = tx.get_range(&RangeRequest::new(begin, end).snapshot(true)).await?;
+    Ok(rows
+        .into_iter()
+        .filter(|(_, v)| place::read_counter(Some(v.clone())) > 0)
+        .filter_map(|(k, _)| ks.parse_job_type(&k))
+        .collect())
+}
+
+/// One page of the type's jobs in id order, after `after` (exclusive):
+/// every job, from the records, or only those in `states`, from each
+/// state's index (a page reads at most `limit` keys per state asked for).
+/// The second value is the id to continue after, `None` when no job
+/// follows.
+pub async fn list(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    states: Option<&[JobState]>,
+    limit: usize,
+    after: Option<&[u8]>,
+) -> Result<(Vec<Job>, Option<Vec<u8>>), StoreError> {
+    let limit = limit.max(1);
+    let now = place::wall_ms();
+    let start = |begin: Vec<u8>, key: Option<Vec<u8>>| match key {
+        Some(mut k) => {
+            k.push(0);
+            k.max(begin)
+        }
+        None => begin,
+    };
+    let Some(states) = states else {
+        let (begin, end) = ks.jobs_range(job_type);
+        let begin = start(begin, after.map(|a| ks.job(job_type, a)));
+        let rows = tx.get_range(&RangeRequest::new(begin, end).limit(limit).snapshot(true)).await?;
+        let mut jobs = Vec::with_capacity(rows.len());
+        for (k, v) in &rows {
+            let (Some(id), Ok(rec)) = (ks.parse_job(job_type, k), Record::decode(v)) else { continue };
+            jobs.push(rec.to_job(job_type, &id, now));
+        }
+        let cont = (rows.len() == limit).then(|| rows.last().and_then(|(k, _)| ks.parse_job(job_type, k))).flatten();
+        return Ok((jobs, cont));
+    };
+    let mut ids: Vec<Vec<u8>> = Vec::new();
+    let mut maybe_more = false;
+    for state in states {
+        let name = state.name().as_bytes();
+        let (begin, end) = ks.by_state_range(job_type, name);
+        let begin = start(begin, after.map(|a| ks.by_state(job_type, name, a)));
+        let rows = tx.get_range(&RangeRequest::new(begin, end).limit(limit).snapshot(true)).await?;
+        maybe_more |= rows.len() == limit;
+        ids.extend(rows.iter().filter_map(|(k, _)| ks.parse_by_state(job_type, name, k)));
+    }
+    ids.sort();
+    ids.dedup();
+    maybe_more |= ids.len() > limit;
+    ids.truncate(limit);
+    let keys: Vec<Vec<u8>> = ids.iter().map(|id| ks.job(job_type, id)).collect();
+    let values = get_many(tx, &keys, true).await?;
+    let mut jobs = Vec::with_capacity(ids.len());
+    for (id, v) in ids.iter().zip(values) {
+        if let Some(rec) = v.and_then(|v| Record::decode(&v).ok()) {
+            jobs.push(rec.to_job(job_type, id, now));
+        }
+    }
+    let cont = if maybe_more { ids.last().cloned() } else { None };
+    Ok((jobs, cont))
+}
+
+/// Pauses (`true`) or resumes the type, cluster-wide: the flag every
+/// accept round reads, and a bump of `jobs_vs` so that every node's
+/// dispatcher runs a round now (a resume wakes waiting acceptors at once).
+pub async fn set_paused(tx: &Tx, ks: &Keyspace, job_type: &[u8], paused: bool) -> Result<(), StoreError> {
+    let key = ks.paused(job_type);
+    let now_paused = tx.get(&key, false).await?.is_some();
+    if now_paused != paused {
+        if paused {
+            tx.set(&key, b"");
+        } else {
+            tx.clear(&key);
+        }
+        bump_pending(tx, ks, job_type);
+    }
+    Ok(())
+}
+
+/// What one pruning transaction did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// The jobs removed, `(type, id)`.
+    pub removed: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The earliest expiry left (Unix ms); due now if the batch was full.
+    pub next: Option<u64>,
+}
+
+/// The earliest expiry (Unix ms), read as a snapshot: whether a prune is
+/// due at all, without a write transaction.
+pub async fn next_expiry(tx: &Tx, ks: &Keyspace) -> Result<Option<u64>, StoreError> {
+    let (begin, end) = ks.expiry_range();
+    let rows = tx.get_range(&RangeRequest::new(begin, end).limit(1).snapshot(true)).await?;
+    Ok(rows.first().and_then(|(k, _)| ks.parse_expiry(k)).map(|(at, _, _)| u64::try_from(at).unwrap_or(0)))
+}
+
+/// Removes up to `limit` ended jobs whose `keep` ran out by `now`, in
+/// expiry order. Several nodes may prune at once: each removal re-reads
+/// the record in the transaction, and conflicting prunes retry.
+pub async fn prune(tx: &Tx, ks: &Keyspace, now: u64, limit: usize) -> Result<Pruned, StoreError> {
+    let (begin, end) = ks.expiry_range();
+    let rows = tx.get_range(&RangeRequest::new(begin, end).limit(limit + 1)).await?;
+    let mut out = Pruned::default();
+    for (key, _) in &rows {
+        let Some((at, job_type, id)) = ks.parse_expiry(key) else {
+            tx.clear(key);
+            continue;
+        };
+        let at = u64::try_from(at).unwrap_or(0);
+        if at > now || out.removed.len() == limit {
+            out.next = Some(at.min(if out.removed.len() == limit { now } else { at }));
+            break;
+        }
+        match read_record(tx, ks, &job_type, &id, false).await? {
+            Some(rec) if rec.state.is_terminal() && rec.expire_at == Some(at) => {
+                remove_record(tx, ks, &job_type, &id, &rec);
+                out.removed.push((job_type, id));
+            }
+            _ => tx.clear(key),
+        }
+    }
+    Ok(out)
 }

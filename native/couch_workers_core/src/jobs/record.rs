@@ -1,21 +1,30 @@
 //! The stored values of the job queue, versioned.
 //!
-//! Job record, at `("couch_workers", "jobs", JobType, JobId)`, format 1:
+//! Job record, at `("couch_workers", "jobs", JobType, JobId)`, format 2:
 //!
 //! ```text
-//! (1, State, Worker | nil, Priority, Attempts, Token | nil, CancelRequested, VS, Info, Result | nil)
+//! (2, State, Worker | nil, Priority, Attempts, Token | nil, CancelRequested, VS, Info, Result | nil,
+//!  Error | nil, MaxAttempts, RunAt | nil, Keep, ExpireAt | nil, Resubmit | nil)
 //! ```
 //!
-//! a tuple-layer packed tuple: `1` the format version (an integer; a
-//! reader that meets another one refuses the record rather than guess),
-//! `State` the byte string `pending | running | finished | canceled`,
-//! `Worker` the byte string of the worker running it (nil unless running),
-//! `Priority` an integer, `Attempts` an integer (accepts so far), `Token`
-//! the 16-byte accept token of the running accept (nil unless running),
-//! `CancelRequested` a boolean, `VS` a tuple versionstamp (`0x33`, 12
-//! bytes) and `Info`/`Result` byte strings holding JSON objects. Ids and
-//! worker ids are byte strings, so any binary (NUL bytes, not UTF-8) is
-//! kept as it is.
+//! a tuple-layer packed tuple: `2` the format version (an integer; a
+//! reader that meets an unknown one refuses the record rather than guess),
+//! `State` the byte string `scheduled | pending | running | finished |
+//! canceled | failed`, `Worker` the byte string of the worker running it
+//! (nil unless running), `Priority` an integer, `Attempts` an integer
+//! (accepts so far), `Token` the 16-byte accept token of the running
+//! accept (nil unless running), `CancelRequested` a boolean, `VS` a tuple
+//! versionstamp (`0x33`, 12 bytes), `Info`/`Result`/`Error` byte strings
+//! holding JSON objects, `MaxAttempts` an integer (`-1`: infinity),
+//! `RunAt` the Unix ms a scheduled job falls due (nil unless scheduled),
+//! `Keep` seconds (`-1`: infinity), `ExpireAt` the Unix ms an ended job is
+//! pruned at (nil unless ended with a finite keep), `Resubmit` a byte
+//! string holding a packed `Resubmit` while a running job waits to be
+//! queued again after its run. Ids and worker ids are byte strings, so any
+//! binary (NUL bytes, not UTF-8) is kept as it is.
+//!
+//! Format 1 (the first ten elements, written before scheduling and
+//! retries) is still read: no error, `MaxAttempts` 20, `Keep` infinity.
 //!
 //! `VS` is written with `set_versionstamped_value`: every write of a
 //! record stamps it with the commit's versionstamp and a user version. A
@@ -33,13 +42,26 @@
 //! `(RemovalVS,)`, the tuple versionstamp of the commit that removed the
 //! worker while leaving some of its running jobs for the sweeper.
 
-use foundationdb_tuple::{pack_with_versionstamp, unpack, Bytes, Element, Versionstamp as TupleVs};
+use foundationdb_tuple::{pack, pack_with_versionstamp, unpack, Bytes, Element, Versionstamp as TupleVs};
 
-use super::job::{AcceptToken, Job, JobState, JobVs};
+use super::job::{AcceptToken, Job, JobOpts, JobState, JobVs, Keep, MaxAttempts, Schedule};
 use crate::store::StoreError;
 
-/// The format version written by this code.
-pub const RECORD_FORMAT: i64 = 1;
+/// The format version of job records written by this code.
+pub const RECORD_FORMAT: i64 = 2;
+
+/// The format of the other values (active, orphan marker) and of job
+/// records written before format 2.
+pub const VALUE_FORMAT: i64 = 1;
+
+/// A resubmission waiting for the end of a run: the info and the options
+/// given to `resubmit` (options not given keep the job's values when it is
+/// queued again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Resubmit {
+    pub info: Vec<u8>,
+    pub opts: JobOpts,
+}
 
 /// A decoded job record (without its key's type and id).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +75,12 @@ pub(crate) struct Record {
     pub vs: JobVs,
     pub info: Vec<u8>,
     pub result: Option<Vec<u8>>,
+    pub error: Option<Vec<u8>>,
+    pub max_attempts: MaxAttempts,
+    pub run_at: Option<u64>,
+    pub keep: Keep,
+    pub expire_at: Option<u64>,
+    pub resubmit: Option<Resubmit>,
 }
 
 /// A 12-byte tuple versionstamp whose commit part is still unknown:
@@ -80,26 +108,35 @@ fn corrupt(what: &str) -> StoreError {
 }
 
 impl Record {
-    /// A new pending record.
-    pub fn new_pending(priority: i64, info: Vec<u8>) -> Self {
+    /// A new record, not yet placed in a state (see `ops::place`):
+    /// `opts` with their defaults, `keep` defaulting to infinity.
+    pub fn new(info: Vec<u8>, opts: &JobOpts) -> Self {
         Record {
             state: JobState::Pending,
             worker: None,
-            priority,
+            priority: opts.priority.unwrap_or(0),
             attempts: 0,
             token: None,
             cancel_requested: false,
             vs: incomplete_vs(0),
             info,
             result: None,
+            error: None,
+            max_attempts: opts.max_attempts.unwrap_or(MaxAttempts::DEFAULT),
+            run_at: None,
+            keep: opts.keep.unwrap_or(Keep::Infinity),
+            expire_at: None,
+            resubmit: None,
         }
     }
 
     /// The value for `set_versionstamped_value`: the packed record with an
     /// incomplete versionstamp of `user_version`, plus the placeholder's
-    /// 4-byte offset.
+    /// 4-byte offset. (Packed as two tuples one after the other, which is
+    /// the one tuple of all their elements: the tuple layer's Rust types
+    /// stop at twelve elements.)
     pub fn encode(&self, user_version: u16) -> Vec<u8> {
-        pack_with_versionstamp(&(
+        let mut out = pack_with_versionstamp(&(
             RECORD_FORMAT,
             Bytes::from(self.state.name().as_bytes()),
             self.worker.as_deref().map(Bytes::from),
@@ -110,7 +147,19 @@ impl Record {
             TupleVs::incomplete(user_version),
             Bytes::from(self.info.as_slice()),
             self.result.as_deref().map(Bytes::from),
-        ))
+        ));
+        let offset = out.split_off(out.len() - 4);
+        let resubmit = self.resubmit.as_ref().map(encode_resubmit);
+        out.extend(pack(&(
+            self.error.as_deref().map(Bytes::from),
+            max_attempts_code(Some(self.max_attempts)),
+            self.run_at.map(clamp_i64),
+            keep_code(Some(self.keep)),
+            self.expire_at.map(clamp_i64),
+            resubmit.as_deref().map(Bytes::from),
+        )));
+        out.extend(offset);
+        out
     }
 
     /// The size the stored value will have (the encoding less the 4-byte
@@ -120,50 +169,62 @@ impl Record {
     }
 
     pub fn decode(value: &[u8]) -> Result<Record, StoreError> {
-        let elements: Vec<Element> = unpack(value).map_err(|e| corrupt(&e.to_string()))?;
-        match elements.first().and_then(Element::as_i64) {
-            Some(RECORD_FORMAT) => {}
+        let e: Vec<Element> = unpack(value).map_err(|e| corrupt(&e.to_string()))?;
+        let len = match e.first().and_then(Element::as_i64) {
+            Some(VALUE_FORMAT) => 10,
+            Some(RECORD_FORMAT) => 16,
             Some(other) => return Err(corrupt(&format!("unknown format {other}"))),
             None => return Err(corrupt("no format version")),
+        };
+        if e.len() != len {
+            return Err(corrupt("element count"));
         }
-        type V1<'a> = (
-            i64,
-            Bytes<'a>,
-            Option<Bytes<'a>>,
-            i64,
-            u64,
-            Option<Bytes<'a>>,
-            bool,
-            TupleVs,
-            Bytes<'a>,
-            Option<Bytes<'a>>,
-        );
-        let (_, state, worker, priority, attempts, token, cancel_requested, vs, info, result): V1 =
-            unpack(value).map_err(|e| corrupt(&e.to_string()))?;
-        let state = JobState::from_name(&state).ok_or_else(|| corrupt("unknown state"))?;
-        let token = match token {
+        let state = bytes(&e[1]).and_then(|s| JobState::from_name(&s)).ok_or_else(|| corrupt("unknown state"))?;
+        let token = match opt_bytes(&e[5])? {
             None => None,
             Some(t) => Some(AcceptToken::try_from(&t[..]).map_err(|_| corrupt("token length"))?),
         };
-        Ok(Record {
+        let vs = e[7].as_versionstamp().ok_or_else(|| corrupt("vs"))?;
+        let mut rec = Record {
             state,
-            worker: worker.map(Bytes::into_owned),
-            priority,
-            attempts,
+            worker: opt_bytes(&e[2])?,
+            priority: e[3].as_i64().ok_or_else(|| corrupt("priority"))?,
+            attempts: e[4].as_i64().and_then(|a| u64::try_from(a).ok()).ok_or_else(|| corrupt("attempts"))?,
             token,
-            cancel_requested,
+            cancel_requested: e[6].as_bool().ok_or_else(|| corrupt("cancel_requested"))?,
             vs: *vs.as_bytes(),
-            info: info.into_owned(),
-            result: result.map(Bytes::into_owned),
-        })
+            info: bytes(&e[8]).ok_or_else(|| corrupt("info"))?,
+            result: opt_bytes(&e[9])?,
+            error: None,
+            max_attempts: MaxAttempts::DEFAULT,
+            run_at: None,
+            keep: Keep::Infinity,
+            expire_at: None,
+            resubmit: None,
+        };
+        if len == 16 {
+            rec.error = opt_bytes(&e[10])?;
+            rec.max_attempts = max_attempts_from(e[11].as_i64()).ok_or_else(|| corrupt("max_attempts"))?;
+            rec.run_at = opt_u64(&e[12])?;
+            rec.keep = keep_from(e[13].as_i64()).ok_or_else(|| corrupt("keep"))?;
+            rec.expire_at = opt_u64(&e[14])?;
+            rec.resubmit = match opt_bytes(&e[15])? {
+                None => None,
+                Some(r) => Some(decode_resubmit(&r)?),
+            };
+        }
+        Ok(rec)
     }
 
-    /// The job this record describes.
-    pub fn to_job(&self, job_type: &[u8], id: &[u8]) -> Job {
+    /// The job this record describes, as the node whose wall clock reads
+    /// `now_ms` sees it: a scheduled job that is due is `pending` (it can
+    /// be accepted now; the first accept round that sees it moves it).
+    pub fn to_job(&self, job_type: &[u8], id: &[u8], now_ms: u64) -> Job {
+        let due = self.state == JobState::Scheduled && self.run_at.is_some_and(|t| t <= now_ms);
         Job {
             job_type: job_type.to_vec(),
             id: id.to_vec(),
-            state: self.state,
+            state: if due { JobState::Pending } else { self.state },
             worker: self.worker.clone(),
             priority: self.priority,
             info: self.info.clone(),
@@ -171,31 +232,138 @@ impl Record {
             attempts: self.attempts,
             cancel_requested: self.cancel_requested,
             vs: self.vs,
+            error: self.error.clone(),
+            max_attempts: self.max_attempts,
+            run_at: if self.state == JobState::Scheduled { self.run_at } else { None },
+            keep: self.keep,
         }
     }
 }
 
+fn clamp_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn bytes(e: &Element) -> Option<Vec<u8>> {
+    e.as_bytes().map(|b| b.to_vec())
+}
+
+fn opt_bytes(e: &Element) -> Result<Option<Vec<u8>>, StoreError> {
+    match e {
+        Element::Nil => Ok(None),
+        other => bytes(other).map(Some).ok_or_else(|| corrupt("byte string")),
+    }
+}
+
+fn opt_u64(e: &Element) -> Result<Option<u64>, StoreError> {
+    match e {
+        Element::Nil => Ok(None),
+        other => other.as_i64().and_then(|v| u64::try_from(v).ok()).map(Some).ok_or_else(|| corrupt("time")),
+    }
+}
+
+/// `-1`: infinity; `None` (not given) stays nil.
+fn max_attempts_code(m: Option<MaxAttempts>) -> Option<i64> {
+    m.map(|m| match m {
+        MaxAttempts::Limit(n) => clamp_i64(n),
+        MaxAttempts::Infinity => -1,
+    })
+}
+
+fn max_attempts_from(code: Option<i64>) -> Option<MaxAttempts> {
+    match code? {
+        -1 => Some(MaxAttempts::Infinity),
+        n if n > 0 => Some(MaxAttempts::Limit(n as u64)),
+        _ => None,
+    }
+}
+
+fn keep_code(k: Option<Keep>) -> Option<i64> {
+    k.map(|k| match k {
+        Keep::Seconds(s) => clamp_i64(s),
+        Keep::Infinity => -1,
+    })
+}
+
+fn keep_from(code: Option<i64>) -> Option<Keep> {
+    match code? {
+        -1 => Some(Keep::Infinity),
+        n if n >= 0 => Some(Keep::Seconds(n as u64)),
+        _ => None,
+    }
+}
+
+/// A resubmission: `(Info, Priority | nil, ScheduleKind, ScheduleMs | nil,
+/// MaxAttempts | nil, Keep | nil)`; `ScheduleKind` 0 none, 1 delay, 2
+/// run_at; nil is "not given".
+fn encode_resubmit(r: &Resubmit) -> Vec<u8> {
+    let (kind, at) = match r.opts.schedule {
+        None => (0i64, None),
+        Some(Schedule::Delay(d)) => (1, Some(clamp_i64(d))),
+        Some(Schedule::RunAt(t)) => (2, Some(clamp_i64(t))),
+    };
+    pack(&(
+        Bytes::from(r.info.as_slice()),
+        r.opts.priority,
+        kind,
+        at,
+        max_attempts_code(r.opts.max_attempts),
+        keep_code(r.opts.keep),
+    ))
+}
+
+fn decode_resubmit(v: &[u8]) -> Result<Resubmit, StoreError> {
+    type R<'a> = (Bytes<'a>, Option<i64>, i64, Option<i64>, Option<i64>, Option<i64>);
+    let (info, priority, kind, at, max_attempts, keep): R = unpack(v).map_err(|e| corrupt(&e.to_string()))?;
+    let at = at.and_then(|t| u64::try_from(t).ok());
+    let schedule = match (kind, at) {
+        (0, _) => None,
+        (1, Some(d)) => Some(Schedule::Delay(d)),
+        (2, Some(t)) => Some(Schedule::RunAt(t)),
+        _ => return Err(corrupt("resubmit schedule")),
+    };
+    let max_attempts = match max_attempts {
+        None => None,
+        code => Some(max_attempts_from(code).ok_or_else(|| corrupt("resubmit max_attempts"))?),
+    };
+    let keep = match keep {
+        None => None,
+        code => Some(keep_from(code).ok_or_else(|| corrupt("resubmit keep"))?),
+    };
+    Ok(Resubmit { info: info.into_owned(), opts: JobOpts { priority, schedule, max_attempts, keep } })
+}
+
 /// The active value for `set_versionstamped_value`: `(1, AcceptVS)`.
 pub(crate) fn encode_active(user_version: u16) -> Vec<u8> {
-    pack_with_versionstamp(&(RECORD_FORMAT, TupleVs::incomplete(user_version)))
+    pack_with_versionstamp(&(VALUE_FORMAT, TupleVs::incomplete(user_version)))
 }
 
 /// The accept versionstamp of an active value; `None` for a value this
 /// code did not write (the sweeper then treats the job as old).
 pub(crate) fn decode_active(value: &[u8]) -> Option<JobVs> {
     let (format, vs) = unpack::<(i64, TupleVs)>(value).ok()?;
-    (format == RECORD_FORMAT).then(|| *vs.as_bytes())
+    (format == VALUE_FORMAT).then(|| *vs.as_bytes())
 }
 
-/// The orphan marker value for `set_versionstamped_value`: `(RemovalVS,)`.
-pub(crate) fn encode_orphan_marker() -> Vec<u8> {
-    pack_with_versionstamp(&(TupleVs::incomplete(0),))
+/// The orphan marker value for `set_versionstamped_value`: `(RemovalVS,)`
+/// for a worker that was unregistered (its jobs are released), or
+/// `(RemovalVS, "lost")` for one that died (its jobs fail).
+pub(crate) fn encode_orphan_marker(lost: bool) -> Vec<u8> {
+    if lost {
+        pack_with_versionstamp(&(TupleVs::incomplete(0), Bytes::from(&b"lost"[..])))
+    } else {
+        pack_with_versionstamp(&(TupleVs::incomplete(0),))
+    }
 }
 
-/// The removal versionstamp of an orphan marker.
-pub(crate) fn decode_orphan_marker(value: &[u8]) -> Option<JobVs> {
-    let (vs,) = unpack::<(TupleVs,)>(value).ok()?;
-    Some(*vs.as_bytes())
+/// The removal versionstamp of an orphan marker, and whether the worker
+/// died.
+pub(crate) fn decode_orphan_marker(value: &[u8]) -> Option<(JobVs, bool)> {
+    if let Ok((vs,)) = unpack::<(TupleVs,)>(value) {
+        return Some((*vs.as_bytes(), false));
+    }
+    let (vs, why) = unpack::<(TupleVs, Bytes)>(value).ok()?;
+    (&*why == b"lost").then(|| (*vs.as_bytes(), true))
 }
 
 #[cfg(test)]
@@ -223,6 +391,20 @@ mod tests {
             vs: incomplete_vs(9),
             info: b"{\"a\":1}".to_vec(),
             result: None,
+            error: Some(b"{}".to_vec()),
+            max_attempts: MaxAttempts::Infinity,
+            run_at: Some(17),
+            keep: Keep::Seconds(0),
+            expire_at: Some(u64::MAX >> 1),
+            resubmit: Some(Resubmit {
+                info: b"{\"b\":2}".to_vec(),
+                opts: JobOpts {
+                    priority: Some(-3),
+                    schedule: Some(Schedule::Delay(5)),
+                    max_attempts: Some(MaxAttempts::Limit(2)),
+                    keep: None,
+                },
+            }),
         };
         let stored = commit(&rec.encode(9), [1; 10]);
         assert_eq!(stored.len(), rec.stored_len());
@@ -233,8 +415,30 @@ mod tests {
     }
 
     #[test]
+    fn format_1_is_read_with_defaults() {
+        let v1 = pack_with_versionstamp(&(
+            1i64,
+            Bytes::from(&b"pending"[..]),
+            None::<Bytes>,
+            4i64,
+            0u64,
+            None::<Bytes>,
+            false,
+            TupleVs::incomplete(0),
+            Bytes::from(&b"{}"[..]),
+            None::<Bytes>,
+        ));
+        let rec = Record::decode(&commit(&v1, [4; 10])).unwrap();
+        assert_eq!(rec.state, JobState::Pending);
+        assert_eq!(rec.priority, 4);
+        assert_eq!(rec.max_attempts, MaxAttempts::DEFAULT);
+        assert_eq!(rec.keep, Keep::Infinity);
+        assert_eq!((rec.error, rec.run_at, rec.resubmit), (None, None, None));
+    }
+
+    #[test]
     fn unknown_format_is_refused() {
-        let v = foundationdb_tuple::pack(&(2i64, Bytes::from(&b"pending"[..])));
+        let v = foundationdb_tuple::pack(&(3i64, Bytes::from(&b"pending"[..])));
         assert!(matches!(Record::decode(&v), Err(StoreError::Invalid(_))));
         assert!(Record::decode(b"\xff\xff").is_err());
     }
@@ -243,7 +447,9 @@ mod tests {
     fn active_and_marker_round_trip() {
         let a = commit(&encode_active(5), [2; 10]);
         assert_eq!(decode_active(&a), Some([2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 5]));
-        let m = commit(&encode_orphan_marker(), [3; 10]);
-        assert_eq!(decode_orphan_marker(&m), Some([3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0]));
+        let m = commit(&encode_orphan_marker(false), [3; 10]);
+        assert_eq!(decode_orphan_marker(&m), Some(([3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0], false)));
+        let m = commit(&encode_orphan_marker(true), [3; 10]);
+        assert_eq!(decode_orphan_marker(&m), Some(([3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0], true)));
     }
 }

@@ -19,8 +19,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::dispatcher::{AcceptReply, Dispatchers, Waiter};
-use super::job::{AddManyError, Fence, Job, JobHandle, NewJob};
-use super::ops::{self, Take};
+use super::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState, JobVs, NewJob};
+use super::ops::{self, Retry, RunEnd, Take};
+use super::place::wall_ms;
+use super::pruner::run_pruner;
 use super::record::complete_vs;
 use super::runner::{commit_vs, complete_handle_vs, run_committed};
 use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
@@ -45,6 +47,8 @@ pub struct JobStats {
     pub job_watchers: usize,
     /// Orphan sweepers running (one while the node runs).
     pub sweepers: usize,
+    /// Pruners running (one while the node runs).
+    pub pruners: usize,
 }
 
 #[derive(Default)]
@@ -52,6 +56,7 @@ pub(crate) struct JobCounts {
     pub dispatchers: Arc<AtomicUsize>,
     pub job_watchers: Arc<AtomicUsize>,
     pub sweepers: Arc<AtomicUsize>,
+    pub pruners: Arc<AtomicUsize>,
 }
 
 pub(crate) use crate::services::Live;
@@ -102,10 +107,15 @@ impl Shared {
             })
             .await?;
             let more = round.more;
+            let due = round.next_due.is_some_and(|t| t <= wall_ms()) && !round.paused;
             match round.takes.into_iter().next() {
                 Some(Take::Job(mut handle)) => {
                     complete_handle_vs(&mut handle, &info)?;
                     return Ok(handle);
+                }
+                Some(Take::NoJob) if due => {
+                    self.promote(worker_type).await?;
+                    continue;
                 }
                 Some(Take::NoJob) if more => continue,
                 _ => return Err(Error::NotFound),
@@ -114,6 +124,27 @@ impl Shared {
         Err(Error::NotFound)
     }
 }
+
+impl Shared {
+    /// Moves the type's due scheduled jobs to pending (bounded batches),
+    /// by this node's wall clock. Returns the earliest `run_at` left.
+    pub(crate) async fn promote(&self, job_type: &[u8]) -> Result<Option<u64>, StoreError> {
+        let ks = &self.ks;
+        loop {
+            let now = wall_ms();
+            let (moved, next) = run(self.db.as_ref(), self.write, |tx| async move {
+                ops::promote_due(&tx, ks, job_type, now, PROMOTE_BATCH).await
+            })
+            .await?;
+            if moved < PROMOTE_BATCH || next.is_some_and(|t| t > now) {
+                return Ok(next);
+            }
+        }
+    }
+}
+
+/// Most scheduled jobs one transaction moves to pending.
+const PROMOTE_BATCH: usize = 500;
 
 /// The job queue of one node. Cheap to clone.
 #[derive(Clone)]
@@ -151,6 +182,8 @@ impl JobService {
         });
         let live = Live::new(&shared.counts.sweepers);
         shared.spawn(run_sweeper(shared.clone(), shared.cancel.child_token(), live));
+        let live = Live::new(&shared.counts.pruners);
+        shared.spawn(run_pruner(shared.clone(), shared.cancel.child_token(), live));
         JobService { shared }
     }
 
@@ -161,6 +194,7 @@ impl JobService {
             waiters: s.dispatchers.waiting.load(Ordering::SeqCst),
             job_watchers: s.counts.job_watchers.load(Ordering::SeqCst),
             sweepers: s.counts.sweepers.load(Ordering::SeqCst),
+            pruners: s.counts.pruners.load(Ordering::SeqCst),
         }
     }
 
@@ -171,6 +205,28 @@ impl JobService {
         let ks = &self.shared.ks;
         let j = &job;
         run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::add(&tx, ks, job_type, j).await }).await?
+    }
+
+    /// Adds a job with its options (`job_add/4`): scheduled, or pending at
+    /// once; `AlreadyExists` if the id exists in any state.
+    pub async fn add_with(&self, job_type: &[u8], id: &[u8], info: &[u8], opts: &JobOpts) -> Result<(), Error> {
+        self.shared.check_open()?;
+        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
+        let ks = &self.shared.ks;
+        let j = &job;
+        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await })
+            .await?
+    }
+
+    /// [`JobService::add_many`] with every job's options.
+    pub async fn add_many_with(&self, job_type: &[u8], jobs: &[JobSpec]) -> Result<(), AddManyError> {
+        self.shared.check_open()?;
+        let ks = &self.shared.ks;
+        run(self.shared.db.as_ref(), self.shared.write, |tx| async move {
+            ops::add_many_jobs(&tx, ks, job_type, jobs, wall_ms()).await
+        })
+        .await
+        .map_err(Error::from)?
     }
 
     /// Adds every job or none, in one transaction (see [`ops::add_many`]
@@ -250,6 +306,94 @@ impl JobService {
         run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::finish(&tx, ks, fence, result).await })
             .await?
             .map(|_| ())
+    }
+
+    /// Ends the run the fence's accept holds as `end` says.
+    async fn end(&self, fence: &Fence, end: RunEnd) -> Result<(), Error> {
+        self.shared.check_open()?;
+        let ks = &self.shared.ks;
+        let e = &end;
+        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::end(&tx, ks, fence, e.clone()).await })
+            .await?
+            .map(|_| ())
+    }
+
+    /// The run failed (`job_fail/3`): `error` (a JSON object) is stored;
+    /// the job is retried as `retry` says while it has attempts left, else
+    /// it ends `failed`.
+    pub async fn fail(&self, fence: &Fence, error: &[u8], retry: Retry) -> Result<(), Error> {
+        self.end(fence, RunEnd::Failed { error: error.to_vec(), retry }).await
+    }
+
+    /// The worker gives the job back without a failure (`job_release/2`):
+    /// queued as `opts.schedule` says, with `info` and `opts.priority` if
+    /// given; `max_attempts` is raised by one.
+    pub async fn release(&self, fence: &Fence, opts: &JobOpts, info: Option<&[u8]>) -> Result<(), Error> {
+        self.end(fence, RunEnd::Released { opts: *opts, info: info.map(<[u8]>::to_vec), bump: true }).await
+    }
+
+    /// Adds the job or runs it again (see [`ops::resubmit`]); with
+    /// `if_vs`, `Changed` unless the job exists with that `vs`.
+    pub async fn resubmit(&self, job_type: &[u8], id: &[u8], info: &[u8], opts: &JobOpts, if_vs: Option<&JobVs>) -> Result<(), Error> {
+        self.shared.check_open()?;
+        ops::check_job_key(&self.shared.ks, job_type, id)?;
+        let ks = &self.shared.ks;
+        run(self.shared.db.as_ref(), self.shared.write, |tx| async move {
+            ops::resubmit(&tx, ks, job_type, id, info, opts, if_vs, wall_ms()).await
+        })
+        .await?
+    }
+
+    /// Removes a job in any state; with `if_vs`, only if its `vs` is
+    /// still that (`Changed`).
+    pub async fn remove_if(&self, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<(), Error> {
+        self.shared.check_open()?;
+        let ks = &self.shared.ks;
+        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::remove_if(&tx, ks, job_type, id, if_vs).await })
+            .await?
+    }
+
+    /// The exact number of the type's jobs per state, in
+    /// [`JobState::ALL`]'s order.
+    pub async fn counts(&self, job_type: &[u8]) -> Result<[(JobState, u64); 6], Error> {
+        self.shared.check_open()?;
+        check_key(&self.shared.ks.state_count(job_type, b"scheduled"))?;
+        let ks = &self.shared.ks;
+        let n = run(self.shared.db.as_ref(), self.shared.read, |tx| async move { ops::counts(&tx, ks, job_type).await }).await?;
+        Ok(std::array::from_fn(|i| (JobState::ALL[i], n[i])))
+    }
+
+    /// The job types that have jobs.
+    pub async fn job_types(&self) -> Result<Vec<Vec<u8>>, Error> {
+        self.shared.check_open()?;
+        let ks = &self.shared.ks;
+        Ok(run(self.shared.db.as_ref(), self.shared.read, |tx| async move { ops::job_types(&tx, ks).await }).await?)
+    }
+
+    /// One page of the type's jobs in id order (see [`ops::list`]).
+    pub async fn list(
+        &self,
+        job_type: &[u8],
+        states: Option<&[JobState]>,
+        limit: usize,
+        after: Option<&[u8]>,
+    ) -> Result<(Vec<Job>, Option<Vec<u8>>), Error> {
+        self.shared.check_open()?;
+        check_key(&self.shared.ks.by_state(job_type, b"scheduled", after.unwrap_or_default()))?;
+        let ks = &self.shared.ks;
+        Ok(run(self.shared.db.as_ref(), self.shared.read, |tx| async move {
+            ops::list(&tx, ks, job_type, states, limit, after).await
+        })
+        .await?)
+    }
+
+    /// Pauses or resumes the type, cluster-wide.
+    pub async fn set_paused(&self, job_type: &[u8], paused: bool) -> Result<(), Error> {
+        self.shared.check_open()?;
+        check_key(&self.shared.ks.paused(job_type))?;
+        let ks = &self.shared.ks;
+        Ok(run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::set_paused(&tx, ks, job_type, paused).await })
+            .await?)
     }
 
     /// Cancels a job (see [`ops::cancel`]).

@@ -130,7 +130,7 @@ pub fn mb(bytes: u64) -> f64 {
 // ---- the key space, read whole ----------------------------------------
 
 /// A job record, decoded here independently of the crate's decoder
-/// (`jobs/record.rs` format 1).
+/// (`jobs/record.rs` formats 1 and 2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rec {
     pub state: String,
@@ -140,13 +140,25 @@ pub struct Rec {
     pub token: Option<Vec<u8>>,
     pub cancel_requested: bool,
     pub vs: Vec<u8>,
+    /// Format 2: when a scheduled job falls due.
+    pub run_at: Option<i64>,
+    /// Format 2: when an ended job is pruned.
+    pub expire_at: Option<i64>,
 }
 
 fn decode_record(value: &[u8]) -> Result<Rec, String> {
     let e: Vec<Element> = unpack(value).map_err(|e| format!("not a tuple: {e}"))?;
-    if e.len() != 10 || e[0].as_i64() != Some(1) {
-        return Err(format!("not a format-1 record ({} elements)", e.len()));
+    match (e[0].as_i64(), e.len()) {
+        (Some(1), 10) | (Some(2), 16) => {}
+        _ => return Err(format!("not a format-1 or -2 record ({} elements)", e.len())),
     }
+    let opt_int = |i: usize| -> Result<Option<i64>, String> {
+        match e.get(i) {
+            None | Some(Element::Nil) => Ok(None),
+            Some(el) => el.as_i64().map(Some).ok_or_else(|| format!("element {i} not an integer")),
+        }
+    };
+    let (run_at, expire_at) = (opt_int(12)?, opt_int(14)?);
     let bytes = |el: &Element| -> Result<Option<Vec<u8>>, String> {
         match el {
             Element::Nil => Ok(None),
@@ -163,6 +175,8 @@ fn decode_record(value: &[u8]) -> Result<Rec, String> {
         token: bytes(&e[5])?,
         cancel_requested: e[6].as_bool().ok_or("cancel_requested")?,
         vs: e[7].as_versionstamp().ok_or("vs")?.as_bytes().to_vec(),
+        run_at,
+        expire_at,
     })
 }
 
@@ -184,6 +198,16 @@ pub struct Snapshot {
     pub active: BTreeMap<JobKey, Vec<Vec<u8>>>,
     /// type → the pending counter.
     pub counts: BTreeMap<Vec<u8>, i64>,
+    /// (type, state) → the state's counter (pending included).
+    pub state_counts: BTreeMap<(Vec<u8>, String), i64>,
+    /// (type, state) → the ids in that state's index.
+    pub by_state: BTreeMap<(Vec<u8>, String), BTreeSet<Vec<u8>>>,
+    /// (type, id) → the run_at of each scheduled key.
+    pub scheduled: BTreeMap<JobKey, Vec<i64>>,
+    /// (type, id) → the expire_at of each expiry key.
+    pub expiry: BTreeMap<JobKey, Vec<i64>>,
+    /// type → its job count.
+    pub type_counts: BTreeMap<Vec<u8>, i64>,
     pub members: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>>,
     pub health: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>>,
     pub orphans: Vec<(Vec<u8>, Vec<u8>)>,
@@ -224,11 +248,30 @@ pub async fn snapshot(db: &dyn Database, ks: &Keyspace) -> Snapshot {
                     .push(b(2).unwrap_or_default());
             }
             (b"counts", 3) => {
-                let mut le = [0u8; 8];
-                let n = value.len().min(8);
-                le[..n].copy_from_slice(&value[..n]);
-                s.counts.insert(b(1).unwrap_or_default(), i64::from_le_bytes(le));
+                let state = show(&b(2).unwrap_or_default());
+                if state == "pending" {
+                    s.counts.insert(b(1).unwrap_or_default(), le_i64(&value));
+                }
+                s.state_counts.insert((b(1).unwrap_or_default(), state), le_i64(&value));
             }
+            (b"by_state", 4) => {
+                s.by_state
+                    .entry((b(1).unwrap_or_default(), show(&b(2).unwrap_or_default())))
+                    .or_default()
+                    .insert(b(3).unwrap_or_default());
+            }
+            (b"scheduled", 4) => {
+                let at = el[2].as_i64().unwrap_or(i64::MIN);
+                s.scheduled.entry((b(1).unwrap_or_default(), b(3).unwrap_or_default())).or_default().push(at);
+            }
+            (b"expiry", 4) => {
+                let at = el[1].as_i64().unwrap_or(i64::MIN);
+                s.expiry.entry((b(2).unwrap_or_default(), b(3).unwrap_or_default())).or_default().push(at);
+            }
+            (b"types", 2) => {
+                s.type_counts.insert(b(1).unwrap_or_default(), le_i64(&value));
+            }
+            (b"paused", 2) => {}
             (b"workers", 4) if b(2).as_deref() == Some(b"member") => {
                 s.members.entry(b(1).unwrap_or_default()).or_default().insert(b(3).unwrap_or_default());
             }
@@ -249,6 +292,13 @@ fn show(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+fn le_i64(value: &[u8]) -> i64 {
+    let mut le = [0u8; 8];
+    let n = value.len().min(8);
+    le[..n].copy_from_slice(&value[..n]);
+    i64::from_le_bytes(le)
+}
+
 impl Snapshot {
     /// Every violation of the key space's invariants (empty: all hold).
     ///
@@ -260,9 +310,13 @@ impl Snapshot {
     /// * every pending key and every active key belongs to such a record;
     /// * each type's pending counter equals its pending keys and records;
     /// * member and health records come in pairs; no orphan marker is
-    ///   left; no key of unknown shape.
+    ///   left; no key of unknown shape;
+    /// * (format 2) each state's counter equals its records, each state's
+    ///   index lists exactly its records, a scheduled record has exactly
+    ///   its scheduled key, an ended record with an expiry exactly its
+    ///   expiry key, and each type's job count equals its records.
     pub fn violations(&self) -> Vec<String> {
-        let mut v = Vec::new();
+        let mut v = self.index_violations();
         let mut pending_records: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
         for ((t, id), rec) in &self.jobs {
             let who = format!("job {}/{}", show(t), show(id));
@@ -306,7 +360,7 @@ impl Snapshot {
                         v.push(format!("{who}: running but has a pending key"));
                     }
                 }
-                "finished" | "canceled" => {
+                "finished" | "canceled" | "failed" | "scheduled" => {
                     if !pend.is_empty() || !act.is_empty() || rec.worker.is_some() || rec.token.is_some() {
                         v.push(format!("{who}: {} but still indexed or owned", rec.state));
                     }
@@ -352,6 +406,62 @@ impl Snapshot {
         }
         if !self.unknown.is_empty() {
             v.push(format!("{} key(s) of unknown shape", self.unknown.len()));
+        }
+        v
+    }
+
+    /// The format-2 indexes and counters against the records.
+    fn index_violations(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        let mut per_state: BTreeMap<(Vec<u8>, String), BTreeSet<Vec<u8>>> = BTreeMap::new();
+        let mut per_type: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
+        for ((t, id), rec) in &self.jobs {
+            let Ok(rec) = rec else { continue };
+            per_state.entry((t.clone(), rec.state.clone())).or_default().insert(id.clone());
+            *per_type.entry(t.clone()).or_default() += 1;
+            let who = format!("job {}/{}", show(t), show(id));
+            let sched = self.scheduled.get(&(t.clone(), id.clone())).cloned().unwrap_or_default();
+            let want: Vec<i64> = if rec.state == "scheduled" { rec.run_at.into_iter().collect() } else { vec![] };
+            if sched != want {
+                v.push(format!("{who}: {} with scheduled keys {sched:?}, run_at {:?}", rec.state, rec.run_at));
+            }
+            let exp = self.expiry.get(&(t.clone(), id.clone())).cloned().unwrap_or_default();
+            let want: Vec<i64> = if matches!(rec.state.as_str(), "finished" | "canceled" | "failed") {
+                rec.expire_at.into_iter().collect()
+            } else {
+                vec![]
+            };
+            if exp != want {
+                v.push(format!("{who}: {} with expiry keys {exp:?}, expire_at {:?}", rec.state, rec.expire_at));
+            }
+        }
+        for ((t, id), _) in self.scheduled.iter().chain(self.expiry.iter()) {
+            if !self.jobs.contains_key(&(t.clone(), id.clone())) {
+                v.push(format!("a scheduled or expiry key without a record: {}/{}", show(t), show(id)));
+            }
+        }
+        let mut keys: BTreeSet<(Vec<u8>, String)> = per_state.keys().cloned().collect();
+        keys.extend(self.state_counts.keys().cloned());
+        keys.extend(self.by_state.keys().cloned());
+        let none = BTreeSet::new();
+        for key in keys {
+            let records = per_state.get(&key).unwrap_or(&none);
+            let counter = self.state_counts.get(&key).copied().unwrap_or(0);
+            let index = self.by_state.get(&key).unwrap_or(&none);
+            if counter != records.len() as i64 {
+                v.push(format!("type {} {}: counter {counter}, records {}", show(&key.0), key.1, records.len()));
+            }
+            if index != records {
+                v.push(format!("type {} {}: index of {} ids, {} records", show(&key.0), key.1, index.len(), records.len()));
+            }
+        }
+        let mut types: BTreeSet<Vec<u8>> = per_type.keys().cloned().collect();
+        types.extend(self.type_counts.keys().cloned());
+        for t in types {
+            let (n, c) = (per_type.get(&t).copied().unwrap_or(0), self.type_counts.get(&t).copied().unwrap_or(0));
+            if n != c {
+                v.push(format!("type {}: job count {c}, records {n}", show(&t)));
+            }
         }
         v
     }

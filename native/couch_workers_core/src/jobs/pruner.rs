@@ -1,0 +1,76 @@
+//! The pruner: every node runs one. It removes ended jobs whose `keep`
+//! ran out, in expiry order, in bounded transactions ([`ops::prune`]).
+//!
+//! It sleeps until the earliest expiry it saw, but never longer than
+//! [`MAX_SLEEP`] (jittered), so that a job ended meanwhile with a shorter
+//! `keep` is pruned within about a second of its expiry. Pruners of
+//! several nodes may work at once: each removal re-reads the record in its
+//! transaction, so a job is removed once, and its subscribers get
+//! `removed` from their watchers as for any removal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::ops;
+use super::place::wall_ms;
+use super::service::{Live, Shared};
+use crate::log::{Event, Level};
+use crate::services::{jittered, sleep_or_cancel};
+use crate::store::{run, StoreError};
+
+/// Jobs removed per transaction (FoundationDB's limits: a job's keys are
+/// a few hundred bytes plus its record's reads).
+pub(crate) const PRUNE_BATCH: usize = 100;
+
+/// Longest sleep between looks at the expiry index.
+const MAX_SLEEP: Duration = Duration::from_millis(1000);
+
+pub(crate) async fn run_pruner(shared: Arc<Shared>, cancel: CancellationToken, live: Live) {
+    let _live = live;
+    let mut failures: u32 = 0;
+    loop {
+        let now = wall_ms();
+        let ks = &shared.ks;
+        // A read first: most looks find nothing due and write nothing.
+        let pass = async {
+            let next = run(shared.db.as_ref(), shared.read, |tx| async move { ops::next_expiry(&tx, ks).await }).await?;
+            match next {
+                Some(at) if at <= now => {
+                    run(shared.db.as_ref(), shared.write, |tx| async move { ops::prune(&tx, ks, now, PRUNE_BATCH).await })
+                        .await
+                }
+                next => Ok(ops::Pruned { removed: Vec::new(), next }),
+            }
+        };
+        let pass = tokio::select! {
+            _ = cancel.cancelled() => return,
+            pass = pass => pass,
+        };
+        let sleep = match pass {
+            Ok(pruned) => {
+                failures = 0;
+                if !pruned.removed.is_empty() {
+                    shared.log.log(Event::new(Level::Info, "jobs_pruned").with("count", pruned.removed.len()));
+                }
+                match pruned.next {
+                    Some(at) if at <= now => Duration::ZERO,
+                    Some(at) => Duration::from_millis(at - now).min(jittered(MAX_SLEEP, 0.2)),
+                    None => jittered(MAX_SLEEP, 0.2),
+                }
+            }
+            Err(e) => {
+                if matches!(e, StoreError::Closed) || cancel.is_cancelled() {
+                    return;
+                }
+                failures += 1;
+                shared.log.log(Event::new(Level::Warning, "job_prune_failed").with("reason", e.to_string()));
+                jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5)
+            }
+        };
+        if !sleep.is_zero() && !sleep_or_cancel(sleep, &cancel).await {
+            return;
+        }
+    }
+}
