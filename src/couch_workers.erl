@@ -35,6 +35,12 @@
     job_unsubscribe/1
 ]).
 
+%% Operations (implemented in couch_workers_ops and couch_workers_metrics).
+-export([
+    worker_types/0,
+    workers/1
+]).
+
 -export_type([worker_type/0, worker_id/0, workers/0, vs/0]).
 -export_type([job_type/0, job_id/0, job/0, job_handle/0, job_state/0]).
 
@@ -239,6 +245,23 @@ job_subscribe(JobType, JobId, Pid) ->
 -spec job_unsubscribe(reference()) -> ok.
 job_unsubscribe(Ref) ->
     couch_workers_jobs:unsubscribe(Ref).
+
+%% ---- operations --------------------------------------------------------------
+
+%% @doc The worker types that have registered workers now, anywhere in the
+%% cluster (read from the store; no subscription needed).
+-spec worker_types() -> [worker_type()] | {error, term()}.
+worker_types() ->
+    couch_workers_ops:worker_types().
+
+%% @doc Every registered worker of `WorkerType' anywhere in the cluster,
+%% read from the store: its options, health timeout (seconds),
+%% `heartbeat_age_ms' (store versions since its last heartbeat's commit
+%% / 1,000: about ms, informational) and `running' (its running jobs).
+%% A non-binary type raises `badarg'.
+-spec workers(worker_type()) -> [couch_workers_ops:worker_info()] | {error, term()}.
+workers(WorkerType) ->
+    couch_workers_ops:workers(WorkerType).
 
 flush_membership(Ref) ->
     receive
