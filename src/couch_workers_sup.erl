@@ -20,6 +20,8 @@ start_link() ->
 init([]) ->
     Flags = #{strategy => one_for_one, intensity => 10, period => 10},
     Children = [
+        %% Owns the metrics table (counted into by every other child).
+        worker(couch_workers_metrics, 5000),
         worker(couch_workers_events, 5000),
         worker(couch_workers_global, 5000),
         %% Unregistering every worker takes a store transaction each.
