@@ -27,7 +27,10 @@ init([]) ->
         %% Unregistering every worker takes a store transaction each.
         worker(couch_workers_local, 30000),
         %% Job subscriptions (stops first: its subscriptions end).
-        worker(couch_workers_jobs, 5000)
+        worker(couch_workers_jobs, 5000),
+        %% The status page (app env `http'; `ignore' when unset). Last:
+        %% it reads through the others, and stops first.
+        worker(couch_workers_http, 5000)
     ],
     {ok, {Flags, Children}}.
 
