@@ -25,7 +25,7 @@
 
 -behaviour(gen_server).
 
--export([start_link/0, count/2, count/3, observe/3, metrics/0, counters/0, histograms/0, quantile/2]).
+-export([start_link/0, count/2, count/3, observe/3, record/4, metrics/0, counters/0, histograms/0, quantile/2]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -97,18 +97,31 @@ count(Counter, Type, N) ->
 
 %% @doc Records one latency of `Us' microseconds in `Histogram' of `Type'.
 -spec observe(histogram(), binary(), integer()) -> ok.
-observe(Histogram, Type, Us0) ->
+observe(Histogram, Type, Us) ->
+    case array(Type) of
+        undefined -> ok;
+        A -> observe_in(A, Histogram, Us)
+    end.
+
+%% @doc `count(Counter, Type)' and `observe(Histogram, Type, Us)' with
+%% one lookup of the type's array (the hot path's common case).
+-spec record(counter(), histogram(), binary(), integer()) -> ok.
+record(Counter, Histogram, Type, Us) ->
     case array(Type) of
         undefined ->
             ok;
         A ->
-            Us = max(0, Us0),
-            Base = hist_base(Histogram),
-            atomics:add(A, Base, 1),
-            atomics:add(A, Base + 1, Us),
-            bump_max(A, Base + 2, Us),
-            atomics:add(A, Base + 3 + bucket(Us), 1)
+            atomics:add(A, counter_slot(Counter), 1),
+            observe_in(A, Histogram, Us)
     end.
+
+observe_in(A, Histogram, Us0) ->
+    Us = max(0, Us0),
+    Base = hist_base(Histogram),
+    atomics:add(A, Base, 1),
+    atomics:add(A, Base + 1, Us),
+    bump_max(A, Base + 2, Us),
+    atomics:add(A, Base + 3 + bucket(Us), 1).
 
 %% The array of `Type', made on its first event.
 array(Type) ->

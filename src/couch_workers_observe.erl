@@ -53,10 +53,9 @@ done(_Action, _Type, _Subject, _Failed, _D) ->
     ok.
 
 job(Action, Type, Id, D, Counter, Histogram) ->
-    couch_workers_metrics:count(Counter, Type),
     case Histogram of
-        none -> ok;
-        _ -> couch_workers_metrics:observe(Histogram, Type, us(D))
+        none -> couch_workers_metrics:count(Counter, Type);
+        _ -> couch_workers_metrics:record(Counter, Histogram, Type, us(D))
     end,
     couch_workers_telemetry:execute([couch_workers, job, Action], #{duration => D, count => 1}, #{type => Type, id => Id}).
 
