@@ -115,6 +115,67 @@ pub async fn workers(tx: &Tx, ks: &Keyspace, worker_type: &[u8]) -> Result<Vec<W
     Ok(out)
 }
 
+/// The job types that have jobs (in any state), in byte order: one
+/// one-key read per type, skipping from type to type.
+pub async fn job_types(tx: &Tx, ks: &Keyspace) -> Result<Vec<Vec<u8>>, StoreError> {
+    let (mut from, end) = ks.all_jobs_range();
+    let mut types = Vec::new();
+    loop {
+        let first = tx.get_range(&RangeRequest::new(from.clone(), end.clone()).limit(1).snapshot(true)).await?;
+        let Some((key, _)) = first.into_iter().next() else { return Ok(types) };
+        match ks.parse_job_key(&key) {
+            Some((job_type, _)) => {
+                from = ks.jobs_range(&job_type).1;
+                types.push(job_type);
+            }
+            None => {
+                from = key;
+                from.push(0x00);
+            }
+        }
+    }
+}
+
+/// One page of a type's jobs in id order, for the command line: at most
+/// `limit` jobs whose state is one of `states` (all when empty), reading at
+/// most `scan` records. Returns the jobs and whether the scan stopped
+/// before the type's last record (more may match).
+pub async fn jobs_page(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    states: &[String],
+    limit: usize,
+    scan: usize,
+) -> Result<(Vec<crate::jobs::Job>, bool), StoreError> {
+    let (mut from, end) = ks.jobs_range(job_type);
+    let (mut out, mut scanned) = (Vec::new(), 0usize);
+    loop {
+        let page = tx.get_range(&RangeRequest::new(from, end.clone()).limit(PAGE.min(scan - scanned)).snapshot(true)).await?;
+        let full = page.len() == PAGE.min(scan - scanned);
+        for (key, value) in &page {
+            scanned += 1;
+            let Some((_, id)) = ks.parse_job_key(key) else { continue };
+            let job = crate::jobs::record::Record::decode(value)?.to_job(job_type, &id);
+            if states.is_empty() || states.iter().any(|s| s == job.state.name()) {
+                out.push(job);
+                if out.len() == limit {
+                    return Ok((out, true));
+                }
+            }
+        }
+        match page.last() {
+            Some((last, _)) if full => {
+                if scanned >= scan {
+                    return Ok((out, true));
+                }
+                from = [last.as_slice(), &[0x00]].concat();
+            }
+            _ => return Ok((out, false)),
+        }
+    }
+}
+
 impl crate::Node {
     /// [`worker_types`] in a read-only transaction of this node's store.
     pub async fn worker_types(&self) -> Result<Vec<Vec<u8>>, crate::Error> {

@@ -395,6 +395,19 @@ impl Keyspace {
         (&*a == ACTIVE && &*t == worker_type).then(|| (w.into_owned(), id.into_owned()))
     }
 
+    /// Every job record of every type (`inspect::job_types` skips
+    /// through it type by type).
+    pub fn all_jobs_range(&self) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(JOBS),)))
+    }
+
+    /// The job type and id of a job record's key.
+    pub fn parse_job_key(&self, key: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (j, t, id) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
+        (&*j == JOBS).then(|| (t.into_owned(), id.into_owned()))
+    }
+
     /// The worker type of any key under `("couch_workers", "workers")`,
     /// whatever follows the type (so that a scan can skip from one type
     /// to the next); `None` for any other key.
