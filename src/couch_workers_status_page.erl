@@ -137,8 +137,8 @@ chart(Samples) ->
     Finished = [F || {_, F, _} <- Samples],
     Deltas = [max(0, B - A) || {A, B} <- lists:zip(lists:droplast(Finished), tl(Finished))],
     Max = max(1, lists:max(Deltas)),
-    W = 4,
-    H = 24,
+    W = 6,
+    H = 28,
     Bars = [
         begin
             BH = max(1, round(D / Max * H)),
