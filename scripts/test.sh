@@ -11,6 +11,9 @@ scripts/setup.sh
 
 echo "==> cargo test (core crate: store conformance, key space, liveness, jobs)"
 cargo test -p couch_workers_core
+echo "==> cargo test (command line: argument parsing), and its release build (bin/couch-workers, used by its EUnit suite)"
+cargo test -p couch_workers_cli
+cargo build --release --locked -p couch_workers_cli
 
 # The disk-fault tests (tests/faults_disk.rs: a full disk, store files
 # that turn immutable, a lost mount) mount a tmpfs and use chattr, so they

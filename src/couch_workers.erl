@@ -45,6 +45,14 @@
     job_resume/1
 ]).
 
+%% Operations (implemented in couch_workers_ops and couch_workers_metrics).
+-export([
+    worker_types/0,
+    workers/1,
+    metrics/0,
+    metrics/1
+]).
+
 -export_type([worker_type/0, worker_id/0, workers/0, vs/0]).
 -export_type([job_type/0, job_id/0, job/0, job_handle/0, job_state/0]).
 
@@ -186,7 +194,7 @@ stats() ->
 %% in any state is `already_exists'.
 -spec job_add(job_type(), job_id(), map(), map()) -> ok | {error, already_exists | term()}.
 job_add(JobType, JobId, Info, Opts) ->
-    couch_workers_jobs:add(JobType, JobId, Info, Opts).
+    couch_workers_observe:call(job_added, JobType, JobId, fun() -> couch_workers_jobs:add(JobType, JobId, Info, Opts) end).
 
 %% @doc Adds every job or none, in one transaction; `already_exists' lists
 %% every id that exists (or repeats in the list). A batch one transaction
@@ -195,7 +203,7 @@ job_add(JobType, JobId, Info, Opts) ->
 -spec job_add_many(job_type(), [{job_id(), map(), map()}]) ->
     ok | {error, {already_exists, [job_id()]} | term()}.
 job_add_many(JobType, Jobs) ->
-    couch_workers_jobs:add_many(JobType, Jobs).
+    couch_workers_observe:call(job_added_many, JobType, Jobs, fun() -> couch_workers_jobs:add_many(JobType, Jobs) end).
 
 %% @doc Takes the next pending job of the worker's type for the worker
 %% registered on this node as `WorkerRef'. `Opts': `timeout' (ms, default
@@ -204,7 +212,7 @@ job_add_many(JobType, Jobs) ->
 %% only.
 -spec job_accept(reference(), map()) -> {ok, job_handle()} | {error, not_found | term()}.
 job_accept(WorkerRef, Opts) ->
-    couch_workers_jobs:accept(WorkerRef, Opts).
+    couch_workers_observe:call(job_accepted, none, none, fun() -> couch_workers_jobs:accept(WorkerRef, Opts) end).
 
 %% @doc Replaces the info of the job `Job' holds; returns the new handle.
 %% `canceled': a cancel was requested (the job is now canceled and no
@@ -217,20 +225,20 @@ job_update(Job, Info) ->
 %% @doc Finishes the job `Job' holds, with `Result'.
 -spec job_finish(job_handle(), map()) -> ok | {error, not_owner | not_found | term()}.
 job_finish(Job, Result) ->
-    couch_workers_jobs:finish(Job, Result).
+    couch_workers_observe:call(job_finished, none, Job, fun() -> couch_workers_jobs:finish(Job, Result) end).
 
 %% @doc Cancels a pending job at once; asks a running one's worker to stop
 %% (its next `job_update/2' is `{error, canceled}'); a finished or
 %% canceled one is left as it is (`ok').
 -spec job_cancel(job_type(), job_id()) -> ok | {error, not_found | term()}.
 job_cancel(JobType, JobId) ->
-    couch_workers_jobs:cancel(JobType, JobId).
+    couch_workers_observe:call(job_canceled, JobType, JobId, fun() -> couch_workers_jobs:cancel(JobType, JobId) end).
 
 %% @doc Removes a job in any state (a running one's worker is then
 %% refused with `not_found').
 -spec job_remove(job_type(), job_id()) -> ok | {error, not_found | term()}.
 job_remove(JobType, JobId) ->
-    couch_workers_jobs:remove(JobType, JobId).
+    couch_workers_observe:call(job_removed, JobType, JobId, fun() -> couch_workers_jobs:remove(JobType, JobId) end).
 
 %% @doc The job (no token: not a handle).
 -spec job_get(job_type(), job_id()) -> {ok, job()} | {error, not_found | term()}.
@@ -297,6 +305,39 @@ job_pause(JobType) ->
 -spec job_resume(job_type()) -> ok | {error, term()}.
 job_resume(JobType) ->
     couch_workers_jobs:resume(JobType).
+
+%% ---- operations --------------------------------------------------------------
+
+%% @doc The worker types that have registered workers now, anywhere in the
+%% cluster (read from the store; no subscription needed).
+-spec worker_types() -> [worker_type()] | {error, term()}.
+worker_types() ->
+    couch_workers_ops:worker_types().
+
+%% @doc Every registered worker of `WorkerType' anywhere in the cluster,
+%% read from the store: its options, health timeout (seconds),
+%% `heartbeat_age_ms' (store versions since its last heartbeat's commit
+%% / 1,000: about ms, informational) and `running' (its running jobs).
+%% A non-binary type raises `badarg'.
+-spec workers(worker_type()) -> [couch_workers_ops:worker_info()] | {error, term()}.
+workers(WorkerType) ->
+    couch_workers_ops:workers(WorkerType).
+
+%% @doc This node's counters since the app started and its latency
+%% summaries (microseconds), per type: `#{node, store => #{transactions,
+%% conflicts, retries, failures}, types => #{Type => #{jobs_added, ...,
+%% latency => #{accept_wait | add | finish => #{count, sum_us, p50_us,
+%% p99_us, max_us}}}}}'. See couch_workers_metrics.
+-spec metrics() -> map().
+metrics() ->
+    couch_workers_metrics:metrics().
+
+%% @doc `metrics/0' in the Prometheus text exposition format.
+-spec metrics(prometheus) -> iodata().
+metrics(prometheus) ->
+    couch_workers_prometheus:format(couch_workers_metrics:metrics());
+metrics(_Format) ->
+    erlang:error(badarg).
 
 flush_membership(Ref) ->
     receive

@@ -44,6 +44,7 @@ handle_info({couch_workers_log, Level, What, Fields}, St) when is_map(Fields) ->
             false -> notice
         end,
     logger:log(Level1, Fields#{what => What}, #{source => couch_workers_nif}),
+    couch_workers_observe:log_event(What, Fields),
     {noreply, St};
 handle_info(Msg, St) ->
     ?LOG_WARNING(#{what => unknown_info, server => ?MODULE, msg => Msg}),

@@ -333,6 +333,7 @@ nif_result({register, {Type, Id} = Key, Ref, Pid}, Result, St) ->
             true = ets:insert(?TAB, [{Key, Ref}, {Ref, Type, Id, Pid, Reg, Mon}]),
             ok = notify(Reg, Pid, Ref),
             ?LOG_DEBUG(#{what => worker_registered, type => Type, id => Id, pid => Pid}),
+            couch_workers_observe:worker(registered, Type, Id),
             [gen_server:reply(F, Ref) || F <- Froms],
             St1#st{monitors = maps:put(Mon, Ref, St1#st.monitors)};
         {error, Reason} = Error ->
@@ -347,7 +348,9 @@ nif_result({register, {Type, Id} = Key, Ref, Pid}, Result, St) ->
 nif_result({unregister, {Type, Id} = Key, Ref}, Result, St) ->
     {unregister, _, Froms, Queue} = maps:get(Key, St#st.busy),
     case Result of
-        ok -> ?LOG_DEBUG(#{what => worker_unregistered, type => Type, id => Id});
+        ok ->
+            ?LOG_DEBUG(#{what => worker_unregistered, type => Type, id => Id}),
+            couch_workers_observe:worker(unregistered, Type, Id);
         _ -> ?LOG_WARNING(#{what => worker_unregister_failed, type => Type, id => Id, reason => Result})
     end,
     [gen_server:reply(F, ok) || F <- Froms],

@@ -75,6 +75,10 @@
 %%     {couch_workers_job_ended, SubRef} to the caller after `removed'
 %% job_unsubscribe(Subscription)              -> ok      (nothing of it is sent after this returns)
 %%
+%% ops_worker_types(Ref)                      -> ok | {error, _}  then {Ref, {ok, [Type]} | {error, Name}}
+%% ops_workers(Ref, Type)                     -> ok | {error, _}  then {Ref, {ok, [#{id, opts, timeout, heartbeat_age_ms, running}]} | {error, Name}}
+%% ops_store_counters()                       -> #{transactions, conflicts, retries, failures}   (the retry loop's, since the VM started)
+%%
 %% worker_register_dirty/4, job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3,
 %% job_fail_dirty/4, job_release_dirty/4, job_resubmit_dirty/6
 %%                                            the DirtyCpu twins: as above, never `dirty'
@@ -128,6 +132,13 @@
     job_types/1,
     job_list/5,
     job_set_paused/3
+]).
+
+%% Operations (see the "ops" section below).
+-export([
+    ops_worker_types/1,
+    ops_workers/2,
+    ops_store_counters/0
 ]).
 
 %% The DirtyCpu twins of the NIFs that convert a caller's map.
@@ -331,3 +342,14 @@ job_list(_Ref, _Type, _States, _Limit, _After) -> erlang:nif_error(nif_not_loade
 
 -spec job_set_paused(reference(), binary(), boolean()) -> ok | {error, atom()}.
 job_set_paused(_Ref, _Type, _Paused) -> erlang:nif_error(nif_not_loaded).
+
+%% ---- ops -----------------------------------------------------------------
+
+-spec ops_worker_types(reference()) -> ok | {error, atom()}.
+ops_worker_types(_Ref) -> erlang:nif_error(nif_not_loaded).
+
+-spec ops_workers(reference(), binary()) -> ok | {error, atom()}.
+ops_workers(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).
+
+-spec ops_store_counters() -> #{atom() => non_neg_integer()}.
+ops_store_counters() -> erlang:nif_error(nif_not_loaded).

@@ -26,12 +26,17 @@ init([]) ->
     ok = couch_workers_tables:create(),
     Flags = #{strategy => one_for_one, intensity => 10, period => 10},
     Children = [
+        %% Owns the metrics table (counted into by every other child).
+        worker(couch_workers_metrics, 5000),
         worker(couch_workers_events, 5000),
         worker(couch_workers_global, 5000),
         %% Unregistering every worker takes a store transaction each.
         worker(couch_workers_local, 30000),
         %% Job subscriptions (stops first: its subscriptions end).
-        worker(couch_workers_jobs, 5000)
+        worker(couch_workers_jobs, 5000),
+        %% The status page (app env `http'; `ignore' when unset). Last:
+        %% it reads through the others, and stops first.
+        worker(couch_workers_http, 5000)
     ],
     {ok, {Flags, Children}}.
 

@@ -226,7 +226,10 @@ measured_nifs() ->
         {job_release, 4},
         {job_fail, 4},
         {job_set_paused, 3},
-        {job_remove_if, 4}
+        {job_remove_if, 4},
+        {ops_worker_types, 1},
+        {ops_workers, 2},
+        {ops_store_counters, 0}
     ].
 
 %% Runs the iterations in a fresh process (its heap holds only the terms
@@ -284,6 +287,10 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     after ?WAIT_MS -> error({no_membership, MT})
     end,
     ok = sync(membership_unwatch, Name, [Watch]),
+    %% Operations' reads of it (the reply holds its options).
+    {ok, [#{id := <<"member">>}]} = call(ops_workers, Name, [MT]),
+    {ok, [_ | _]} = call(ops_worker_types, Name, []),
+    #{transactions := _} = sync(ops_store_counters, none, []),
     %% A job with this info: added, read, subscribed to (the reply holds
     %% the job), accepted (so does the handle), updated, finished with it
     %% as result (a small info first: the record holds both), removed.

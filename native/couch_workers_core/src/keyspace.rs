@@ -509,3 +509,46 @@ impl Keyspace {
         self.root.pack(&(b(REAPER_PULSE),))
     }
 }
+
+// ---- operations (`inspect.rs`) ----------------------------------------------
+
+impl Keyspace {
+    /// Every active key of one worker type: the running jobs of all its
+    /// workers, grouped by worker.
+    pub fn active_type_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(ACTIVE), b(worker_type))))
+    }
+
+    /// Decodes an active key of `worker_type`: `(worker, job id)`.
+    pub fn parse_active(&self, worker_type: &[u8], key: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (a, t, w, id) = unpack::<(Bytes, Bytes, Bytes, Bytes)>(rest).ok()?;
+        (&*a == ACTIVE && &*t == worker_type).then(|| (w.into_owned(), id.into_owned()))
+    }
+
+    /// Every job record of every type (`inspect::job_types` skips
+    /// through it type by type).
+    pub fn all_jobs_range(&self) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(JOBS),)))
+    }
+
+    /// The job type and id of a job record's key.
+    pub fn parse_job_key(&self, key: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (j, t, id) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
+        (&*j == JOBS).then(|| (t.into_owned(), id.into_owned()))
+    }
+
+    /// The worker type of any key under `("couch_workers", "workers")`,
+    /// whatever follows the type (so that a scan can skip from one type
+    /// to the next); `None` for any other key.
+    pub fn worker_type_of(&self, key: &[u8]) -> Option<Vec<u8>> {
+        use foundationdb_tuple::Element;
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let elements = unpack::<Vec<Element>>(rest).ok()?;
+        match elements.as_slice() {
+            [Element::Bytes(w), Element::Bytes(t), ..] if &**w == WORKERS => Some(t.to_vec()),
+            _ => None,
+        }
+    }
+}

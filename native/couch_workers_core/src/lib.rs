@@ -10,9 +10,11 @@ pub mod conformance;
 #[cfg(feature = "testkit")]
 pub mod conformance_keyspace;
 pub mod error;
+pub mod inspect;
 pub mod jobs;
 pub mod liveness;
 pub mod log;
+pub mod metrics;
 pub mod workers;
 
 pub use error::Error;

@@ -10,6 +10,7 @@ use std::future::Future;
 use std::time::Instant;
 
 use super::{CommitInfo, Database, StoreError, Tx, TxOptions};
+use crate::metrics;
 
 /// Runs `f` in a transaction of `db` until it commits, retrying what is
 /// retryable. `f` gets a fresh transaction on every attempt.
@@ -29,10 +30,23 @@ where
     F: FnMut(Tx) -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
 {
+    let result = attempt_loop(db, opts, &mut f).await;
+    if result.is_err() {
+        metrics::bump(&metrics::STORE.failures);
+    }
+    result
+}
+
+async fn attempt_loop<T, F, Fut>(db: &dyn Database, opts: TxOptions, f: &mut F) -> Result<(T, CommitInfo), StoreError>
+where
+    F: FnMut(Tx) -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
     let started = Instant::now();
     let mut attempts: u32 = 0;
     loop {
         attempts += 1;
+        metrics::bump(&metrics::STORE.transactions);
         let remaining = opts.timeout.checked_sub(started.elapsed()).ok_or(StoreError::TimedOut)?;
         let attempt = async {
             let tx = match db.create_transaction(&opts).await {
@@ -50,12 +64,16 @@ where
             Ok(Err(failed)) => failed,
             Err(_) => return Err(StoreError::TimedOut),
         };
+        if err == StoreError::Conflict {
+            metrics::bump(&metrics::STORE.conflicts);
+        }
         if !err.is_retryable() {
             return Err(err);
         }
         if attempts >= opts.retry_limit {
             return Err(StoreError::RetryLimit { attempts, last: Box::new(err) });
         }
+        metrics::bump(&metrics::STORE.retries);
         if let Some(tx) = tx {
             // The store's own backoff (FDB's on_error doubles its delay).
             let remaining = opts.timeout.checked_sub(started.elapsed()).ok_or(StoreError::TimedOut)?;

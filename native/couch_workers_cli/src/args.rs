@@ -1,0 +1,162 @@
+//! The command line's arguments, checked before the store is opened.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::PathBuf;
+
+pub const USAGE: &str = "\
+usage: couch-workers [--store embedded:DIR | fdb:CLUSTER_FILE] [--json] COMMAND
+commands:
+  status                                   worker types and job types at a glance
+  workers [TYPE]                           registered workers (all types, or TYPE)
+  jobs TYPE [--state S]... [--limit N]     jobs of TYPE in id order (N: 1..1000, default 100)
+  job TYPE ID                              one job
+  cancel TYPE ID | remove TYPE ID          act on one job
+  retry TYPE ID | pause TYPE | resume TYPE (not implemented yet)
+--store defaults to embedded:couch_workers_data (the app's default store).
+";
+
+/// The job states a `--state` may name.
+pub const STATES: [&str; 6] = ["scheduled", "pending", "running", "finished", "canceled", "failed"];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Store {
+    Embedded(PathBuf),
+    Fdb(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Status,
+    Workers(Option<Vec<u8>>),
+    Jobs { job_type: Vec<u8>, states: Vec<String>, limit: usize },
+    Job(Vec<u8>, Vec<u8>),
+    Cancel(Vec<u8>, Vec<u8>),
+    Remove(Vec<u8>, Vec<u8>),
+    Retry(Vec<u8>, Vec<u8>),
+    Pause(Vec<u8>),
+    Resume(Vec<u8>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub store: Store,
+    pub json: bool,
+    pub command: Command,
+}
+
+/// Parses the arguments after the program's name; `Err` is the one-line
+/// reason.
+pub fn parse(args: Vec<OsString>) -> Result<Options, String> {
+    let mut store = Store::Embedded(PathBuf::from("couch_workers_data"));
+    let mut json = false;
+    let mut states = Vec::new();
+    let mut limit: Option<usize> = None;
+    let mut words: Vec<Vec<u8>> = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        match arg.as_bytes() {
+            b"--json" => json = true,
+            b"--store" => store = store_arg(it.next().ok_or("--store needs a value")?)?,
+            b"--state" => {
+                let s = it.next().ok_or("--state needs a value")?.to_string_lossy().into_owned();
+                if !STATES.contains(&s.as_str()) {
+                    return Err(format!("unknown state {s:?} (one of: {})", STATES.join(", ")));
+                }
+                states.push(s);
+            }
+            b"--limit" => {
+                let v = it.next().ok_or("--limit needs a value")?;
+                let n: usize = v.to_string_lossy().parse().map_err(|_| format!("--limit {v:?} is not a number"))?;
+                if !(1..=1000).contains(&n) {
+                    return Err(format!("--limit {n} is outside 1..1000"));
+                }
+                limit = Some(n);
+            }
+            b"--help" | b"-h" => return Err(String::new()),
+            a if a.starts_with(b"--") => return Err(format!("unknown option {:?}", arg)),
+            _ => words.push(arg.into_vec()),
+        }
+    }
+    let (name, rest) = words.split_first().ok_or("no command given")?;
+    let name = String::from_utf8_lossy(name).into_owned();
+    if (!states.is_empty() || limit.is_some()) && name != "jobs" {
+        return Err("--state and --limit go with the jobs command only".into());
+    }
+    let command = match (name.as_str(), rest) {
+        ("status", []) => Command::Status,
+        ("workers", []) => Command::Workers(None),
+        ("workers", [t]) => Command::Workers(Some(t.clone())),
+        ("jobs", [t]) => Command::Jobs { job_type: t.clone(), states, limit: limit.unwrap_or(100) },
+        ("job", [t, id]) => Command::Job(t.clone(), id.clone()),
+        ("cancel", [t, id]) => Command::Cancel(t.clone(), id.clone()),
+        ("remove", [t, id]) => Command::Remove(t.clone(), id.clone()),
+        ("retry", [t, id]) => Command::Retry(t.clone(), id.clone()),
+        ("pause", [t]) => Command::Pause(t.clone()),
+        ("resume", [t]) => Command::Resume(t.clone()),
+        ("status" | "workers" | "jobs" | "job" | "cancel" | "remove" | "retry" | "pause" | "resume", _) => {
+            return Err(format!("wrong arguments for {name}"))
+        }
+        _ => return Err(format!("unknown command {name:?}")),
+    };
+    Ok(Options { store, json, command })
+}
+
+fn store_arg(value: OsString) -> Result<Store, String> {
+    let bytes = value.as_bytes();
+    let path = |rest: &[u8]| {
+        if rest.is_empty() {
+            Err(format!("--store {value:?}: the path is empty"))
+        } else {
+            Ok(PathBuf::from(std::ffi::OsStr::from_bytes(rest)))
+        }
+    };
+    if let Some(rest) = bytes.strip_prefix(b"embedded:") {
+        Ok(Store::Embedded(path(rest)?))
+    } else if let Some(rest) = bytes.strip_prefix(b"fdb:") {
+        Ok(Store::Fdb(path(rest)?))
+    } else {
+        Err(format!("--store {value:?}: expected embedded:DIR or fdb:CLUSTER_FILE"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(args: &[&str]) -> Result<Options, String> {
+        parse(args.iter().map(OsString::from).collect())
+    }
+
+    #[test]
+    fn commands_and_options() {
+        let o = p(&["--store", "embedded:/d", "--json", "jobs", "t", "--state", "pending", "--limit", "5"]).unwrap();
+        assert_eq!(o.store, Store::Embedded("/d".into()));
+        assert!(o.json);
+        assert_eq!(o.command, Command::Jobs { job_type: b"t".to_vec(), states: vec!["pending".into()], limit: 5 });
+        assert_eq!(p(&["status"]).unwrap().store, Store::Embedded("couch_workers_data".into()));
+        assert_eq!(p(&["--store", "fdb:/etc/fdb.cluster", "workers"]).unwrap().store, Store::Fdb("/etc/fdb.cluster".into()));
+        assert_eq!(p(&["cancel", "t", "j"]).unwrap().command, Command::Cancel(b"t".to_vec(), b"j".to_vec()));
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        for bad in [
+            &[][..],
+            &["frobnicate"],
+            &["job", "t"],
+            &["status", "extra"],
+            &["jobs", "t", "--state", "sleeping"],
+            &["jobs", "t", "--limit", "0"],
+            &["jobs", "t", "--limit", "1001"],
+            &["jobs", "t", "--limit", "x"],
+            &["workers", "--limit", "3"],
+            &["--store", "mysql:/x", "status"],
+            &["--store", "embedded:", "status"],
+            &["--store"],
+            &["--verbose", "status"],
+        ] {
+            assert!(p(bad).is_err(), "{bad:?}");
+        }
+    }
+}

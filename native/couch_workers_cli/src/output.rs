@@ -1,0 +1,175 @@
+//! What the command line prints: aligned tables for people, or one JSON
+//! object per line (`--json`) for scripts. Ids and types are bytes; they
+//! are shown as UTF-8, with the bytes that are not replaced by U+FFFD.
+
+use couch_workers_core::inspect::WorkerInfo;
+use couch_workers_core::jobs::Job;
+use serde_json::{json, Value};
+
+pub struct Out {
+    json: bool,
+    /// The table being built: its header and rows, printed by `flush`.
+    tables: Vec<(Vec<&'static str>, Vec<Vec<String>>)>,
+    lines: Vec<String>,
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A stored JSON object as a value (stored bytes that are no JSON as a string).
+fn stored_json(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(text(bytes)))
+}
+
+fn age(ms: Option<u64>) -> String {
+    ms.map_or("-".into(), |ms| format!("{:.1} s", ms as f64 / 1000.0))
+}
+
+impl Out {
+    pub fn new(json: bool) -> Out {
+        Out { json, tables: Vec::new(), lines: Vec::new() }
+    }
+
+    fn header(&mut self, columns: Vec<&'static str>) {
+        if !self.json {
+            self.tables.push((columns, Vec::new()));
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>, value: Value) {
+        if self.json {
+            self.lines.push(value.to_string());
+        } else if let Some((_, rows)) = self.tables.last_mut() {
+            rows.push(cells);
+        }
+    }
+
+    pub fn note(&mut self, note: &str) {
+        if !self.json {
+            self.tables.push((vec![], vec![vec![note.to_string()]]));
+        }
+    }
+
+    pub fn workers_header(&mut self) {
+        self.header(vec!["TYPE", "ID", "TIMEOUT", "HEARTBEAT AGE", "RUNNING", "OPTIONS"]);
+    }
+
+    pub fn worker(&mut self, t: &[u8], w: &WorkerInfo) {
+        let value = json!({
+            "type": text(t), "id": text(&w.id), "opts": stored_json(&w.options_json),
+            "timeout": w.timeout_s, "heartbeat_age_ms": w.heartbeat_age_ms, "running": w.running,
+        });
+        let cells = vec![
+            text(t),
+            text(&w.id),
+            w.timeout_s.map_or("-".into(), |s| format!("{s} s")),
+            age(w.heartbeat_age_ms),
+            w.running.to_string(),
+            text(&w.options_json),
+        ];
+        self.row(cells, value);
+    }
+
+    pub fn jobs_header(&mut self) {
+        self.header(vec!["TYPE", "ID", "STATE", "WORKER", "PRIORITY", "ATTEMPTS", "INFO"]);
+    }
+
+    fn job_value(j: &Job) -> Value {
+        json!({
+            "type": text(&j.job_type), "id": text(&j.id), "state": j.state.name(),
+            "worker": j.worker.as_deref().map(text), "priority": j.priority,
+            "info": stored_json(&j.info), "result": j.result.as_deref().map(stored_json),
+            "attempts": j.attempts, "cancel_requested": j.cancel_requested,
+        })
+    }
+
+    pub fn job(&mut self, j: &Job) {
+        let cells = vec![
+            text(&j.job_type),
+            text(&j.id),
+            if j.cancel_requested { format!("{} (cancel requested)", j.state.name()) } else { j.state.name().into() },
+            j.worker.as_deref().map_or("-".into(), text),
+            j.priority.to_string(),
+            j.attempts.to_string(),
+            text(&j.info),
+        ];
+        self.row(cells, Self::job_value(j));
+    }
+
+    /// After an action on a job: the job as it is now.
+    pub fn done(&mut self, action: &'static str, j: &Job) {
+        let mut value = Self::job_value(j);
+        value["action"] = json!(action);
+        self.header(vec!["ACTION", "TYPE", "ID", "STATE"]);
+        let state = if j.cancel_requested { format!("{} (cancel requested)", j.state.name()) } else { j.state.name().into() };
+        self.row(vec![action.into(), text(&j.job_type), text(&j.id), state], value);
+    }
+
+    pub fn removed(&mut self, t: &[u8], id: &[u8]) {
+        self.header(vec!["ACTION", "TYPE", "ID"]);
+        self.row(
+            vec!["removed".into(), text(t), text(id)],
+            json!({"action": "removed", "type": text(t), "id": text(id)}),
+        );
+    }
+
+    pub fn status_workers_header(&mut self) {
+        self.header(vec!["WORKER TYPE", "WORKERS", "RUNNING", "OLDEST HEARTBEAT"]);
+    }
+
+    pub fn status_workers(&mut self, t: &[u8], ws: &[WorkerInfo]) {
+        let running: u64 = ws.iter().map(|w| w.running).sum();
+        let oldest = ws.iter().filter_map(|w| w.heartbeat_age_ms).max();
+        self.row(
+            vec![text(t), ws.len().to_string(), running.to_string(), age(oldest)],
+            json!({"worker_type": text(t), "workers": ws.len(), "running": running, "oldest_heartbeat_age_ms": oldest}),
+        );
+    }
+
+    pub fn status_jobs_header(&mut self) {
+        self.header(vec!["JOB TYPE", "PENDING"]);
+    }
+
+    pub fn status_jobs(&mut self, t: &[u8], pending: u64) {
+        self.row(vec![text(t), pending.to_string()], json!({"job_type": text(t), "pending": pending}));
+    }
+
+    /// Prints what was built.
+    pub fn flush(&mut self) {
+        for line in self.lines.drain(..) {
+            println!("{line}");
+        }
+        for (i, (header, rows)) in self.tables.drain(..).enumerate() {
+            if i > 0 {
+                println!();
+            }
+            if header.is_empty() {
+                for r in rows {
+                    println!("{}", r.join(" "));
+                }
+                continue;
+            }
+            let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+            for r in &rows {
+                for (w, c) in widths.iter_mut().zip(r) {
+                    *w = (*w).max(c.chars().count());
+                }
+            }
+            let line = |cells: Vec<String>| {
+                let n = cells.len();
+                let padded: Vec<String> = cells
+                    .into_iter()
+                    .zip(&widths)
+                    .enumerate()
+                    .map(|(i, (c, w))| if i + 1 == n { c } else { format!("{c:<w$}") })
+                    .collect();
+                println!("{}", padded.join("  "));
+            };
+            line(header.iter().map(|h| h.to_string()).collect());
+            for r in rows {
+                line(r);
+            }
+        }
+    }
+}

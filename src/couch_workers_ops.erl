@@ -1,0 +1,45 @@
+%% @doc Operations' reads: the worker types and workers of the whole
+%% cluster, read from the store (no subscription, no node-local cache), for
+%% `couch_workers:worker_types/0' and `workers/1', the status page and the
+%% command line.
+%%
+%% Each call is one read-only transaction of snapshot reads on the Rust
+%% runtime (it conflicts with no node's writes); the reply is built off
+%% the schedulers. Cost: `bench/RESULTS.md' ("Operations' reads").
+-module(couch_workers_ops).
+
+-export([worker_types/0, workers/1]).
+
+-type worker_info() :: #{
+    id := binary(),
+    opts := map(),
+    timeout := pos_integer() | null,
+    heartbeat_age_ms := non_neg_integer() | null,
+    running := non_neg_integer()
+}.
+-export_type([worker_info/0]).
+
+%% @doc The worker types that have registered workers now, in byte order.
+-spec worker_types() -> [binary()] | {error, term()}.
+worker_types() ->
+    case nif_call(fun(Ref) -> couch_workers_nif:ops_worker_types(Ref) end) of
+        {ok, Types} -> Types;
+        {error, _} = Error -> Error
+    end.
+
+%% @doc Every registered worker of `Type', in id order, cluster-wide.
+-spec workers(binary()) -> [worker_info()] | {error, term()}.
+workers(Type) when is_binary(Type) ->
+    case nif_call(fun(Ref) -> couch_workers_nif:ops_workers(Ref, Type) end) of
+        {ok, Workers} -> Workers;
+        {error, _} = Error -> Error
+    end;
+workers(_Type) ->
+    erlang:error(badarg).
+
+nif_call(Fun) ->
+    Ref = make_ref(),
+    case Fun(Ref) of
+        ok -> couch_workers_nif:wait(Ref, couch_workers_app:call_timeout());
+        {error, _} = Error -> Error
+    end.

@@ -1,0 +1,213 @@
+%% @doc The status page (app env `http'): its endpoints answer with the
+%% right status and content type and show a worker type and a job type;
+%% malformed paths, methods and requests are 4xx; it binds to loopback
+%% by default; no listener runs when `http' is unset; a bad `http' value
+%% stops the app's start.
+-module(couch_workers_http_tests).
+
+-include("couch_workers_test.hrl").
+
+-import(couch_workers_test_util, [unique_type/1]).
+
+http_test_() ->
+    {
+        "status page",
+        {
+            setup,
+            fun() ->
+                {ok, _} = application:ensure_all_started(inets),
+                couch_workers_test_util:start_app(#{http => #{port => 0}})
+            end,
+            fun(Ctx) ->
+                couch_workers_test_util:stop_app(Ctx),
+                application:unset_env(couch_workers, http)
+            end,
+            fun(_) ->
+                [
+                    {"bound to 127.0.0.1 by default", ?_test(bound_to_loopback())},
+                    {"/ shows a worker type and a job type", ?_test(page_shows_workers_and_jobs())},
+                    {"/metrics is Prometheus text", ?_test(metrics_endpoint())},
+                    {"/api/... is JSON", ?_test(api_endpoints())},
+                    {"unknown paths 404, bad encodings 400, other methods 405", ?_test(bad_requests_are_4xx())},
+                    {"malformed HTTP is 4xx and the listener goes on", ?_test(malformed_http_is_4xx())}
+                ]
+            end
+        }
+    }.
+
+off_by_default_test_() ->
+    {
+        "status page off",
+        {
+            setup,
+            fun() -> couch_workers_test_util:start_app() end,
+            fun couch_workers_test_util:stop_app/1,
+            fun(_) -> [{"no listener without http", ?_test(no_listener())}] end
+        }
+    }.
+
+bad_config_test_() ->
+    [
+        {"a bad http value stops the start", ?_test(bad_config_refused())},
+        {"parse_config/1", ?_test(parse_config())}
+    ].
+
+%% ---- tests ---------------------------------------------------------------
+
+url(Path) ->
+    "http://127.0.0.1:" ++ integer_to_list(couch_workers_http:port()) ++ Path.
+
+http_get(Path) ->
+    {ok, {{_, Code, _}, Headers, Body}} = httpc:request(get, {url(Path), []}, [{timeout, 10000}], [{body_format, binary}]),
+    {Code, proplists:get_value("content-type", Headers), Body}.
+
+bound_to_loopback() ->
+    Port = couch_workers_http:port(),
+    ?assert(is_integer(Port) andalso Port > 0),
+    [Pid] = httpd_instances(),
+    ?assertEqual([{bind_address, {127, 0, 0, 1}}], httpd:info(Pid, [bind_address])),
+    %% Not on another address of this host (if it has one).
+    case non_loopback_address() of
+        undefined -> ok;
+        Ip -> ?assertMatch({error, _}, gen_tcp:connect(Ip, Port, [], 2000))
+    end.
+
+httpd_instances() ->
+    %% The instance is linked to couch_workers_http.
+    {links, Links} = process_info(whereis(couch_workers_http), links),
+    [P || P <- Links, is_pid(P), is_httpd(P)].
+
+is_httpd(P) ->
+    try httpd:info(P, [port]) of
+        [{port, _}] -> true;
+        _ -> false
+    catch
+        _:_ -> false
+    end.
+
+non_loopback_address() ->
+    {ok, Addrs} = inet:getifaddrs(),
+    case [A || {_, Opts} <- Addrs, {addr, A} <- Opts, tuple_size(A) =:= 4, element(1, A) =/= 127] of
+        [A | _] -> A;
+        [] -> undefined
+    end.
+
+page_shows_workers_and_jobs() ->
+    WT = <<"web<b>", (unique_type("wt"))/binary>>,
+    W = couch_workers:worker_register(WT, <<"w&1">>, #{slots => 3}, self()),
+    ok = couch_workers:job_add(WT, <<"j1">>, #{}, #{}),
+    %% A job type that no worker has: listed among the job types.
+    JT = unique_type("jobs_only"),
+    ok = couch_workers:job_add(JT, <<"j1">>, #{}, #{}),
+    {200, CT, Html} = http_get("/"),
+    ?assertNotEqual(nomatch, binary:match(Html, <<"<tr><td>", JT/binary, "</td>">>)),
+    ?assertEqual("text/html; charset=utf-8", CT),
+    %% Escaped, not raw: no markup comes from a type or id.
+    Esc = iolist_to_binary(couch_workers_status_page:escape(WT)),
+    ?assertNotEqual(nomatch, binary:match(Html, Esc)),
+    ?assertEqual(nomatch, binary:match(Html, WT)),
+    ?assertNotEqual(nomatch, binary:match(Html, <<"w&amp;1">>)),
+    ?assertNotEqual(nomatch, binary:match(Html, <<"http-equiv=\"refresh\"">>)),
+    %% A heartbeat bar for the worker, and the job type's pending count.
+    ?assertNotEqual(nomatch, binary:match(Html, <<"class=\"bar\"">>)),
+    ?assertNotEqual(nomatch, binary:match(Html, <<"{&quot;slots&quot;:3}">>)),
+    ok = couch_workers:job_remove(WT, <<"j1">>),
+    ok = couch_workers:job_remove(JT, <<"j1">>),
+    ok = couch_workers:worker_unregister(W).
+
+metrics_endpoint() ->
+    T = unique_type("mt"),
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    {200, CT, Text} = http_get("/metrics"),
+    ?assertEqual("text/plain; version=0.0.4; charset=utf-8", CT),
+    Samples = couch_workers_metrics_tests:parse(Text),
+    ?assert(lists:any(
+        fun({N, L, V}) -> N =:= <<"couch_workers_jobs_added_total">> andalso maps:get(<<"type">>, L) =:= T andalso V =:= 1.0 end,
+        Samples
+    )).
+
+api_endpoints() ->
+    T = unique_type("api"),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    {200, "application/json", Types} = http_get("/api/worker_types"),
+    ?assertNotEqual(nomatch, binary:match(Types, <<"\"", T/binary, "\"">>)),
+    {200, "application/json", Workers} = http_get("/api/workers/" ++ binary_to_list(T)),
+    ?assertMatch(<<"[{\"heartbeat_age_ms\":", _/binary>>, Workers),
+    ?assertNotEqual(nomatch, binary:match(Workers, <<"\"id\":\"w1\"">>)),
+    %% A type that needs percent-encoding.
+    T2 = <<T/binary, " /?">>,
+    W2 = couch_workers:worker_register(T2, <<"w2">>, #{}, self()),
+    {200, _, Workers2} = http_get("/api/workers/" ++ uri_string:quote(binary_to_list(T2))),
+    ?assertNotEqual(nomatch, binary:match(Workers2, <<"\"id\":\"w2\"">>)),
+    {200, "application/json", <<"[]">>} = http_get("/api/workers/nobody-here"),
+    {200, "application/json", Status} = http_get("/api/status"),
+    ?assertNotEqual(nomatch, binary:match(Status, <<"\"worker_types\":">>)),
+    {200, "application/json", <<"{", _/binary>>} = http_get("/api/metrics"),
+    ok = couch_workers:worker_unregister(W2),
+    ok = couch_workers:worker_unregister(W).
+
+bad_requests_are_4xx() ->
+    ?assertMatch({404, _, _}, http_get("/nope")),
+    ?assertMatch({404, _, _}, http_get("/api/workers")),
+    ?assertMatch({404, _, _}, http_get("/api/workers/a/b")),
+    {ok, {{_, 405, _}, Headers, _}} = httpc:request(post, {url("/"), [], "text/plain", "x"}, [], []),
+    ?assertEqual("GET", proplists:get_value("allow", Headers)),
+    [
+        ?assertMatch({ok, {{_, 405, _}, _, _}}, httpc:request(M, request(M, url("/api/status")), [], []))
+     || M <- [delete, head, put]
+    ],
+    %% Still serving.
+    ?assertMatch({200, _, _}, http_get("/api/worker_types")).
+
+request(put, Url) -> {Url, [], "text/plain", "x"};
+request(_, Url) -> {Url, []}.
+
+%% Requests httpc would not send: each answered 4xx, and the listener
+%% serves on. (A method HTTP does not define is 501 from httpd itself, as
+%% RFC 9110 says; an unfinished request line waits for httpd's timeout.)
+malformed_http_is_4xx() ->
+    Long = binary:copy(<<"a">>, 20000),
+    [
+        ?assertMatch({Code, _} when Code >= 400 andalso Code < 500, {raw(Req), Req})
+     || Req <- [
+            <<"GET /api/workers/%ZZ HTTP/1.1\r\nHost: x\r\n\r\n">>,
+            <<"GET /api/workers/%4 HTTP/1.1\r\nHost: x\r\n\r\n">>,
+            <<"GET / HTTP/9.9\r\n\r\n">>,
+            <<"GET / HTTP/1.1\r\nHost x\r\n\r\n">>,
+            <<"PUT / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx">>,
+            <<"GET /../../etc/passwd HTTP/1.1\r\nHost: x\r\n\r\n">>,
+            <<"GET /", Long/binary, " HTTP/1.1\r\nHost: x\r\n\r\n">>
+        ]
+    ],
+    ?assertMatch({200, _, _}, http_get("/")).
+
+%% The status code of the answer to a raw request.
+raw(Req) ->
+    {ok, S} = gen_tcp:connect({127, 0, 0, 1}, couch_workers_http:port(), [binary, {active, false}], 5000),
+    ok = gen_tcp:send(S, Req),
+    {ok, <<"HTTP/1.", _, " ", Code:3/binary, _/binary>>} = gen_tcp:recv(S, 0, 5000),
+    gen_tcp:close(S),
+    binary_to_integer(Code).
+
+no_listener() ->
+    ?assertEqual(undefined, whereis(couch_workers_http)),
+    ?assertEqual(undefined, couch_workers_http:port()).
+
+bad_config_refused() ->
+    Ctx = couch_workers_test_util:start_app(),
+    couch_workers_test_util:stop_app(Ctx),
+    ok = application:set_env(couch_workers, http, #{port => -1}),
+    try
+        ?assertMatch({error, _}, application:ensure_all_started(couch_workers)),
+        ?assertEqual(undefined, whereis(couch_workers_sup))
+    after
+        application:unset_env(couch_workers, http)
+    end.
+
+parse_config() ->
+    ?assertEqual({ok, #{port => 8080, ip => {127, 0, 0, 1}}}, couch_workers_http:parse_config(#{port => 8080})),
+    ?assertEqual({ok, #{port => 0, ip => {0, 0, 0, 0}}}, couch_workers_http:parse_config(#{port => 0, ip => {0, 0, 0, 0}})),
+    [
+        ?assertEqual(error, couch_workers_http:parse_config(V))
+     || V <- [8080, #{}, #{port => 70000}, #{port => "80"}, #{port => 80, ip => "127.0.0.1"}, #{port => 80, ip => {1, 2, 3}}, #{port => 80, extra => 1}]
+    ].

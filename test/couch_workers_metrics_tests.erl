@@ -1,0 +1,363 @@
+%% @doc couch_workers:metrics/0,1: this node's counters move by exactly
+%% what was done through it; latency summaries hold what was timed; the
+%% Prometheus exposition parses line by line (a small parser of the text
+%% format below) and says what metrics/0 says.
+-module(couch_workers_metrics_tests).
+
+-include("couch_workers_test.hrl").
+
+-import(couch_workers_test_util, [unique_type/1, wait_for/2]).
+
+-export([parse/1, peer_worker/3]).
+
+-define(PEER_TIMEOUT, 15000).
+
+metrics_test_() ->
+    {
+        "metrics on one node",
+        {
+            setup,
+            fun couch_workers_test_util:start_app/0,
+            fun couch_workers_test_util:stop_app/1,
+            fun(_) ->
+                [
+                    {"job and worker counters move by exactly what was done", ?_test(counters_are_exact())},
+                    {"failed calls count nothing", ?_test(failed_calls_count_nothing())},
+                    {"store counters move with the store's work", ?_test(store_counters_move())},
+                    {"prometheus: every line parses, values match metrics/0", ?_test(prometheus_parses_and_matches())},
+                    {"prometheus: label values escaped", ?_test(prometheus_escapes_labels())},
+                    {"metrics/1 of an unknown format is badarg", ?_test(?assertError(badarg, couch_workers:metrics(json)))},
+                    {"quantiles of the histogram are within a bucket of the truth", ?_test(quantiles_within_a_bucket())}
+                ]
+            end
+        }
+    }.
+
+reap_test_() ->
+    couch_workers_test_util:peer_fixture(
+        "metrics: reaps by this node's reaper",
+        "mreap",
+        [?TDEF_FE(a_reap_of_a_killed_peers_worker_counts_once, 60)]
+    ).
+
+histogram_test_() ->
+    [
+        {"the parser refuses malformed lines", ?_test(parser_refuses_malformed())}
+    ].
+
+%% ---- tests ---------------------------------------------------------------
+
+type_metrics(T) ->
+    maps:get(T, maps:get(types, couch_workers:metrics()), undefined).
+
+counters_are_exact() ->
+    T = unique_type("mx"),
+    ?assertEqual(undefined, type_metrics(T)),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    ok = couch_workers:job_add(T, <<"j2">>, #{}, #{}),
+    ok = couch_workers:job_add_many(T, [{<<"j3">>, #{}, #{}}, {<<"j4">>, #{}, #{}}, {<<"j5">>, #{}, #{}}]),
+    {ok, J1} = couch_workers:job_accept(W, #{}),
+    {ok, J2} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_finish(J1, #{}),
+    ok = couch_workers:job_cancel(T, <<"j4">>),
+    ok = couch_workers:job_remove(T, <<"j5">>),
+    ok = couch_workers:job_finish(J2, #{}),
+    ok = couch_workers:worker_unregister(W),
+    M = type_metrics(T),
+    ?assertEqual(
+        #{
+            jobs_added => 5,
+            jobs_accepted => 2,
+            jobs_finished => 2,
+            jobs_canceled => 1,
+            jobs_removed => 1,
+            workers_registered => 1,
+            workers_unregistered => 1,
+            workers_reaped => 0,
+            heartbeat_failures => 0
+        },
+        maps:remove(latency, M)
+    ),
+    #{latency := #{add := Add, accept_wait := Acc, finish := Fin}} = M,
+    %% Three add calls (one of them a batch of three), two accepts, two finishes.
+    ?assertMatch(#{count := 3}, Add),
+    ?assertMatch(#{count := 2}, Acc),
+    ?assertMatch(#{count := 2}, Fin),
+    [
+        begin
+            ?assert(P50 =< P99),
+            ?assert(P99 =< Max),
+            ?assert(Max =< Sum),
+            %% Each call took some microseconds at least (a store commit).
+            ?assert(Max > 0)
+        end
+     || #{p50_us := P50, p99_us := P99, max_us := Max, sum_us := Sum} <- [Add, Fin]
+    ],
+    %% An owner's exit is a removal too.
+    Owner = spawn(fun() -> receive stop -> ok end end),
+    W2 = couch_workers:worker_register(T, <<"w2">>, #{}, Owner),
+    ?assert(is_reference(W2)),
+    Owner ! stop,
+    wait_for(fun() -> maps:get(workers_unregistered, type_metrics(T)) =:= 2 end, 5000),
+    ?assertEqual(2, maps:get(workers_registered, type_metrics(T))).
+
+failed_calls_count_nothing() ->
+    T = unique_type("mfail"),
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    Before = type_metrics(T),
+    {error, already_exists} = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    {error, {already_exists, [<<"j1">>]}} = couch_workers:job_add_many(T, [{<<"j1">>, #{}, #{}}, {<<"j9">>, #{}, #{}}]),
+    {error, not_found} = couch_workers:job_cancel(T, <<"nope">>),
+    {error, not_found} = couch_workers:job_remove(T, <<"nope">>),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    {ok, J} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_remove(T, <<"j1">>),
+    {error, _} = couch_workers:job_finish(J, #{}),
+    {error, not_found} = couch_workers:job_accept(W, #{}),
+    ?assertError(badarg, couch_workers:job_add(T, not_an_id, #{}, #{})),
+    ok = couch_workers:worker_unregister(W),
+    After = type_metrics(T),
+    %% Only the successful accept, remove, register and unregister moved.
+    Moved = maps:filter(fun(K, V) -> K =/= latency andalso V =/= maps:get(K, Before) end, maps:remove(latency, After)),
+    ?assertEqual(#{jobs_accepted => 1, jobs_removed => 1, workers_registered => 1, workers_unregistered => 1}, Moved),
+    ?assertEqual(
+        maps:get(count, maps:get(add, maps:get(latency, Before))), maps:get(count, maps:get(add, maps:get(latency, After)))
+    ).
+
+store_counters_move() ->
+    T = unique_type("mstore"),
+    #{store := #{transactions := Tx0}} = couch_workers:metrics(),
+    [ok = couch_workers:job_add(T, integer_to_binary(I), #{}, #{}) || I <- lists:seq(1, 10)],
+    #{store := #{transactions := Tx1, conflicts := C, retries := R, failures := F}} = couch_workers:metrics(),
+    %% At least one attempt per add (heartbeats and the reaper add more).
+    ?assert(Tx1 - Tx0 >= 10),
+    ?assert(is_integer(C) andalso is_integer(R) andalso is_integer(F)).
+
+prometheus_parses_and_matches() ->
+    T = unique_type("mprom"),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    {ok, J} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_finish(J, #{}),
+    Text = iolist_to_binary(couch_workers:metrics(prometheus)),
+    Samples = parse(Text),
+    Node = atom_to_binary(node()),
+    L = #{<<"node">> => Node, <<"type">> => T},
+    ?assertEqual(1.0, sample(<<"couch_workers_jobs_finished_total">>, L, Samples)),
+    ?assertEqual(1.0, sample(<<"couch_workers_jobs_added_total">>, L, Samples)),
+    ?assertEqual(1.0, sample(<<"couch_workers_workers_registered_total">>, L, Samples)),
+    ?assertEqual(1.0, sample(<<"couch_workers_job_finish_seconds_count">>, L, Samples)),
+    #{latency := #{finish := #{max_us := MaxUs, p99_us := P99}}} = type_metrics(T),
+    ?assertEqual(MaxUs / 1.0e6, sample(<<"couch_workers_job_finish_seconds_max">>, L, Samples)),
+    ?assertEqual(P99 / 1.0e6, sample(<<"couch_workers_job_finish_seconds">>, L#{<<"quantile">> => <<"0.99">>}, Samples)),
+    ?assert(sample(<<"couch_workers_store_transactions_total">>, #{<<"node">> => Node}, Samples) > 0),
+    ok = couch_workers:worker_unregister(W).
+
+prometheus_escapes_labels() ->
+    T = <<"q\"b\\s\nl", 16#ff, (unique_type("esc"))/binary>>,
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    Text = iolist_to_binary(couch_workers:metrics(prometheus)),
+    Samples = parse(Text),
+    %% The parser unescapes \" \\ \n; the byte that is no UTF-8 is \xff.
+    Label = <<"q\"b\\s\nl\\xff", (binary:part(T, 8, byte_size(T) - 8))/binary>>,
+    ?assertEqual(
+        1.0, sample(<<"couch_workers_jobs_added_total">>, #{<<"node">> => atom_to_binary(node()), <<"type">> => Label}, Samples)
+    ).
+
+a_reap_of_a_killed_peers_worker_counts_once(#{peer := Peer, type := T} = Ctx) ->
+    ok = peer:call(Peer, ?MODULE, peer_worker, [T, <<"b1">>, #{timeout => 1}], ?PEER_TIMEOUT),
+    ?assertEqual(0, maps:get(workers_reaped, maps:get(T, maps:get(types, couch_workers:metrics()), #{workers_reaped => 0}))),
+    couch_workers_test_util:kill_peer(Ctx),
+    %% Only this node's reaper is left to reap it.
+    wait_for(fun() -> couch_workers:workers(T) =:= [] end, 10000),
+    wait_for(fun() -> (catch maps:get(workers_reaped, type_metrics(T))) =:= 1 end, 5000),
+    timer:sleep(500),
+    ?assertEqual(1, maps:get(workers_reaped, type_metrics(T))).
+
+quantiles_within_a_bucket() ->
+    rand:seed(exsss, {1, 2, 3}),
+    Values = [trunc(math:exp(rand:uniform() * 20)) || _ <- lists:seq(1, 5000)],
+    T = unique_type("mq"),
+    %% Straight into the histogram of a fresh type.
+    [couch_workers_metrics:observe(add, T, V) || V <- Values],
+    #{p50_us := P50, p99_us := P99, max_us := Max, count := N, sum_us := Sum} =
+        maps:get(add, maps:get(latency, type_metrics(T))),
+    Sorted = lists:sort(Values),
+    True = fun(Q) -> lists:nth(max(1, ceil(Q * length(Sorted))), Sorted) end,
+    ?assertEqual({5000, lists:sum(Values), lists:max(Values)}, {N, Sum, Max}),
+    [
+        ?assert(Est >= True(Q) andalso Est =< True(Q) * 1.25 + 1)
+     || {Q, Est} <- [{0.5, P50}, {0.99, P99}]
+    ].
+
+parser_refuses_malformed() ->
+    Good = <<"# HELP x_total A thing.\n# TYPE x_total counter\nx_total{a=\"b\"} 1\n">>,
+    ?assertMatch([_], parse(Good)),
+    Bad = [
+        <<"x_total 1\n">>,                                         %% no TYPE before it
+        <<"# TYPE x_total counter\nx_total{a=b} 1\n">>,            %% unquoted label value
+        <<"# TYPE x_total counter\nx_total{a=\"b} 1\n">>,          %% unterminated
+        <<"# TYPE x_total counter\nx_total{a=\"b\"} one\n">>,      %% not a number
+        <<"# TYPE x_total counter\n9x_total 1\n">>,                %% bad name
+        <<"# TYPE x_total counter\n# TYPE x_total counter\n">>,    %% TYPE twice
+        <<"# TYPE x_total counter\ny_total 1\n">>,                 %% sample of another family
+        <<"# TYPE x_total counter\nx_total 1">>                    %% no final newline
+    ],
+    [?assertError(_, parse(B)) || B <- Bad].
+
+%% ---- run on the peer -----------------------------------------------------
+
+peer_worker(Type, Id, Opts) ->
+    Caller = self(),
+    spawn(fun() ->
+        W = couch_workers:worker_register(Type, Id, Opts, self()),
+        Caller ! {registered, is_reference(W)},
+        receive
+            stop -> ok
+        end
+    end),
+    receive
+        {registered, true} -> ok
+    after 10000 -> {error, timeout}
+    end.
+
+%% ---- a parser of the Prometheus text format (0.0.4) ----------------------------
+%%
+%% Checks every line: `# HELP name text', `# TYPE name kind' (once per
+%% family, before its samples), other comments, blank lines, and samples
+%% `name{label="value",...} number' whose name is the family's (or, for a
+%% summary or histogram, its `_sum', `_count', `_bucket'). Fails with
+%% `{bad_line, N, Line, Why}'. Returns `[{Name, #{Label => Value}, float()}]'.
+
+parse(Text) ->
+    case binary:last(Text) of
+        $\n -> ok;
+        _ -> erlang:error(no_final_newline)
+    end,
+    Lines = binary:split(Text, <<"\n">>, [global]),
+    {Samples, _} = lists:foldl(
+        fun({N, Line}, {Acc, Types}) ->
+            try parse_line(Line, Types) of
+                {sample, S} -> {[S | Acc], Types};
+                {type, Name, Kind} -> {Acc, Types#{Name => Kind}};
+                skip -> {Acc, Types}
+            catch
+                throw:Why -> erlang:error({bad_line, N, Line, Why})
+            end
+        end,
+        {[], #{}},
+        lists:zip(lists:seq(1, length(Lines)), Lines)
+    ),
+    lists:reverse(Samples).
+
+parse_line(<<>>, _Types) ->
+    skip;
+parse_line(<<"# TYPE ", Rest/binary>>, Types) ->
+    case binary:split(Rest, <<" ">>) of
+        [Name, Kind] ->
+            metric_name(Name),
+            lists:member(Kind, [<<"counter">>, <<"gauge">>, <<"summary">>, <<"histogram">>, <<"untyped">>]) orelse
+                throw(bad_kind),
+            maps:is_key(Name, Types) andalso throw(type_twice),
+            {type, Name, Kind};
+        _ ->
+            throw(bad_type_line)
+    end;
+parse_line(<<"# HELP ", Rest/binary>>, _Types) ->
+    case binary:split(Rest, <<" ">>) of
+        [Name, _Help] -> metric_name(Name), skip;
+        _ -> throw(bad_help_line)
+    end;
+parse_line(<<"#", _/binary>>, _Types) ->
+    skip;
+parse_line(Line, Types) ->
+    {Name, Rest} = take_name(Line, <<>>),
+    metric_name(Name),
+    family_of(Name, Types),
+    {Labels, Rest1} =
+        case Rest of
+            <<"{", R/binary>> -> labels(R, #{});
+            _ -> {#{}, Rest}
+        end,
+    case Rest1 of
+        <<" ", Value/binary>> -> {sample, {Name, Labels, number(Value)}};
+        _ -> throw(no_value)
+    end.
+
+take_name(<<C, Rest/binary>>, Acc) when C =/= ${, C =/= $\s -> take_name(Rest, <<Acc/binary, C>>);
+take_name(Rest, Acc) -> {Acc, Rest}.
+
+metric_name(<<C, Rest/binary>>) when C >= $a, C =< $z; C >= $A, C =< $Z; C =:= $_; C =:= $: ->
+    [ok = name_char(X) || <<X>> <= Rest],
+    ok;
+metric_name(_) ->
+    throw(bad_name).
+
+name_char(C) when C >= $a, C =< $z; C >= $A, C =< $Z; C >= $0, C =< $9; C =:= $_; C =:= $: -> ok;
+name_char(_) -> throw(bad_name).
+
+%% The sample's family must have been declared (TYPE) before it.
+family_of(Name, Types) ->
+    Candidates = [Name | [binary:part(Name, 0, byte_size(Name) - byte_size(S)) || S <- [<<"_sum">>, <<"_count">>, <<"_bucket">>], byte_size(Name) > byte_size(S), binary:longest_common_suffix([Name, S]) =:= byte_size(S)]],
+    case [F || F <- Candidates, maps:is_key(F, Types)] of
+        [Name | _] -> ok;
+        [F | _] when F =/= Name ->
+            lists:member(maps:get(F, Types), [<<"summary">>, <<"histogram">>]) orelse throw(suffix_of_a_plain_family),
+            ok;
+        [] -> throw(no_type_for_sample)
+    end.
+
+labels(<<"}", Rest/binary>>, Acc) ->
+    {Acc, Rest};
+labels(Bin, Acc) ->
+    {Key, Rest} = label_name(Bin, <<>>),
+    case Rest of
+        <<"=\"", R/binary>> ->
+            {Value, R1} = label_value(R, <<>>),
+            Acc1 = Acc#{Key => Value},
+            case R1 of
+                <<",", R2/binary>> -> labels(R2, Acc1);
+                <<"}", R2/binary>> -> {Acc1, R2};
+                _ -> throw(bad_label_separator)
+            end;
+        _ ->
+            throw(bad_label)
+    end.
+
+label_name(<<C, Rest/binary>>, Acc) when C >= $a, C =< $z; C >= $A, C =< $Z; C =:= $_; (C >= $0 andalso C =< $9 andalso Acc =/= <<>>) ->
+    label_name(Rest, <<Acc/binary, C>>);
+label_name(_Rest, <<>>) ->
+    throw(bad_label_name);
+label_name(Rest, Acc) ->
+    {Acc, Rest}.
+
+label_value(<<"\\\\", Rest/binary>>, Acc) -> label_value(Rest, <<Acc/binary, "\\">>);
+label_value(<<"\\\"", Rest/binary>>, Acc) -> label_value(Rest, <<Acc/binary, "\"">>);
+label_value(<<"\\n", Rest/binary>>, Acc) -> label_value(Rest, <<Acc/binary, "\n">>);
+label_value(<<"\\", _/binary>>, _Acc) -> throw(bad_escape);
+label_value(<<"\"", Rest/binary>>, Acc) -> {Acc, Rest};
+label_value(<<"\n", _/binary>>, _Acc) -> throw(raw_newline);
+label_value(<<C, Rest/binary>>, Acc) -> label_value(Rest, <<Acc/binary, C>>);
+label_value(<<>>, _Acc) -> throw(unterminated_label_value).
+
+number(<<"+Inf">>) -> infinity;
+number(<<"-Inf">>) -> neg_infinity;
+number(<<"NaN">>) -> nan;
+number(Bin) ->
+    try binary_to_float(Bin) of
+        F -> F
+    catch
+        error:badarg ->
+            try float(binary_to_integer(Bin)) of
+                F -> F
+            catch
+                error:badarg -> throw(bad_number)
+            end
+    end.
+
+sample(Name, Labels, Samples) ->
+    case [V || {N, L, V} <- Samples, N =:= Name, L =:= Labels] of
+        [V] -> V;
+        Other -> erlang:error({sample, Name, Labels, Other})
+    end.
