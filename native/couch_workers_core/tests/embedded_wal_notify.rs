@@ -123,3 +123,25 @@ async fn a_quiet_store_does_not_wake_the_watcher() {
 
 /// The tests of this binary run one at a time (one counts threads).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A node with nothing registered writes nothing to the embedded store: its
+/// reaper's passes prove the store writable with empty write transactions
+/// (the `reaper_pulse` add is for stores whose versions move only with
+/// commits). A write every pass would wake every node's watcher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_writes_nothing_to_the_embedded_store() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = open(dir.path(), true);
+    let log: couch_workers_core::log::Logger = Arc::new(couch_workers_core::log::Discard);
+    let node = couch_workers_core::Node::with_db(store.clone(), couch_workers_core::Settings::default(), log);
+    // The reaper's first passes (500 ms apart at most), after start-up.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = store.sqlite_commits();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let commits = store.sqlite_commits() - before;
+    assert_eq!(commits, 0, "an idle node committed {commits} writes in 1.6 s");
+    assert!(node.stats().reapers >= 1, "the reaper runs: {:?}", node.stats());
+    node.stop().await;
+    store.close();
+}

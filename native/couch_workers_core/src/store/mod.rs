@@ -333,6 +333,14 @@ pub trait Database: Send + Sync + 'static {
     /// Human-readable durability setting, printed by the benchmarks.
     fn durability(&self) -> String;
 
+    /// Whether read versions rise with time while nothing commits (the
+    /// embedded store's clock-based versions). FoundationDB's (and the
+    /// `sim` store's) move only with commits, so a service that measures
+    /// time in versions must commit for them to move (the reaper's pulse).
+    fn versions_follow_time(&self) -> bool {
+        false
+    }
+
     /// Stops the store's background threads and fails pending watches with
     /// [`StoreError::Closed`]. Idempotent.
     fn close(&self);

@@ -99,11 +99,10 @@ pub struct EmbeddedOptions {
     /// Linux; default `true`), instead of polling: a quiet store then costs
     /// no CPU. Where it cannot start, the store polls as with `false`.
     pub wal_notify: bool,
-    /// The longest interval between looks at `PRAGMA data_version` while
-    /// commits go on (default 1 ms). Without WAL notifications: how often
-    /// the watcher thread polls for commits of other processes while
-    /// watches are pending and commits were seen within the last 250 ms.
-    /// Commits through this store wake it at once.
+    /// Without WAL notifications: how often the watcher thread polls for
+    /// commits of other processes while watches are pending and commits
+    /// were seen within the last 250 ms (default 1 ms). Commits through
+    /// this store wake it at once.
     pub watch_poll: Duration,
     /// Without WAL notifications, the poll interval once nothing has
     /// changed for 250 ms (default 4 ms): the first change after a quiet
@@ -276,6 +275,10 @@ impl Database for EmbeddedStore {
 
     fn kind(&self) -> &'static str {
         "embedded"
+    }
+
+    fn versions_follow_time(&self) -> bool {
+        true
     }
 
     fn durability(&self) -> String {

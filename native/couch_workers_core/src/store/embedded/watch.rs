@@ -16,7 +16,7 @@
 //!   when any other connection, of this or another process, has committed,
 //!   and keeps asking for [`SETTLE`] after the last such write, first
 //!   after [`SETTLE_FIRST`] and then at doubling intervals up to
-//!   `watch_poll` (a commit becomes visible a moment after its frames are
+//!   [`SETTLE_MAX_STEP`] (a commit becomes visible a moment after its frames are
 //!   written, and the kernel merges writes that follow each other into one
 //!   event). Only when `data_version` moved does it read every watched
 //!   key, in one read transaction, and fire the watches whose value
@@ -71,6 +71,9 @@ pub(crate) const SETTLE: Duration = Duration::from_millis(20);
 
 /// The first look after a WAL write: most commits are visible by then.
 pub(crate) const SETTLE_FIRST: Duration = Duration::from_micros(50);
+
+/// The longest interval between two looks of a settle window.
+pub(crate) const SETTLE_MAX_STEP: Duration = Duration::from_millis(4);
 
 /// With WAL notifications, the longest sleep between looks.
 pub(crate) const SAFETY_CHECK: Duration = Duration::from_secs(1);
@@ -289,7 +292,7 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
                     settle_until = Some(Instant::now() + SETTLE);
                     settle_step = SETTLE_FIRST;
                 } else if settling {
-                    settle_step = (settle_step * 2).min(polling.active.max(SETTLE_FIRST));
+                    settle_step = (settle_step * 2).min(SETTLE_MAX_STEP);
                 }
                 dirty
             }
