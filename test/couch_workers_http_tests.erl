@@ -151,6 +151,7 @@ bad_requests_are_4xx() ->
     ?assertMatch({404, _, _}, http_get("/nope")),
     ?assertMatch({404, _, _}, http_get("/api/workers")),
     ?assertMatch({404, _, _}, http_get("/api/workers/a/b")),
+    ?assertMatch({400, _, _}, http_get("/api/workers/" ++ lists:duplicate(10001, $x))),
     {ok, {{_, 405, _}, Headers, _}} = httpc:request(post, {url("/"), [], "text/plain", "x"}, [], []),
     ?assertEqual("GET", proplists:get_value("allow", Headers)),
     [
