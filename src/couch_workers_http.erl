@@ -20,6 +20,8 @@
 -include_lib("kernel/include/logger.hrl").
 
 -define(SAMPLE_MS, 10000).
+%% Names this app's httpd instance among the VM's (CouchDB runs others).
+-define(SERVER_NAME, "couch_workers_status").
 %% Ten minutes of samples.
 -define(SAMPLES, 60).
 
@@ -85,12 +87,13 @@ init(#{port := Port, ip := Ip}) ->
     process_flag(trap_exit, true),
     case application:ensure_all_started(inets) of
         {ok, _} ->
+            stop_leftovers(),
             Root = code:priv_dir(couch_workers),
             Config = [
                 {port, Port},
                 {bind_address, Ip},
                 {ipfamily, family(Ip)},
-                {server_name, "couch_workers"},
+                {server_name, ?SERVER_NAME},
                 {server_root, Root},
                 {document_root, Root},
                 {modules, [couch_workers_http_handler]},
@@ -114,6 +117,20 @@ init(#{port := Port, ip := Ip}) ->
             ?LOG_ERROR(#{what => status_page_needs_inets, reason => Reason}),
             {stop, {inets_not_started, Reason}}
     end.
+
+%% An instance of an earlier incarnation of this server that was killed
+%% (`terminate/2' did not run) still listens: inets supervises it, and a
+%% supervisor outlives a linked process that is not its parent. Stop it
+%% before binding again, or the port stays taken.
+stop_leftovers() ->
+    [
+        begin
+            ?LOG_NOTICE(#{what => status_page_leftover_stopped, pid => Pid}),
+            inets:stop(httpd, Pid)
+        end
+     || {httpd, Pid, Info} <- inets:services_info(), is_list(Info), proplists:get_value(server_name, Info) =:= ?SERVER_NAME
+    ],
+    ok.
 
 family(Ip) when tuple_size(Ip) =:= 8 -> inet6;
 family(_) -> inet.

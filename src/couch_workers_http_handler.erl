@@ -77,6 +77,7 @@ route(_Method, _Path) ->
     {response, [{code, 405}, {content_type, "text/plain"}, {allow, "GET"}, {content_length, "19"}], "method not allowed\n"}.
 
 ok_or_503(List) when is_list(List) -> List;
+ok_or_503({error, key_too_large}) -> throw({status, 400, "the type is over the key limit\n"});
 ok_or_503({error, Reason}) -> throw({status, 503, io_lib:format("store unavailable: ~p~n", [Reason])}).
 
 json(Term) ->

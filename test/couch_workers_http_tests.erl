@@ -29,7 +29,8 @@ http_test_() ->
                     {"/metrics is Prometheus text", ?_test(metrics_endpoint())},
                     {"/api/... is JSON", ?_test(api_endpoints())},
                     {"unknown paths 404, bad encodings 400, other methods 405", ?_test(bad_requests_are_4xx())},
-                    {"malformed HTTP is 4xx and the listener goes on", ?_test(malformed_http_is_4xx())}
+                    {"malformed HTTP is 4xx and the listener goes on", ?_test(malformed_http_is_4xx())},
+                    {"a killed listener server restarts with a listener", ?_test(killed_server_restarts())}
                 ]
             end
         }
@@ -150,6 +151,7 @@ bad_requests_are_4xx() ->
     ?assertMatch({404, _, _}, http_get("/nope")),
     ?assertMatch({404, _, _}, http_get("/api/workers")),
     ?assertMatch({404, _, _}, http_get("/api/workers/a/b")),
+    ?assertMatch({400, _, _}, http_get("/api/workers/" ++ lists:duplicate(10001, $x))),
     {ok, {{_, 405, _}, Headers, _}} = httpc:request(post, {url("/"), [], "text/plain", "x"}, [], []),
     ?assertEqual("GET", proplists:get_value("allow", Headers)),
     [
@@ -188,6 +190,30 @@ raw(Req) ->
     {ok, <<"HTTP/1.", _, " ", Code:3/binary, _/binary>>} = gen_tcp:recv(S, 0, 5000),
     gen_tcp:close(S),
     binary_to_integer(Code).
+
+killed_server_restarts() ->
+    Old = whereis(couch_workers_http),
+    [OldHttpd] = httpd_instances(),
+    MRef = erlang:monitor(process, OldHttpd),
+    ?assertEqual({error, {bad_call, nonsense}}, gen_server:call(Old, nonsense)),
+    exit(Old, kill),
+    %% Killed, it could not stop its httpd instance; the restarted server
+    %% stops that one before it listens again (on a fixed port the
+    %% leftover would hold the port), and serves.
+    receive
+        {'DOWN', MRef, process, OldHttpd, _} -> ok
+    after 5000 -> erlang:error(httpd_instance_left_behind)
+    end,
+    couch_workers_test_util:wait_for(
+        fun() ->
+            New = whereis(couch_workers_http),
+            is_pid(New) andalso New =/= Old andalso couch_workers_http:port() =/= undefined
+        end,
+        5000
+    ),
+    ?assertEqual(1, length(httpd_instances())),
+    ?assertEqual(1, length([P || {httpd, P, _} <- inets:services_info()])),
+    ?assertMatch({200, _, _}, http_get("/api/worker_types")).
 
 no_listener() ->
     ?assertEqual(undefined, whereis(couch_workers_http)),

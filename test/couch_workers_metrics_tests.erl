@@ -27,7 +27,8 @@ metrics_test_() ->
                     {"prometheus: every line parses, values match metrics/0", ?_test(prometheus_parses_and_matches())},
                     {"prometheus: label values escaped", ?_test(prometheus_escapes_labels())},
                     {"metrics/1 of an unknown format is badarg", ?_test(?assertError(badarg, couch_workers:metrics(json)))},
-                    {"quantiles of the histogram are within a bucket of the truth", ?_test(quantiles_within_a_bucket())}
+                    {"quantiles of the histogram are within a bucket of the truth", ?_test(quantiles_within_a_bucket())},
+                    {"a killed metrics server restarts and counting goes on", ?_test(killed_server_restarts())}
                 ]
             end
         }
@@ -190,6 +191,16 @@ quantiles_within_a_bucket() ->
         ?assert(Est >= True(Q) andalso Est =< True(Q) * 1.25 + 1)
      || {Q, Est} <- [{0.5, P50}, {0.99, P99}]
     ].
+
+killed_server_restarts() ->
+    Old = whereis(couch_workers_metrics),
+    ?assertEqual({error, {bad_call, nonsense}}, gen_server:call(Old, nonsense)),
+    exit(Old, kill),
+    wait_for(fun() -> is_pid(whereis(couch_workers_metrics)) andalso whereis(couch_workers_metrics) =/= Old end, 5000),
+    %% The counters start again from zero (a new table), and count.
+    T = unique_type("mrestart"),
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    ?assertMatch(#{jobs_added := 1}, type_metrics(T)).
 
 parser_refuses_malformed() ->
     Good = <<"# HELP x_total A thing.\n# TYPE x_total counter\nx_total{a=\"b\"} 1\n">>,
