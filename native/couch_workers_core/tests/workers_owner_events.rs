@@ -85,6 +85,11 @@ async fn a_registration_replaced_by_another_nodes_tells_its_owner_once() {
     assert_eq!(next(&mut rx).await, OwnerEvent::Superseded);
     assert!(first.is_superseded());
     assert!(!second.is_superseded());
+    // The task tells the owner, then ends: its count drops just after.
+    let told = std::time::Instant::now();
+    while a.stats().heartbeats != 0 && told.elapsed() < std::time::Duration::from_secs(2) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     assert_eq!(a.stats().heartbeats, 0, "a's heartbeat stopped");
     // A listener set later (a restarted owner) learns it, but is not told again.
     let (late, mut late_rx) = listener();
