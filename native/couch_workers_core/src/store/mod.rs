@@ -48,6 +48,9 @@ pub mod sim;
 pub mod config;
 #[cfg(feature = "testkit")]
 pub mod faulty;
+// FoundationDB's mutation formats (versionstamp parameters, ADD), shared
+// by the stores that implement them themselves (embedded, sim).
+pub(crate) mod mutation;
 mod retry;
 
 pub use config::{open, StoreConfig};

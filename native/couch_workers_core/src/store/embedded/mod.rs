@@ -16,7 +16,6 @@
 //! | `fair.rs` | fair sharing of the write lock between processes |
 //! | `group.rs` | group commit of this process's queued writers |
 //! | `transaction.rs` | [`Transaction`](crate::store::Transaction): write and read modes |
-//! | `ops.rs` | versionstamp parameters and ADD, as pure functions |
 //! | `watch.rs` | watch registry and the `cw-embed-watch` thread |
 //! | `wal_notify.rs` | wake-on-write: the `cw-embed-wal` thread (inotify on the WAL) |
 //! | `checkpoint.rs` | WAL checkpoints: the `cw-embed-ckpt` thread |
@@ -58,7 +57,6 @@ mod clock;
 mod fair;
 mod group;
 // Also the sim store's versionstamp and ADD formats.
-pub(crate) mod ops;
 mod pool;
 mod schema;
 mod transaction;

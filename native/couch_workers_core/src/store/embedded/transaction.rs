@@ -65,7 +65,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::fair::STEP_ASIDE;
 use super::group;
-use super::ops;
+use crate::store::mutation as ops;
 use super::schema::{self, SQL_CLEAR, SQL_CLEAR_RANGE, SQL_GET, SQL_RANGE_FWD, SQL_RANGE_REV, SQL_SET};
 use super::watch::{watch_channel, WatchSender, Written};
 use super::Shared;

@@ -22,7 +22,7 @@ use super::versions::{VersionClock, MAX_READ_TRANSACTION_LIFE_VERSIONS};
 use super::watch::{lost_in_recovery, WatchRegistry, WatchSender};
 use super::writes::{Applied, Mutation};
 use super::SimStats;
-use crate::store::embedded::ops::add_le_i64;
+use crate::store::mutation::add_le_i64;
 use crate::store::{KeyValue, StoreError, Versionstamp, VERSIONSTAMP_LEN};
 
 /// What a transaction sends to the proxy.

@@ -17,7 +17,7 @@
 //!   coalesced read and write conflict ranges' keys.
 
 use super::conflicts::{key_after, RangeSet};
-use crate::store::embedded::ops::{add_le_i64, fill_versionstamp, split_versionstamp_param};
+use crate::store::mutation::{add_le_i64, fill_versionstamp, split_versionstamp_param};
 use crate::store::{KeyValue, StoreError, Versionstamp, MAX_KEY_SIZE, MAX_VALUE_SIZE, VERSIONSTAMP_LEN};
 
 /// One buffered mutation, in the order the transaction made it.
