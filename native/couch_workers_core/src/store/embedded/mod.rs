@@ -31,15 +31,10 @@
 //! them in the background and briefly holds back this process's writers
 //! only so that the WAL can start over (`checkpoint.rs`). SQLite's automatic
 //! checkpoint, which ran inside the commit that crossed 1,000 pages, made
-//! one commit in ~100 take 1-7 ms (its fsyncs).
+//! a commit now and then take milliseconds (its fsyncs).
 //!
-//! Figures (release build, 2-CPU VM): one-key write transactions per
-//! second, `bench/run --runs 3` (medians, bench/RESULTS.md): 50k from one
-//! task, 55k from four (group commit), 49k with a pending watch, 6.4k with
-//! `Synchronous::Full`. From `tests/embedded_perf.rs` (before group commit
-//! and the checkpoint thread): a commit by another handle wakes a watch in
-//! ~0.3 ms (median; 1.1 ms at p90); the watcher thread of a store with
-//! pending watches and no commits uses ~1.2% of a core (0% with no watch).
+//! Figures (commit rates by durability and concurrency, watch latency, the
+//! idle cost of watches): `bench/RESULTS.md`.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
