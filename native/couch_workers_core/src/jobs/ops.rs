@@ -996,8 +996,8 @@ async fn requeue_rows(
                     break;
                 }
                 written += cost;
-                let q = end_run(tx, ks, worker_type, id, &mut rec, departure.run_end(), user_version, now);
-                queued.pending |= q.pending;
+                // A resubmission may schedule the job: its time counts too.
+                queued.merge(end_run(tx, ks, worker_type, id, &mut rec, departure.run_end(), user_version, now));
                 user_version = user_version.wrapping_add(1);
                 batch.moved += 1;
             }
