@@ -43,6 +43,7 @@ resubmit_test_() ->
                     ?TDEF_FE(at_most_one_queued_copy),
                     ?TDEF_FE(a_resubmitted_run_ends_queued_whatever_its_end),
                     ?TDEF_FE(cancel_or_remove_wins_over_a_waiting_resubmission),
+                    ?TDEF_FE(a_resubmitted_schedule_survives_its_workers_exit, 30),
                     ?TDEF_FE(subscribers_see_every_resubmit_never_removed),
                     ?TDEF_FE(if_vs_acts_only_on_that_version),
                     ?TDEF_FE(if_vs_races_from_many_processes, 30),
@@ -218,6 +219,30 @@ cancel_or_remove_wins_over_a_waiting_resubmission(#{type := T, worker := W}) ->
     ?assertEqual({error, not_found}, couch_workers:job_finish(J2, #{})),
     ?assertEqual(not_found, job_state(T, <<"r">>)),
     ?assertMatch(#{pending := 0, running := 0, canceled := 1}, couch_workers:job_counts(T)).
+
+%% The worker of a job resubmitted with a schedule leaves: the job is
+%% scheduled, and an acceptor already waiting gets it at its time (the
+%% failover wakes the dispatchers for the new earliest schedule).
+a_resubmitted_schedule_survives_its_workers_exit(#{type := T}) ->
+    W1 = register_worker(T, <<"w1">>),
+    ok = couch_workers:job_add(T, <<"j">>, #{<<"v">> => 1}, #{}),
+    {ok, _} = couch_workers:job_accept(W1, #{}),
+    ok = couch_workers:job_resubmit(T, <<"j">>, #{<<"v">> => 2}, #{delay => 400}),
+    Self = self(),
+    spawn_link(fun() ->
+        W2 = register_worker(T, <<"w2">>),
+        Self ! {accepted, couch_workers:job_accept(W2, #{timeout => 10000}), now_ms()}
+    end),
+    timer:sleep(200),
+    ok = couch_workers:worker_unregister(W1),
+    {ok, #{state := scheduled, run_at := RunAt}} = couch_workers:job_get(T, <<"j">>),
+    receive
+        {accepted, R, At} ->
+            ?assertMatch({ok, #{id := <<"j">>, info := #{<<"v">> := 2}, attempts := 1}}, R),
+            ?assert(At >= RunAt),
+            ?assert(At - RunAt < 2000)
+    after 12000 -> error(no_accept)
+    end.
 
 subscribers_see_every_resubmit_never_removed(#{type := T, worker := W}) ->
     ok = couch_workers:job_add(T, <<"j">>, #{<<"v">> => 0}, #{}),

@@ -24,9 +24,10 @@
 //!   served from the jobs already pending, which fire no watch;
 //! * scheduled jobs: each round also reads the earliest `run_at` of the
 //!   type's scheduled jobs, and the dispatcher arms one timer for it (per
-//!   node and type, on this node's wall clock). When it fires, one
-//!   transaction moves the due jobs to pending ([`ops::promote_due`]) and
-//!   a round takes them. A job scheduled earlier than every other bumps
+//!   node and type, on this node's wall clock). When it fires, a round
+//!   takes the due jobs for its waiters straight from the scheduled keys
+//!   (one transaction); then, after the deliveries, due jobs that no
+//!   waiter took are moved to pending ([`ops::promote_due`]). A job scheduled earlier than every other bumps
 //!   `jobs_vs`, so the round it causes re-arms the timer; no scan runs on
 //!   a fixed interval. A job is never taken before its `run_at` by the
 //!   clock of the node that moves it;
@@ -367,9 +368,6 @@ impl Dispatcher {
     /// One accept round for the first waiters. Returns whether another
     /// round is due at once, and the watch armed for the waiters left.
     async fn round(&mut self) -> Result<(bool, Option<Watch>), StoreError> {
-        if self.due() {
-            self.next_due = self.shared.promote(&self.job_type).await?;
-        }
         let n = self.waiters.len().min(ROUND_MAX_WAITERS);
         let batch: Vec<Waiter> = self.waiters.drain(..n).collect();
         let workers: Vec<Vec<u8>> = batch.iter().map(|w| w.worker.clone()).collect();
@@ -406,7 +404,7 @@ impl Dispatcher {
         let batch_drained = !round.takes.iter().any(|t| matches!(t, Take::NoJob));
         self.next_due = round.next_due;
         self.paused = round.paused;
-        let again = round.more || (rest > 0 && batch_drained) || self.due();
+        let again = round.more || (rest > 0 && batch_drained);
         let mut left = Vec::new();
         let mut answered = 0u64;
         for (waiter, take) in batch.into_iter().zip(round.takes) {
@@ -439,6 +437,13 @@ impl Dispatcher {
         self.shared.dispatchers.waiting.fetch_sub(answered, Ordering::Relaxed);
         for w in left.into_iter().rev() {
             self.waiters.push_front(w);
+        }
+        if self.due() {
+            // After the deliveries: jobs that fell due and that no waiter
+            // took (more than the waiters, or stale keys) move to pending,
+            // so that counts and later accepts find them there, and the
+            // timer is re-armed for what is left.
+            self.next_due = self.shared.promote(&self.job_type).await?;
         }
         Ok((again, watch))
     }

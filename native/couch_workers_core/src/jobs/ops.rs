@@ -397,6 +397,17 @@ pub async fn add_many_jobs(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[JobS
 
 // ---- accept -----------------------------------------------------------
 
+/// A job an accept round may take: a pending key, or (`due`) the
+/// scheduled key of a job due now.
+struct Candidate {
+    key: Vec<u8>,
+    /// The scheduled key's `run_at`, for a due scheduled job.
+    due: Option<i64>,
+    /// The pending key's priority, VS and id (for a due job: its id).
+    parsed: Option<(i64, JobVs, Vec<u8>)>,
+    value: Option<Vec<u8>>,
+}
+
 /// What one waiter got from an accept round (most waiters get a job).
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -486,13 +497,36 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
     let full = rows.len() == queue.len();
     let parsed: Vec<Option<(i64, JobVs, Vec<u8>)>> = rows.iter().map(|(k, _)| ks.parse_pending(worker_type, k)).collect();
     let values = get_some(tx, parsed.iter().map(|p| p.as_ref().map(|(_, _, id)| ks.job(worker_type, id))), true).await?;
+    let mut candidates: Vec<Candidate> = rows
+        .into_iter()
+        .zip(parsed)
+        .zip(values)
+        .map(|(((key, _), parsed), value)| Candidate { key, due: None, parsed, value })
+        .collect();
+    // Fewer pending jobs than waiters, and scheduled jobs due: take those
+    // too, straight from scheduled (in due order), rather than wait for a
+    // transaction that moves them to pending. Every pending job is taken
+    // in this round as well, so no job waits behind them.
+    if candidates.len() < queue.len() && next_due.is_some_and(|t| t <= now) {
+        let (begin, _) = ks.scheduled_range(worker_type);
+        let end = ks.scheduled_after(worker_type, key_i64(now));
+        let limit = queue.len() - candidates.len();
+        let due = tx.get_range(&RangeRequest::new(begin, end).limit(limit).snapshot(true)).await?;
+        let ids: Vec<Option<(i64, Vec<u8>)>> = due.iter().map(|(k, _)| ks.parse_scheduled(worker_type, k)).collect();
+        let values = get_some(tx, ids.iter().map(|p| p.as_ref().map(|(_, id)| ks.job(worker_type, id))), true).await?;
+        for (((key, _), id), value) in due.into_iter().zip(ids).zip(values) {
+            let Some((at, id)) = id else { continue };
+            candidates.push(Candidate { key, due: Some(at), parsed: Some((0, [0; 12], id)), value });
+        }
+    }
 
     let mut next = 0usize; // index into `queue`
     let mut progress = false;
     let mut budget_left = true;
     let mut written = 0usize;
     let mut user_version: u16 = 0;
-    for (((pending_key, _), parsed), value) in rows.iter().zip(parsed).zip(values) {
+    for Candidate { key: pending_key, due, parsed, value } in candidates {
+        let pending_key = &pending_key;
         if next == queue.len() {
             break;
         }
@@ -504,9 +538,12 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
             progress = true;
             continue;
         };
-        let rec = match value.map(|v| Record::decode(&v)).transpose() {
-            Ok(Some(rec)) if rec.state == JobState::Pending && rec.vs == vs && rec.priority == priority => rec,
-            _ => {
+        let rec = match (due, value.map(|v| Record::decode(&v)).transpose()) {
+            (None, Ok(Some(rec))) if rec.state == JobState::Pending && rec.vs == vs && rec.priority == priority => rec,
+            (Some(at), Ok(Some(rec))) if rec.state == JobState::Scheduled && rec.run_at.map(key_i64) == Some(at) => rec,
+            // A stale scheduled key: `promote_due` clears it.
+            (Some(_), _) => continue,
+            (None, _) => {
                 // A stale pending key (its record is gone, changed or
                 // unreadable): drop it with its count.
                 tx.add_read_conflict_key(pending_key);
@@ -996,8 +1033,8 @@ async fn requeue_rows(
                     break;
                 }
                 written += cost;
-                let q = end_run(tx, ks, worker_type, id, &mut rec, departure.run_end(), user_version, now);
-                queued.pending |= q.pending;
+                // A resubmission may schedule the job: its time counts too.
+                queued.merge(end_run(tx, ks, worker_type, id, &mut rec, departure.run_end(), user_version, now));
                 user_version = user_version.wrapping_add(1);
                 batch.moved += 1;
             }

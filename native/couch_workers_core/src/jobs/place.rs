@@ -144,6 +144,14 @@ impl Queued {
         }
     }
 
+    /// Adds what another part of the same transaction queued.
+    pub fn merge(&mut self, other: Queued) {
+        self.pending |= other.pending;
+        if let Some(at) = other.earliest {
+            self.earliest = Some(self.earliest.map_or(at, |e| e.min(at)));
+        }
+    }
+
     /// Bumps the type's `jobs_vs` if a job became pending, or if a job
     /// was scheduled before every scheduled job that `before` (read at the
     /// transaction's start, see [`earliest_scheduled`]) saw: each node's

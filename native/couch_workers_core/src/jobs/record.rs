@@ -234,7 +234,7 @@ impl Record {
             vs: self.vs,
             error: self.error.clone(),
             max_attempts: self.max_attempts,
-            run_at: if self.state == JobState::Scheduled { self.run_at } else { None },
+            run_at: if self.state == JobState::Scheduled && !due { self.run_at } else { None },
             keep: self.keep,
         }
     }
