@@ -54,7 +54,7 @@ main([EbinDir, StoreDir]) ->
     say("node A: worker a-1 finished ~0p", [lists:sort(Done)]),
     [{ok, #{state := finished}} = couch_workers:job_get(Type, J) || J <- Jobs],
     #{types := #{Type := M}} = couch_workers:metrics(),
-    say("node A's metrics: ~0p", [maps:with([jobs_added, jobs_accepted, jobs_finished, workers_reaped], M)]),
+    say("node A's metrics: ~0p", [maps:with([jobs_added, jobs_accepted, jobs_finished, jobs_requeued, workers_reaped], M)]),
     ok = couch_workers:worker_unregister(W),
     ok = couch_workers:membership_unsubscribe(Sub),
     application:stop(couch_workers),

@@ -7,9 +7,11 @@
 %%
 %%   replicator: 3 workers (timeouts 3, 15 and 60 s: their heartbeat-age
 %%               bars differ), no jobs
-%%   indexer:    4 workers that take jobs and finish each in 50-300 ms;
+%%   indexer:    4 workers that take jobs and finish each in 50-300 ms
+%%               (one in 12 fails, for good: the page lists the latest);
 %%               a producer adds about 15 jobs a second
-%%   compaction: jobs added, no worker to take them (they stay pending)
+%%   compaction: paused (job_pause/1): jobs added, and a worker waiting
+%%               that takes none of them (they stay pending)
 -mode(compile).
 
 main([EbinDir, StoreDir, Port, Png]) ->
@@ -26,6 +28,11 @@ main([EbinDir, StoreDir, Port, Png]) ->
      || {Id, T} <- [{<<"repl-1">>, 3}, {<<"repl-2">>, 15}, {<<"repl-3">>, 60}]
     ],
     [spawn_link(fun() -> indexer(I) end) || I <- lists:seq(1, 4)],
+    ok = couch_workers:job_pause(<<"compaction">>),
+    spawn_link(fun() ->
+        W = couch_workers:worker_register(<<"compaction">>, <<"comp-1">>, #{timeout => 15}, self()),
+        work(W)
+    end),
     spawn_link(fun() -> producer(<<"indexer">>, 0, 60) end),
     spawn_link(fun() -> producer(<<"compaction">>, 0, 2000) end),
     %% Four samples of the throughput chart (one per 10 s).
@@ -54,7 +61,13 @@ work(W) ->
     case couch_workers:job_accept(W, #{timeout => 1000}) of
         {ok, Job} ->
             timer:sleep(50 + rand:uniform(250)),
-            ok = couch_workers:job_finish(Job, #{<<"ok">> => true});
+            case rand:uniform(12) of
+                1 ->
+                    #{info := #{<<"db">> := Db}} = Job,
+                    ok = couch_workers:job_fail(Job, #{<<"reason">> => <<"bad_ddoc">>, <<"db">> => Db}, #{retry => false});
+                _ ->
+                    ok = couch_workers:job_finish(Job, #{<<"ok">> => true})
+            end;
         {error, _} ->
             ok
     end,

@@ -268,19 +268,21 @@ job_unsubscribe(Ref) ->
 
 -spec job_fail(job_handle(), map(), map()) -> ok | {error, not_owner | not_found | term()}.
 job_fail(Job, Error, Opts) ->
-    couch_workers_jobs:fail(Job, Error, Opts).
+    couch_workers_observe:call(job_failed, none, {Job, Error, Opts}, fun() -> couch_workers_jobs:fail(Job, Error, Opts) end).
 
 -spec job_release(job_handle(), map()) -> ok | {error, not_owner | not_found | term()}.
 job_release(Job, Opts) ->
-    couch_workers_jobs:release(Job, Opts).
+    couch_workers_observe:call(job_released, none, Job, fun() -> couch_workers_jobs:release(Job, Opts) end).
 
 -spec job_resubmit(job_type(), job_id(), map(), map()) -> ok | {error, changed | term()}.
 job_resubmit(JobType, JobId, Info, Opts) ->
-    couch_workers_jobs:resubmit(JobType, JobId, Info, Opts).
+    couch_workers_observe:call(job_resubmitted, JobType, JobId, fun() ->
+        couch_workers_jobs:resubmit(JobType, JobId, Info, Opts)
+    end).
 
 -spec job_remove(job_type(), job_id(), map()) -> ok | {error, not_found | changed | term()}.
 job_remove(JobType, JobId, Opts) ->
-    couch_workers_jobs:remove(JobType, JobId, Opts).
+    couch_workers_observe:call(job_removed, JobType, JobId, fun() -> couch_workers_jobs:remove(JobType, JobId, Opts) end).
 
 -spec job_counts(job_type()) -> #{job_state() => non_neg_integer()} | {error, term()}.
 job_counts(JobType) ->

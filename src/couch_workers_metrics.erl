@@ -44,28 +44,38 @@
     jobs_added
     | jobs_accepted
     | jobs_finished
+    | jobs_failed
+    | jobs_retried
+    | jobs_released
+    | jobs_resubmitted
     | jobs_canceled
     | jobs_removed
+    | jobs_requeued
+    | jobs_pruned
     | workers_registered
     | workers_unregistered
     | workers_reaped
     | heartbeat_failures.
--type histogram() :: accept_wait | add | finish.
+-type histogram() :: accept_wait | add | finish | fail | release | resubmit.
 -type summary() :: #{count := non_neg_integer(), sum_us := non_neg_integer(), p50_us := non_neg_integer(), p99_us := non_neg_integer(), max_us := non_neg_integer()}.
 -export_type([counter/0, histogram/0, summary/0]).
 
-%% @doc The counters, in their slot order. Not counted yet, because the
-%% calls or hooks they need do not exist yet: jobs failed, retried and
-%% released (`job_fail/3', `job_release/2'), requeued by failover and
-%% pruned (inside the core's job code). See docs/api.md.
+%% @doc The counters, in their slot order (what each counts:
+%% couch_workers_observe, docs/api.md).
 -spec counters() -> [counter()].
 counters() ->
     [
         jobs_added,
         jobs_accepted,
         jobs_finished,
+        jobs_failed,
+        jobs_retried,
+        jobs_released,
+        jobs_resubmitted,
         jobs_canceled,
         jobs_removed,
+        jobs_requeued,
+        jobs_pruned,
         workers_registered,
         workers_unregistered,
         workers_reaped,
@@ -74,10 +84,11 @@ counters() ->
 
 %% @doc The latency histograms: `accept_wait' (how long a `job_accept/2'
 %% that got a job waited), `add' (`job_add/4', `job_add_many/2'),
-%% `finish' (`job_finish/2').
+%% `finish' (`job_finish/2'), `fail' (`job_fail/3'), `release'
+%% (`job_release/2'), `resubmit' (`job_resubmit/4').
 -spec histograms() -> [histogram()].
 histograms() ->
-    [accept_wait, add, finish].
+    [accept_wait, add, finish, fail, release, resubmit].
 
 %% ---- counting --------------------------------------------------------------
 

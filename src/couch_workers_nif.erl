@@ -77,6 +77,7 @@
 %%
 %% ops_worker_types(Ref)                      -> ok | {error, _}  then {Ref, {ok, [Type]} | {error, Name}}
 %% ops_workers(Ref, Type)                     -> ok | {error, _}  then {Ref, {ok, [#{id, opts, timeout, heartbeat_age_ms, running}]} | {error, Name}}
+%% ops_job_paused(Ref, Type)                  -> ok | {error, _}  then {Ref, {ok, boolean()} | {error, Name}}
 %% ops_store_counters()                       -> #{transactions, conflicts, retries, failures}   (the retry loop's, since the VM started)
 %%
 %% worker_register_dirty/4, job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3,
@@ -138,6 +139,7 @@
 -export([
     ops_worker_types/1,
     ops_workers/2,
+    ops_job_paused/2,
     ops_store_counters/0
 ]).
 
@@ -350,6 +352,9 @@ ops_worker_types(_Ref) -> erlang:nif_error(nif_not_loaded).
 
 -spec ops_workers(reference(), binary()) -> ok | {error, atom()}.
 ops_workers(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).
+
+-spec ops_job_paused(reference(), binary()) -> ok | {error, atom()}.
+ops_job_paused(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).
 
 -spec ops_store_counters() -> #{atom() => non_neg_integer()}.
 ops_store_counters() -> erlang:nif_error(nif_not_loaded).

@@ -10,20 +10,39 @@
 %% `couch_workers_events', are recorded by `log_event/2'.
 %%
 %% Counting at the API boundary counts what this node's callers did. Jobs
-%% requeued by failover and pruned happen inside the core's job code and
-%% need a hook there (not counted yet); so do `job_fail/3' and
-%% `job_release/2', which do not exist yet.
+%% failed over and pruned happen inside the core's job code, on whichever
+%% node's reaper, sweeper or pruner did it: the core says how many in its
+%% log events (`worker_reaped' carries `jobs', the running jobs the reap
+%% failed over; `orphaned_jobs_requeued' and `jobs_pruned' carry `type'
+%% and `count'), and `log_event/2' counts them.
+%%
+%% `job_fail/3' answers `ok' whether the job was retried or ended failed;
+%% which of the two is read from the handle and the options by the rule
+%% the core applies (`retry => false', or `attempts' reached
+%% `max_attempts': failed; else retried). A job whose cancel was requested
+%% during the run ends canceled instead, and one resubmitted during it is
+%% queued again: both count by that rule all the same.
 -module(couch_workers_observe).
 
 -export([call/4, worker/3, log_event/2]).
 
--type action() :: job_added | job_added_many | job_accepted | job_finished | job_canceled | job_removed.
+-type action() ::
+    job_added
+    | job_added_many
+    | job_accepted
+    | job_finished
+    | job_failed
+    | job_released
+    | job_resubmitted
+    | job_canceled
+    | job_removed.
 -export_type([action/0]).
 
 %% @doc Runs `Fun' (an API call of `Action'), and when it succeeded,
 %% records the event with its duration. `Subject' is the job id, or what
 %% `Action' needs to name its jobs (the list of `job_add_many/2', the
-%% handle of `job_finish/2'); `job_accepted' reads the job from the
+%% handle of `job_finish/2' and `job_release/2', `{Handle, Error, Opts}'
+%% of `job_fail/3'); `job_accepted' reads the job from the
 %% answer. Returns what `Fun' returned; an exception of `Fun' passes
 %% through, recording nothing.
 -spec call(action(), term(), term(), fun(() -> Result)) -> Result.
@@ -45,12 +64,45 @@ done(job_accepted, _Type, _Subject, {ok, #{type := Type, id := Id}}, D) ->
     job(accepted, Type, Id, D, jobs_accepted, accept_wait);
 done(job_finished, _Type, #{type := Type, id := Id}, ok, D) ->
     job(finished, Type, Id, D, jobs_finished, finish);
+done(job_failed, _Type, {#{type := Type, id := Id} = Job, Error, Opts}, ok, D) ->
+    {Action, Counter} =
+        case retried(Job, Opts) of
+            true -> {retried, jobs_retried};
+            false -> {failed, jobs_failed}
+        end,
+    couch_workers_metrics:record(Counter, fail, Type, us(D)),
+    couch_workers_telemetry:execute(
+        [couch_workers, job, Action],
+        #{duration => D, count => 1},
+        #{type => Type, id => Id, attempts => maps:get(attempts, Job, null), error => Error}
+    );
+done(job_released, _Type, #{type := Type, id := Id}, ok, D) ->
+    job(released, Type, Id, D, jobs_released, release);
+done(job_resubmitted, Type, Id, ok, D) ->
+    job(resubmitted, Type, Id, D, jobs_resubmitted, resubmit);
 done(job_canceled, Type, Id, ok, D) ->
     job(canceled, Type, Id, D, jobs_canceled, none);
 done(job_removed, Type, Id, ok, D) ->
     job(removed, Type, Id, D, jobs_removed, none);
 done(_Action, _Type, _Subject, _Failed, _D) ->
     ok.
+
+%% Whether `job_fail(Job, _, Opts)' retries the job: the core's rule, on
+%% the handle's `attempts' (accepts so far, this one included) and
+%% `max_attempts', which no call changes while the job runs.
+retried(Job, Opts) ->
+    Retry =
+        case Opts of
+            #{retry := R} -> R;
+            #{<<"retry">> := R} -> R;
+            #{} -> true
+        end,
+    case {Retry, maps:get(attempts, Job, undefined), maps:get(max_attempts, Job, undefined)} of
+        {false, _, _} -> false;
+        {_, A, infinity} when is_integer(A) -> true;
+        {_, A, M} when is_integer(A), is_integer(M) -> A < M;
+        {_, _, _} -> false
+    end.
 
 job(Action, Type, Id, D, Counter, Histogram) ->
     case Histogram of
@@ -74,13 +126,23 @@ worker(Action, Type, Id) ->
     ).
 
 %% @doc A log event of the Rust side: reaps (by this node's reaper) and
-%% failed heartbeats (of this node's workers) are counted; the rest are
-%% only logged.
+%% the running jobs they failed over, leftovers of removed workers that
+%% this node's sweeper requeued, prunes by this node's pruner, and failed
+%% heartbeats (of this node's workers) are counted; the rest are only
+%% logged.
 -spec log_event(atom(), map()) -> ok.
-log_event(worker_reaped, #{type := Type, id := Id}) ->
+log_event(worker_reaped, #{type := Type, id := Id} = Fields) ->
     couch_workers_metrics:count(workers_reaped, Type),
     couch_workers_telemetry:execute(
         [couch_workers, worker, reaped], #{system_time => erlang:system_time(), count => 1}, #{type => Type, id => Id}
+    ),
+    requeued(Type, Id, maps:get(jobs, Fields, 0), reaped);
+log_event(orphaned_jobs_requeued, #{type := Type, worker := Worker, count := N}) ->
+    requeued(Type, Worker, N, swept);
+log_event(jobs_pruned, #{type := Type, count := N}) when is_integer(N), N > 0 ->
+    couch_workers_metrics:count(jobs_pruned, Type, N),
+    couch_workers_telemetry:execute(
+        [couch_workers, job, pruned], #{system_time => erlang:system_time(), count => N}, #{type => Type}
     );
 log_event(heartbeat_failed, #{type := Type, id := Id} = Fields) ->
     couch_workers_metrics:count(heartbeat_failures, Type),
@@ -90,6 +152,19 @@ log_event(heartbeat_failed, #{type := Type, id := Id} = Fields) ->
         #{type => Type, id => Id, reason => maps:get(reason, Fields, null)}
     );
 log_event(_What, _Fields) ->
+    ok.
+
+%% `N' running jobs of worker `Worker' failed over (workers of type T run
+%% jobs of type T): by a reap, or by the sweeper after a removal that left
+%% more than one transaction's share.
+requeued(Type, Worker, N, How) when is_integer(N), N > 0 ->
+    couch_workers_metrics:count(jobs_requeued, Type, N),
+    couch_workers_telemetry:execute(
+        [couch_workers, job, requeued],
+        #{system_time => erlang:system_time(), count => N},
+        #{type => Type, worker => Worker, reason => How}
+    );
+requeued(_Type, _Worker, _N, _How) ->
     ok.
 
 us(Native) ->

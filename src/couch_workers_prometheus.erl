@@ -105,15 +105,27 @@ escape_byte(B) -> escape(B).
 
 latency_name(accept_wait) -> "job_accept_wait";
 latency_name(add) -> "job_add";
-latency_name(finish) -> "job_finish".
+latency_name(finish) -> "job_finish";
+latency_name(fail) -> "job_fail";
+latency_name(release) -> "job_release";
+latency_name(resubmit) -> "job_resubmit".
 
 latency_help(accept_wait) -> "wait of job_accept calls that got a job, on this node.";
 latency_help(add) -> "duration of job_add and job_add_many calls, on this node.";
-latency_help(finish) -> "duration of job_finish calls, on this node.".
+latency_help(finish) -> "duration of job_finish calls, on this node.";
+latency_help(fail) -> "duration of job_fail calls, on this node.";
+latency_help(release) -> "duration of job_release calls, on this node.";
+latency_help(resubmit) -> "duration of job_resubmit calls, on this node.".
 
 help(jobs_added) -> "Jobs added through this node.";
 help(jobs_accepted) -> "Jobs accepted by workers on this node.";
 help(jobs_finished) -> "Jobs finished by workers on this node.";
+help(jobs_failed) -> "job_fail calls on this node that ended their job failed (retry false, or no attempts left).";
+help(jobs_retried) -> "job_fail calls on this node that queued their job again (attempts left).";
+help(jobs_released) -> "Jobs given back with job_release by workers on this node.";
+help(jobs_resubmitted) -> "job_resubmit calls answered ok on this node (added, requeued or marked to run again).";
+help(jobs_requeued) -> "Running jobs of dead workers that this node failed over (its reaper, and its sweeper's leftovers).";
+help(jobs_pruned) -> "Ended jobs past their keep that this node's pruner removed.";
 help(jobs_canceled) -> "job_cancel calls answered ok on this node (a finished job's included).";
 help(jobs_removed) -> "Jobs removed through this node.";
 help(workers_registered) -> "Workers registered on this node.";

@@ -1,22 +1,22 @@
 %% @doc What the status page shows, gathered in one place for its HTML
 %% (`couch_workers_status_page') and its JSON (`/api/status'): per worker
-%% type the live workers (cluster-wide, from the store), per job type its
-%% counts, latest failures and paused flag as far as the job API offers
-%% them, and this node's throughput history.
+%% type the live workers (cluster-wide, from the store), per job type
+%% (`job_types/0') its exact counts by state (`job_counts/1'), its latest
+%% failures with their errors (`job_list/2' of state `failed'), whether
+%% it is paused (`couch_workers_ops:job_paused/1': DESIGN.md has no call
+%% that reads the flag) and this node's throughput history.
 %%
-%% The job API grows (`job_types/0', `job_counts/1', `job_list/2' and
-%% pausing are being added): each is used when `couch_workers' exports
-%% it, and until then the page says what it cannot show (`unknown')
-%% rather than guess. Job types without `job_types/0' are those of the
-%% worker types and of this node's metrics.
+%% A read that fails shows as `unknown' (the page says "n/a") rather than
+%% a guess.
 -module(couch_workers_status).
 
 -export([collect/1]).
 
 %% Workers listed per type (the count says how many there are).
 -define(MAX_LISTED, 200).
-%% Latest failures listed per job type.
+%% Latest failures listed per job type, among the first failed jobs read.
 -define(FAILURES, 5).
+-define(FAILED_READ, 100).
 
 %% @doc The status; `History' is the throughput history
 %% (`couch_workers_http:history/0').
@@ -27,7 +27,7 @@ collect(History) ->
     #{
         node => node(),
         worker_types => [worker_type(T) || T <- WorkerTypes],
-        job_types => [job_type(T, History) || T <- job_types(WorkerTypes, Metrics)],
+        job_types => [job_type(T, History) || T <- job_types()],
         metrics => Metrics
     }.
 
@@ -35,11 +35,8 @@ worker_type(T) ->
     Workers = list_or_empty(couch_workers:workers(T)),
     #{type => T, total => length(Workers), workers => lists:sublist(Workers, ?MAX_LISTED)}.
 
-job_types(WorkerTypes, #{types := Seen}) ->
-    case exported(job_types, 0) of
-        true -> list_or_empty(couch_workers:job_types());
-        false -> lists:usort(WorkerTypes ++ maps:keys(Seen))
-    end.
+job_types() ->
+    list_or_empty(couch_workers:job_types()).
 
 job_type(T, History) ->
     #{
@@ -51,35 +48,29 @@ job_type(T, History) ->
     }.
 
 counts(T) ->
-    case exported(job_counts, 1) of
-        true ->
-            couch_workers:job_counts(T);
-        false ->
-            case couch_workers:job_pending_count(T) of
-                N when is_integer(N) -> #{pending => N};
-                {error, _} -> #{}
-            end
+    case couch_workers:job_counts(T) of
+        #{} = Counts -> Counts;
+        {error, _} -> #{}
     end.
 
+%% The latest failures: a failed job's `vs' is its failure's commit (an
+%% ended job changes no more), so the greatest come last. The failed index
+%% is in id order, so at most `?FAILED_READ' of them are read (a bounded
+%% read each refresh); `complete' says whether that was all of them.
 failures(T) ->
-    case exported(job_list, 2) of
-        true ->
-            case couch_workers:job_list(T, #{states => [failed], limit => ?FAILURES}) of
-                {ok, Jobs, _Cont} -> [maps:with([id, error, attempts], J) || J <- Jobs];
-                {error, _} -> unknown
-            end;
-        false ->
+    case couch_workers:job_list(T, #{states => [failed], limit => ?FAILED_READ}) of
+        {ok, Jobs, Cont} ->
+            Latest = lists:sublist(lists:reverse(lists:keysort(1, [{V, J} || #{vs := V} = J <- Jobs])), ?FAILURES),
+            #{jobs => [maps:with([id, error, attempts], J) || {_, J} <- Latest], complete => Cont =:= done};
+        {error, _} ->
             unknown
     end.
 
 paused(T) ->
-    case exported(job_paused, 1) of
-        true -> couch_workers:job_paused(T);
-        false -> unknown
+    case couch_workers_ops:job_paused(T) of
+        P when is_boolean(P) -> P;
+        {error, _} -> unknown
     end.
-
-exported(F, A) ->
-    erlang:function_exported(couch_workers, F, A).
 
 list_or_empty(L) when is_list(L) -> L;
 list_or_empty(_Error) -> [].

@@ -6,9 +6,9 @@
 %% age against its timeout (green under a third, where heartbeats renew;
 %% amber under two thirds; red beyond: close to being reaped), its running
 %% jobs and options. Per job type: its counts by state, a chart of the
-%% jobs this node finished per sample interval, its failed jobs and its
-%% paused flag (shown as "n/a" where the job API does not offer them
-%% yet). Every id, type and option is HTML-escaped; bytes that are not
+%% jobs this node finished per sample interval, its latest failed jobs
+%% with their errors and its paused flag (each shown as "n/a" when its
+%% read failed). Every id, type and option is HTML-escaped; bytes that are not
 %% UTF-8 are shown as `\xNN'.
 -module(couch_workers_status_page).
 
@@ -120,15 +120,21 @@ paused(true) -> <<"<span class=\"paused\">paused</span>">>;
 paused(false) -> <<"no">>;
 paused(_) -> <<"<span class=\"none\">n/a</span>">>.
 
-failures(unknown) ->
-    <<"<span class=\"none\">n/a</span>">>;
-failures([]) ->
+failures(#{jobs := [], complete := true}) ->
     <<"<span class=\"none\">none</span>">>;
-failures(Jobs) ->
+failures(#{jobs := Jobs, complete := Complete}) ->
     [
-        [<<"<div class=\"fail\">">>, escape(Id), <<": ">>, escape(iolist_to_binary(couch_workers_json:encode(maps:get(error, J, null)))), <<"</div>">>]
-     || #{id := Id} = J <- Jobs
-    ].
+        [
+            [<<"<div class=\"fail\">">>, escape(Id), <<": ">>, escape(iolist_to_binary(couch_workers_json:encode(maps:get(error, J, null)))), <<"</div>">>]
+         || #{id := Id} = J <- Jobs
+        ],
+        case Complete of
+            true -> <<>>;
+            false -> <<"<div class=\"none\">latest among the first failed jobs by id</div>">>
+        end
+    ];
+failures(_Unknown) ->
+    <<"<span class=\"none\">n/a</span>">>.
 
 %% A bar per sample interval: the jobs finished since the sample before.
 chart(Samples) when length(Samples) < 2 ->

@@ -5,7 +5,7 @@
 
 -include("couch_workers_test.hrl").
 
--import(couch_workers_test_util, [unique_type/1, wait_for/2]).
+-import(couch_workers_test_util, [unique_type/1]).
 
 cli_test_() ->
     {
@@ -18,6 +18,9 @@ cli_test_() ->
                 [
                     {timeout, 300, {"status, workers, jobs, job", ?_test(reads(Dir))}},
                     {timeout, 120, {"cancel and remove, seen by the node", ?_test(actions(Dir))}},
+                    {timeout, 120, {"retry: a failed job back to pending, seen by the node", ?_test(retry(Dir))}},
+                    {timeout, 120, {"pause and resume, seen by the node's acceptors", ?_test(pause_resume(Dir))}},
+                    {timeout, 120, {"jobs --state: from each state's index, past 10,000 jobs of other states", ?_test(jobs_by_state(Dir))}},
                     {timeout, 120, {"errors: exit 1 and a reason", ?_test(errors(Dir))}}
                 ]
             end
@@ -34,7 +37,8 @@ reads(Dir) ->
     %% (The first call may build the binary.)
     {0, Status, _} = cli(Dir, ["status"]),
     ?assertMatch({match, _}, re:run(Status, <<"\\n", T/binary, " +1 +1 ">>)),
-    ?assertMatch({match, _}, re:run(Status, <<"\\n", T/binary, " +2\\n">>)),
+    %% scheduled, pending, running, finished, canceled, failed, paused
+    ?assertMatch({match, _}, re:run(Status, <<"\\n", T/binary, " +0 +2 +1 +0 +0 +0 +no\\n">>)),
     {0, Json, _} = cli(Dir, ["--json", "workers", T]),
     ?assertMatch({match, _}, re:run(Json, <<"^\\{\"type\":\"", T/binary, "\",\"id\":\"w1\",\"opts\":\\{\"slots\":2\\},\"timeout\":15,\"heartbeat_age_ms\":[0-9]+,\"running\":1\\}\\n$">>)),
     {0, Jobs, _} = cli(Dir, ["--json", "jobs", T, "--state", "pending", "--limit", "5"]),
@@ -79,10 +83,95 @@ errors(Dir) ->
     ?assertMatch({match, _}, re:run(E6, "unknown state")),
     {1, _, E7} = cli(Dir, ["frobnicate"]),
     ?assertMatch({match, _}, re:run(E7, "unknown command")),
-    {1, _, E8} = cli(Dir, ["pause", T]),
-    ?assertMatch({match, _}, re:run(E8, "not implemented yet")),
+    {1, _, E8} = cli(Dir, ["pause", <<"no-such-type">>]),
+    ?assertMatch({match, _}, re:run(E8, "no jobs or workers of type")),
+    ?assertEqual(false, couch_workers_ops:job_paused(<<"no-such-type">>)),
+    {1, _, E9} = cli(Dir, ["retry", T, "j1"]),
+    ?assertMatch({match, _}, re:run(E9, "is pending, not failed")),
+    {1, _, E10} = cli(Dir, ["retry", T, "nope"]),
+    ?assertMatch({match, _}, re:run(E10, "no job \"nope\"")),
+    {1, _, E11} = cli(Dir, ["resume"]),
+    ?assertMatch({match, _}, re:run(E11, "wrong arguments for resume")),
     %% Nothing was changed by any of them.
-    ?assertMatch({ok, #{state := pending}}, couch_workers:job_get(T, <<"j1">>)).
+    ?assertMatch({ok, #{state := pending, attempts := 0}}, couch_workers:job_get(T, <<"j1">>)),
+    ?assertEqual(false, couch_workers_ops:job_paused(T)).
+
+retry(Dir) ->
+    T = unique_type("cli_retry"),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    ok = couch_workers:job_add(T, <<"j1">>, #{<<"db">> => <<"d1">>}, #{max_attempts => 1}),
+    {ok, J} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(J, #{<<"reason">> => <<"boom">>}, #{}),
+    ?assertMatch({ok, #{state := failed, attempts := 1}}, couch_workers:job_get(T, <<"j1">>)),
+    {0, Failed, _} = cli(Dir, ["jobs", T, "--state", "failed"]),
+    ?assertMatch({match, _}, re:run(Failed, <<"j1 +failed +- +0 +1 +\\{\"reason\":\"boom\"\\} +\\{\"db\":\"d1\"\\}">>)),
+    {0, Out, _} = cli(Dir, ["--json", "retry", T, "j1"]),
+    ?assertMatch(<<"{\"type\":\"", _/binary>>, Out),
+    ?assertMatch({match, _}, re:run(Out, <<"\"state\":\"pending\".*\"action\":\"retried\"">>)),
+    %% Pending again, with its info, no attempts and no error; the node's
+    %% worker takes it.
+    ?assertMatch(
+        {ok, #{state := pending, attempts := 0, error := null, info := #{<<"db">> := <<"d1">>}, max_attempts := 1}},
+        couch_workers:job_get(T, <<"j1">>)
+    ),
+    ?assertMatch(#{failed := 0, pending := 1}, couch_workers:job_counts(T)),
+    {ok, J2} = couch_workers:job_accept(W, #{timeout => 5000}),
+    ?assertMatch(#{id := <<"j1">>, attempts := 1}, J2),
+    ok = couch_workers:job_finish(J2, #{}),
+    %% A finished job is not retried.
+    {1, _, E} = cli(Dir, ["retry", T, "j1"]),
+    ?assertMatch({match, _}, re:run(E, "is finished, not failed")),
+    ok = couch_workers:worker_unregister(W).
+
+pause_resume(Dir) ->
+    T = unique_type("cli_pause"),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    {0, Paused, _} = cli(Dir, ["pause", T]),
+    ?assertMatch({match, _}, re:run(Paused, <<"paused +", T/binary, " +yes +not paused">>)),
+    ?assertEqual(true, couch_workers_ops:job_paused(T)),
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    %% Paused: the node's acceptors keep waiting; adds still work.
+    ?assertEqual({error, not_found}, couch_workers:job_accept(W, #{timeout => 500})),
+    ?assertEqual(1, couch_workers:job_pending_count(T)),
+    {0, Status, _} = cli(Dir, ["status"]),
+    ?assertMatch({match, _}, re:run(Status, <<"\\n", T/binary, " +0 +1 +0 +0 +0 +0 +yes\\n">>)),
+    %% An acceptor already waiting gets the job once the command line resumes the type.
+    Self = self(),
+    Acceptor = spawn_link(fun() -> Self ! {accepted, couch_workers:job_accept(W, #{timeout => 60000})} end),
+    timer:sleep(300),
+    {0, Resumed, _} = cli(Dir, ["--json", "resume", T]),
+    ?assertMatch({match, _}, re:run(Resumed, <<"\"action\":\"resumed\".*\"paused\":false,\"was_paused\":true">>)),
+    T0 = erlang:monotonic_time(millisecond),
+    receive
+        {accepted, Got} -> ?assertMatch({ok, #{id := <<"j1">>}}, Got)
+    after 20000 -> erlang:error({no_accept_after_resume, Acceptor})
+    end,
+    %% Woken by the resume, not by the end of its 60 s wait.
+    ?assert(erlang:monotonic_time(millisecond) - T0 < 20000),
+    ?assertEqual(false, couch_workers_ops:job_paused(T)),
+    ok = couch_workers:worker_unregister(W).
+
+jobs_by_state(Dir) ->
+    T = unique_type("cli_state"),
+    %% 10,000 pending jobs before the failed one in id order: a scan of
+    %% the type's records (what the command line did before, 10,000 at
+    %% most) found no failed job; each state's index finds it at once.
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    ok = couch_workers:job_add(T, <<"z1">>, #{}, #{priority => -1}),
+    {ok, #{id := <<"z1">>} = J} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(J, #{<<"reason">> => <<"bad">>}, #{retry => false}),
+    ok = couch_workers:job_add_many(T, [{iolist_to_binary(io_lib:format("a~5..0b", [I])), #{}, #{}} || I <- lists:seq(1, 10000)]),
+    {0, Failed, _} = cli(Dir, ["--json", "jobs", T, "--state", "failed"]),
+    ?assertMatch([<<"{\"type\":", _/binary>>], binary:split(Failed, <<"\n">>, [global, trim_all])),
+    ?assertMatch({match, _}, re:run(Failed, <<"\"id\":\"z1\",\"state\":\"failed\".*\"error\":\\{\"reason\":\"bad\"\\}">>)),
+    %% Pages in id order say when more follow.
+    {0, Two, _} = cli(Dir, ["jobs", T, "--state", "pending", "--limit", "2"]),
+    ?assertMatch({match, _}, re:run(Two, <<"a00001 +pending.*\\n.*a00002 +pending.*\\n\\n\\(the first 2 in id order: more follow\\)\\n$">>, [dotall])),
+    {0, Both, _} = cli(Dir, ["--json", "jobs", T, "--state", "failed", "--state", "pending", "--limit", "1000"]),
+    ?assertEqual(1000, length(binary:split(Both, <<"\n">>, [global, trim_all]))),
+    ?assertEqual(nomatch, binary:match(Both, <<"\"z1\"">>)),
+    ok = couch_workers:job_remove(T, <<"z1">>),
+    ok = couch_workers:worker_unregister(W).
 
 %% ---- running it ------------------------------------------------------------
 

@@ -26,6 +26,7 @@ http_test_() ->
                 [
                     {"bound to 127.0.0.1 by default", ?_test(bound_to_loopback())},
                     {"/ shows a worker type and a job type", ?_test(page_shows_workers_and_jobs())},
+                    {"/ shows a job type's counts by state, latest failures and paused flag", ?_test(page_shows_job_states())},
                     {"/metrics is Prometheus text", ?_test(metrics_endpoint())},
                     {"/api/... is JSON", ?_test(api_endpoints())},
                     {"unknown paths 404, bad encodings 400, other methods 405", ?_test(bad_requests_are_4xx())},
@@ -114,6 +115,36 @@ page_shows_workers_and_jobs() ->
     ?assertNotEqual(nomatch, binary:match(Html, <<"{&quot;slots&quot;:3}">>)),
     ok = couch_workers:job_remove(WT, <<"j1">>),
     ok = couch_workers:job_remove(JT, <<"j1">>),
+    ok = couch_workers:worker_unregister(W).
+
+page_shows_job_states() ->
+    T = unique_type("states"),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    ok = couch_workers:job_add_many(T, [{<<"f1">>, #{}, #{}}, {<<"f2">>, #{}, #{}}, {<<"p1">>, #{}, #{priority => 9}}]),
+    {ok, #{id := <<"f1">>} = F1} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(F1, #{<<"reason">> => <<"disk <full>">>}, #{retry => false}),
+    {ok, #{id := <<"f2">>} = F2} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(F2, #{<<"reason">> => <<"second">>}, #{retry => false}),
+    {200, _, Before} = http_get("/"),
+    Row = fun(Html) ->
+        {match, [R]} = re:run(Html, <<"<tr><td>", T/binary, "</td>.*?</tr>">>, [{capture, all, binary}]),
+        R
+    end,
+    %% scheduled, pending, running, finished, canceled, failed
+    Counts = iolist_to_binary([[<<"<td class=\"num\">">>, N, <<"</td>">>] || N <- [<<"0">>, <<"1">>, <<"0">>, <<"0">>, <<"0">>, <<"2">>]]),
+    ?assertNotEqual(nomatch, binary:match(Row(Before), Counts)),
+    ?assertNotEqual(nomatch, binary:match(Row(Before), <<"<td>no</td>">>)),
+    %% The latest failure first, its error escaped.
+    {match, [{P2, _}]} = re:run(Row(Before), <<"f2: \\{&quot;reason&quot;:&quot;second&quot;\\}">>),
+    {match, [{P1, _}]} = re:run(Row(Before), <<"f1: \\{&quot;reason&quot;:&quot;disk &lt;full&gt;&quot;\\}">>),
+    ?assert(P2 < P1),
+    ok = couch_workers:job_pause(T),
+    {200, _, After} = http_get("/"),
+    ?assertNotEqual(nomatch, binary:match(Row(After), <<"<span class=\"paused\">paused</span>">>)),
+    ?assertEqual(nomatch, binary:match(After, <<"n/a">>)),
+    {200, "application/json", Json} = http_get("/api/status"),
+    ?assertMatch({match, _}, re:run(Json, <<"\"paused\":true[^}]*\"type\":\"", T/binary, "\"|\"type\":\"", T/binary, "\"[^]]*\"paused\":true">>)),
+    ok = couch_workers:job_resume(T),
     ok = couch_workers:worker_unregister(W).
 
 metrics_endpoint() ->

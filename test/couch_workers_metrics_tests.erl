@@ -8,7 +8,7 @@
 
 -import(couch_workers_test_util, [unique_type/1, wait_for/2]).
 
--export([parse/1, peer_worker/3]).
+-export([parse/1, peer_worker/3, peer_worker_running/3]).
 
 -define(PEER_TIMEOUT, 15000).
 
@@ -23,6 +23,8 @@ metrics_test_() ->
                 [
                     {"job and worker counters move by exactly what was done", ?_test(counters_are_exact())},
                     {"failed calls count nothing", ?_test(failed_calls_count_nothing())},
+                    {"fail (retried, failed), release, resubmit and remove/3 count exactly", ?_test(job_ends_count_exactly())},
+                    {"jobs past their keep count as pruned once", ?_test(prunes_count())},
                     {"store counters move with the store's work", ?_test(store_counters_move())},
                     {"prometheus: every line parses, values match metrics/0", ?_test(prometheus_parses_and_matches())},
                     {"prometheus: label values escaped", ?_test(prometheus_escapes_labels())},
@@ -38,7 +40,10 @@ reap_test_() ->
     couch_workers_test_util:peer_fixture(
         "metrics: reaps by this node's reaper",
         "mreap",
-        [?TDEF_FE(a_reap_of_a_killed_peers_worker_counts_once, 60)]
+        [
+            ?TDEF_FE(a_reap_of_a_killed_peers_worker_counts_once, 60),
+            ?TDEF_FE(a_reap_counts_the_running_jobs_it_failed_over, 60)
+        ]
     ).
 
 histogram_test_() ->
@@ -71,8 +76,14 @@ counters_are_exact() ->
             jobs_added => 5,
             jobs_accepted => 2,
             jobs_finished => 2,
+            jobs_failed => 0,
+            jobs_retried => 0,
+            jobs_released => 0,
+            jobs_resubmitted => 0,
             jobs_canceled => 1,
             jobs_removed => 1,
+            jobs_requeued => 0,
+            jobs_pruned => 0,
             workers_registered => 1,
             workers_unregistered => 1,
             workers_reaped => 0,
@@ -126,6 +137,65 @@ failed_calls_count_nothing() ->
         maps:get(count, maps:get(add, maps:get(latency, Before))), maps:get(count, maps:get(add, maps:get(latency, After)))
     ).
 
+job_ends_count_exactly() ->
+    T = unique_type("mends"),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    ok = couch_workers:job_add(T, <<"retry">>, #{}, #{max_attempts => 2}),
+    ok = couch_workers:job_add(T, <<"inf">>, #{}, #{max_attempts => infinity, priority => 1}),
+    ok = couch_workers:job_add(T, <<"nope">>, #{}, #{priority => 2}),
+    ok = couch_workers:job_add(T, <<"rel">>, #{}, #{priority => 3}),
+    %% retried (attempts 1 < 2), then failed (attempts 2 of 2)
+    {ok, #{id := <<"retry">>} = R1} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(R1, #{<<"r">> => 1}, #{delay => 0}),
+    {ok, #{id := <<"retry">>} = R2} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(R2, #{<<"r">> => 2}, #{delay => 0}),
+    ?assertMatch({ok, #{state := failed}}, couch_workers:job_get(T, <<"retry">>)),
+    %% infinity retries; retry => false (binary key too) fails at once
+    {ok, #{id := <<"inf">>} = I1} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(I1, #{}, #{delay => 60000}),
+    ?assertMatch({ok, #{state := scheduled}}, couch_workers:job_get(T, <<"inf">>)),
+    {ok, #{id := <<"nope">>} = N1} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(N1, #{}, #{<<"retry">> => false}),
+    ?assertMatch({ok, #{state := failed}}, couch_workers:job_get(T, <<"nope">>)),
+    {ok, #{id := <<"rel">>} = L1} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_release(L1, #{}),
+    %% A handle used up counts nothing more.
+    {error, not_owner} = couch_workers:job_release(L1, #{}),
+    {error, not_owner} = couch_workers:job_fail(L1, #{}, #{}),
+    ok = couch_workers:job_resubmit(T, <<"retry">>, #{}, #{}),
+    ok = couch_workers:job_resubmit(T, <<"new">>, #{}, #{}),
+    {error, changed} = couch_workers:job_resubmit(T, <<"new">>, #{}, #{if_vs => <<0:96>>}),
+    {error, changed} = couch_workers:job_remove(T, <<"new">>, #{if_vs => <<0:96>>}),
+    ok = couch_workers:job_remove(T, <<"new">>, #{}),
+    ok = couch_workers:worker_unregister(W),
+    M = type_metrics(T),
+    ?assertMatch(
+        #{jobs_retried := 2, jobs_failed := 2, jobs_released := 1, jobs_resubmitted := 2, jobs_removed := 1, jobs_accepted := 5},
+        M
+    ),
+    #{latency := #{fail := Fail, release := Rel, resubmit := Resub}} = M,
+    ?assertMatch({#{count := 4}, #{count := 1}, #{count := 2}}, {Fail, Rel, Resub}),
+    ?assert(maps:get(max_us, Fail) > 0).
+
+%% Every node runs a pruner; this one is the only node here.
+prunes_count() ->
+    T = unique_type("mprune"),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    ok = couch_workers:job_add_many(T, [{<<"k1">>, #{}, #{keep => 0}}, {<<"k2">>, #{}, #{keep => 0}}, {<<"kept">>, #{}, #{}}]),
+    [
+        begin
+            {ok, J} = couch_workers:job_accept(W, #{}),
+            ok = couch_workers:job_finish(J, #{})
+        end
+     || _ <- [1, 2, 3]
+    ],
+    ok = couch_workers:worker_unregister(W),
+    wait_for(fun() -> couch_workers:job_counts(T) =:= #{scheduled => 0, pending => 0, running => 0, finished => 1, canceled => 0, failed => 0} end, 10000),
+    wait_for(fun() -> maps:get(jobs_pruned, type_metrics(T)) =:= 2 end, 5000),
+    timer:sleep(1500),
+    ?assertEqual(2, maps:get(jobs_pruned, type_metrics(T))),
+    ?assertEqual(0, maps:get(jobs_removed, type_metrics(T))).
+
 store_counters_move() ->
     T = unique_type("mstore"),
     #{store := #{transactions := Tx0}} = couch_workers:metrics(),
@@ -175,6 +245,20 @@ a_reap_of_a_killed_peers_worker_counts_once(#{peer := Peer, type := T} = Ctx) ->
     wait_for(fun() -> (catch maps:get(workers_reaped, type_metrics(T))) =:= 1 end, 5000),
     timer:sleep(500),
     ?assertEqual(1, maps:get(workers_reaped, type_metrics(T))).
+
+%% The peer's worker runs two jobs when the peer is killed: this node's
+%% reaper fails them over (back to pending, attempts left) and counts
+%% them, once.
+a_reap_counts_the_running_jobs_it_failed_over(#{peer := Peer, type := T} = Ctx) ->
+    ok = couch_workers:job_add_many(T, [{<<"j1">>, #{}, #{}}, {<<"j2">>, #{}, #{}}]),
+    ok = peer:call(Peer, ?MODULE, peer_worker_running, [T, <<"b1">>, 2], ?PEER_TIMEOUT),
+    ?assertMatch(#{running := 2}, couch_workers:job_counts(T)),
+    couch_workers_test_util:kill_peer(Ctx),
+    wait_for(fun() -> (catch maps:get(jobs_requeued, type_metrics(T))) =:= 2 end, 15000),
+    ?assertMatch(#{running := 0, pending := 2}, couch_workers:job_counts(T)),
+    ?assertEqual(1, maps:get(workers_reaped, type_metrics(T))),
+    timer:sleep(500),
+    ?assertEqual(2, maps:get(jobs_requeued, type_metrics(T))).
 
 quantiles_within_a_bucket() ->
     rand:seed(exsss, {1, 2, 3}),
@@ -231,6 +315,23 @@ peer_worker(Type, Id, Opts) ->
     receive
         {registered, true} -> ok
     after 10000 -> {error, timeout}
+    end.
+
+%% A worker (timeout 1 s) that accepts `N' jobs and keeps them running.
+peer_worker_running(Type, Id, N) ->
+    Caller = self(),
+    spawn(fun() ->
+        W = couch_workers:worker_register(Type, Id, #{timeout => 1}, self()),
+        Got = [couch_workers:job_accept(W, #{timeout => 5000}) || _ <- lists:seq(1, N)],
+        Caller ! {running, length([J || {ok, J} <- Got])},
+        receive
+            stop -> ok
+        end
+    end),
+    receive
+        {running, N} -> ok;
+        {running, Other} -> {error, {running, Other}}
+    after 20000 -> {error, timeout}
     end.
 
 %% ---- a parser of the Prometheus text format (0.0.4) ----------------------------

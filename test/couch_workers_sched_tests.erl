@@ -229,6 +229,7 @@ measured_nifs() ->
         {job_remove_if, 4},
         {ops_worker_types, 1},
         {ops_workers, 2},
+        {ops_job_paused, 2},
         {ops_store_counters, 0}
     ].
 
@@ -328,7 +329,9 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
         {error, value_too_large} -> ok = call(job_fail, small, [H4, #{}, false])
     end,
     ok = call(job_set_paused, Name, [T, true]),
+    {ok, true} = call(ops_job_paused, Name, [T]),
     ok = call(job_set_paused, Name, [T, false]),
+    {ok, false} = call(ops_job_paused, Name, [T]),
     {ok, 0} = call(job_pending_count, Name, [T]),
     {error, changed} = call(job_remove_if, Name, [T, Id, <<0:96>>]),
     ok = call(job_remove, Name, [T, Id]),

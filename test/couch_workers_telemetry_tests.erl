@@ -25,6 +25,8 @@ telemetry_test_() ->
             fun(_) ->
                 [
                     {"job and worker events with measurements and metadata", ?_test(events_when_loaded())},
+                    {"events of the job ends: retried, failed, released, resubmitted, pruned", ?_test(job_end_events())},
+                    {"events of the core's failovers, from its log events", ?_test(failover_events())},
                     {"no event while telemetry is not loaded", ?_test(no_events_when_absent())}
                 ]
             end
@@ -61,6 +63,61 @@ events_when_loaded() ->
     ok = couch_workers:worker_unregister(W),
     ?assertMatch({_, #{type := T, id := <<"w1">>}}, recv([couch_workers, worker, unregistered])),
     ?assertEqual([], drain()).
+
+job_end_events() ->
+    {module, telemetry} = code:ensure_loaded(telemetry),
+    set_sink(self()),
+    T = unique_type("tel_end"),
+    Node = node(),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{max_attempts => 2, keep => 0}),
+    {ok, J1} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(J1, #{<<"reason">> => <<"a">>}, #{delay => 0}),
+    {#{duration := D, count := 1}, Meta1} = recv([couch_workers, job, retried]),
+    ?assert(is_integer(D) andalso D > 0),
+    ?assertEqual(#{type => T, id => <<"j1">>, node => Node, attempts => 1, error => #{<<"reason">> => <<"a">>}}, Meta1),
+    {ok, J2} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_release(J2, #{}),
+    ?assertMatch({#{duration := _, count := 1}, #{type := T, id := <<"j1">>, node := Node}}, recv([couch_workers, job, released])),
+    %% The release raised max_attempts to 3; attempts 3 of 3 is the end.
+    {ok, J3} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(J3, #{<<"reason">> => <<"b">>}, #{}),
+    ?assertMatch(
+        {#{duration := _, count := 1}, #{type := T, id := <<"j1">>, attempts := 3, error := #{<<"reason">> := <<"b">>}}},
+        recv([couch_workers, job, failed])
+    ),
+    ?assertMatch({ok, #{state := failed}}, couch_workers:job_get(T, <<"j1">>)),
+    ok = couch_workers:job_resubmit(T, <<"j1">>, #{}, #{}),
+    ?assertMatch({#{duration := _, count := 1}, #{type := T, id := <<"j1">>}}, recv([couch_workers, job, resubmitted])),
+    {ok, J5} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_finish(J5, #{}),
+    _ = recv([couch_workers, job, finished]),
+    %% keep 0: this node's pruner removes it.
+    ?assertMatch({#{system_time := _, count := 1}, #{type := T, node := Node}}, recv([couch_workers, job, pruned])),
+    ok = couch_workers:worker_unregister(W),
+    _ = recv([couch_workers, worker, unregistered]),
+    %% Each once (the adds and accepts were not received above).
+    Ends = [retried, failed, released, resubmitted, finished, pruned],
+    ?assertEqual([], [E || {telemetry, [couch_workers, job, A], _, _} = E <- drain(), lists:member(A, Ends)]).
+
+%% The core's log events that carry counts (a reap's failed-over jobs, a
+%% sweep's, a prune's), as couch_workers_events hands them over; a reap's
+%% own test with a killed peer is in couch_workers_metrics_tests.
+failover_events() ->
+    {module, telemetry} = code:ensure_loaded(telemetry),
+    set_sink(self()),
+    T = unique_type("tel_fo"),
+    ok = couch_workers_observe:log_event(worker_reaped, #{type => T, id => <<"b1">>, jobs => 3}),
+    ?assertMatch({#{count := 1}, #{type := T, id := <<"b1">>}}, recv([couch_workers, worker, reaped])),
+    ?assertMatch(
+        {#{system_time := _, count := 3}, #{type := T, worker := <<"b1">>, reason := reaped}}, recv([couch_workers, job, requeued])
+    ),
+    ok = couch_workers_observe:log_event(worker_reaped, #{type => T, id => <<"b2">>, jobs => 0}),
+    _ = recv([couch_workers, worker, reaped]),
+    ok = couch_workers_observe:log_event(orphaned_jobs_requeued, #{type => T, worker => <<"b3">>, count => 700}),
+    ?assertMatch({#{count := 700}, #{type := T, worker := <<"b3">>, reason := swept}}, recv([couch_workers, job, requeued])),
+    ?assertEqual([], drain()),
+    ?assertMatch(#{jobs_requeued := 703, workers_reaped := 2}, maps:get(T, maps:get(types, couch_workers:metrics()))).
 
 no_events_when_absent() ->
     unload_stand_in(),

@@ -12,7 +12,8 @@ commands:
   jobs TYPE [--state S]... [--limit N]     jobs of TYPE in id order (N: 1..1000, default 100)
   job TYPE ID                              one job
   cancel TYPE ID | remove TYPE ID          act on one job
-  retry TYPE ID | pause TYPE | resume TYPE (not implemented yet)
+  retry TYPE ID                            a failed job back to pending (attempts 0)
+  pause TYPE | resume TYPE                 no worker on any node takes TYPE's jobs / again
 --store defaults to embedded:couch_workers_data (the app's default store).
 ";
 

@@ -4,10 +4,15 @@
 //! It is safe beside running nodes: reads are snapshot reads in read-only
 //! transactions (they conflict with nobody), and it runs no reaper, no
 //! heartbeat and no dispatcher. Its only writes are the actions asked
-//! for (`cancel`, `remove`), each one ordinary transaction of the job
-//! service, which also runs its orphan sweeper while the command runs
-//! (the task every node runs: it only finishes the failover of workers
-//! removed with more running jobs than one transaction may move).
+//! for (`cancel`, `remove`, `retry`, `pause`, `resume`), each one
+//! ordinary transaction of the job service, the same that a node's
+//! `job_cancel/2`, `job_remove/2`, `job_resubmit/4`, `job_pause/1` and
+//! `job_resume/1` run, so running nodes see them as they see each other's
+//! (a pause stops their acceptors, a resume wakes them). The service also
+//! runs its orphan sweeper and pruner while the command runs (the tasks
+//! every node runs: they only finish the failover of workers removed with
+//! more running jobs than one transaction may move, and remove ended jobs
+//! past their `keep`).
 //!
 //! Tables for people, one JSON object per line with `--json`; exit status
 //! 0 on success, 1 with a one-line reason on stderr otherwise.
@@ -19,7 +24,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use couch_workers_core::inspect;
-use couch_workers_core::jobs::JobService;
+use couch_workers_core::jobs::{ops, JobOpts, JobService, JobState};
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::log::Discard;
 use couch_workers_core::store::embedded::EmbeddedOptions;
@@ -29,9 +34,6 @@ use tokio_util::task::TaskTracker;
 
 use args::{Command, Options, Store};
 use output::Out;
-
-/// Records `jobs` reads at most to fill a page filtered by state.
-const SCAN: usize = 10_000;
 
 fn main() -> ExitCode {
     let opts = match args::parse(std::env::args_os().skip(1).collect()) {
@@ -131,20 +133,20 @@ async fn command(cmd: &Command, db: &Db, ks: &Keyspace, out: &mut Out) -> Result
         }
         Command::Jobs { job_type, states, limit } => {
             let t = job_type.as_slice();
-            let (jobs, more) =
-                read(db, |tx| async move { inspect::jobs_page(&tx, ks, t, states, *limit, SCAN).await }).await?;
-            if jobs.is_empty() && !more {
-                let any = read(db, |tx| async move { inspect::jobs_page(&tx, ks, t, &[], 1, 1).await }).await?;
-                if any.0.is_empty() {
-                    return Err(format!("no jobs of type {:?}", show(t)));
-                }
+            // Through each state's index: a page costs its own jobs, not
+            // the type's jobs in other states.
+            let states: Vec<JobState> = states.iter().filter_map(|s| JobState::from_name(s.as_bytes())).collect();
+            let only = (!states.is_empty()).then_some(states.as_slice());
+            let (jobs, cont) = read(db, |tx| async move { ops::list(&tx, ks, t, only, *limit, None).await }).await?;
+            if jobs.is_empty() && cont.is_none() && total_jobs(db, ks, t).await? == 0 {
+                return Err(format!("no jobs of type {:?}", show(t)));
             }
             out.jobs_header();
             for j in &jobs {
                 out.job(j);
             }
-            if more {
-                out.note(&format!("(at most {limit} shown, {SCAN} records read at most: more may follow)"));
+            if cont.is_some() {
+                out.note(&format!("(the first {limit} in id order: more follow)"));
             }
             Ok(())
         }
@@ -168,11 +170,50 @@ async fn command(cmd: &Command, db: &Db, ks: &Keyspace, out: &mut Out) -> Result
             out.removed(t, id);
             Ok(())
         }
-        Command::Retry(..) => Err("retry is not implemented yet: the job API has no failed state to retry from yet".into()),
-        Command::Pause(_) | Command::Resume(_) => {
-            Err("pause and resume are not implemented yet: the job API cannot pause a type yet".into())
+        Command::Retry(t, id) => {
+            let service = job_service(db, ks);
+            let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
+            if job.state != JobState::Failed {
+                return Err(format!("job {:?} of type {:?} is {}, not failed: only a failed job is retried", show(id), show(t), job.state.name()));
+            }
+            // `job_resubmit/4` with the job's own info and options, only if
+            // it is still the failed job read above: pending again, attempts
+            // 0, no error.
+            service.resubmit(t, id, &job.info, &JobOpts::default(), Some(&job.vs)).await.map_err(|e| match e.name() {
+                "changed" => format!("job {:?} of type {:?} changed meanwhile: nothing done (look at it again)", show(id), show(t)),
+                _ => job_error(&e, t, id),
+            })?;
+            let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
+            out.done("retried", &job);
+            Ok(())
+        }
+        Command::Pause(t) | Command::Resume(t) => {
+            let pause = matches!(cmd, Command::Pause(_));
+            let paused = read_paused(db, ks, t).await?;
+            // A type nobody knows is most likely a typo: refuse it.
+            if !paused && total_jobs(db, ks, t).await? == 0 {
+                let ts = t.as_slice();
+                if read(db, |tx| async move { inspect::workers(&tx, ks, ts).await }).await?.is_empty() {
+                    return Err(format!("no jobs or workers of type {:?}", show(t)));
+                }
+            }
+            job_service(db, ks).set_paused(t, pause).await.map_err(|e| match e.name() {
+                "key_too_large" => "the type is over the key limit".to_string(),
+                _ => format!("store error: {e}"),
+            })?;
+            out.paused(t, pause, paused);
+            Ok(())
         }
     }
+}
+
+/// Every job of the type, in any state (its counters).
+async fn total_jobs(db: &Db, ks: &Keyspace, t: &[u8]) -> Result<u64, String> {
+    Ok(read(db, |tx| async move { ops::counts(&tx, ks, t).await }).await?.iter().sum())
+}
+
+async fn read_paused(db: &Db, ks: &Keyspace, t: &[u8]) -> Result<bool, String> {
+    read(db, |tx| async move { inspect::job_paused(&tx, ks, t).await }).await
 }
 
 fn job_error(e: &couch_workers_core::Error, t: &[u8], id: &[u8]) -> String {
@@ -206,12 +247,13 @@ async fn status(db: &Db, ks: &Keyspace, out: &mut Out) -> Result<(), String> {
         let ws = read(db, |tx| async move { inspect::workers(&tx, ks, t).await }).await?;
         out.status_workers(t, &ws);
     }
-    let job_types = read(db, |tx| async move { inspect::job_types(&tx, ks).await }).await?;
+    let job_types = read(db, |tx| async move { ops::job_types(&tx, ks).await }).await?;
     out.status_jobs_header();
     for t in &job_types {
         let t = t.as_slice();
-        let pending = read(db, |tx| async move { couch_workers_core::jobs::ops::pending_count(&tx, ks, t).await }).await?;
-        out.status_jobs(t, pending);
+        let counts = read(db, |tx| async move { ops::counts(&tx, ks, t).await }).await?;
+        let paused = read_paused(db, ks, t).await?;
+        out.status_jobs(t, &counts, paused);
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! are shown as UTF-8, with the bytes that are not replaced by U+FFFD.
 
 use couch_workers_core::inspect::WorkerInfo;
-use couch_workers_core::jobs::Job;
+use couch_workers_core::jobs::{Job, JobState};
 use serde_json::{json, Value};
 
 pub struct Out {
@@ -72,7 +72,7 @@ impl Out {
     }
 
     pub fn jobs_header(&mut self) {
-        self.header(vec!["TYPE", "ID", "STATE", "WORKER", "PRIORITY", "ATTEMPTS", "INFO"]);
+        self.header(vec!["TYPE", "ID", "STATE", "WORKER", "PRIORITY", "ATTEMPTS", "ERROR", "INFO"]);
     }
 
     fn job_value(j: &Job) -> Value {
@@ -81,6 +81,7 @@ impl Out {
             "worker": j.worker.as_deref().map(text), "priority": j.priority,
             "info": stored_json(&j.info), "result": j.result.as_deref().map(stored_json),
             "attempts": j.attempts, "cancel_requested": j.cancel_requested,
+            "error": j.error.as_deref().map(stored_json),
         })
     }
 
@@ -92,6 +93,7 @@ impl Out {
             j.worker.as_deref().map_or("-".into(), text),
             j.priority.to_string(),
             j.attempts.to_string(),
+            j.error.as_deref().map_or("-".into(), text),
             text(&j.info),
         ];
         self.row(cells, Self::job_value(j));
@@ -128,11 +130,30 @@ impl Out {
     }
 
     pub fn status_jobs_header(&mut self) {
-        self.header(vec!["JOB TYPE", "PENDING"]);
+        self.header(vec!["JOB TYPE", "SCHEDULED", "PENDING", "RUNNING", "FINISHED", "CANCELED", "FAILED", "PAUSED"]);
     }
 
-    pub fn status_jobs(&mut self, t: &[u8], pending: u64) {
-        self.row(vec![text(t), pending.to_string()], json!({"job_type": text(t), "pending": pending}));
+    /// `counts` in [`JobState::ALL`]'s order.
+    pub fn status_jobs(&mut self, t: &[u8], counts: &[u64; 6], paused: bool) {
+        let mut value = json!({"job_type": text(t)});
+        let mut cells = vec![text(t)];
+        for (state, n) in JobState::ALL.iter().zip(counts) {
+            value[state.name()] = json!(n);
+            cells.push(n.to_string());
+        }
+        value["paused"] = json!(paused);
+        cells.push(if paused { "yes".into() } else { "no".into() });
+        self.row(cells, value);
+    }
+
+    /// After `pause` or `resume`: the flag now, and whether it was set before.
+    pub fn paused(&mut self, t: &[u8], paused: bool, was: bool) {
+        let action = if paused { "paused" } else { "resumed" };
+        self.header(vec!["ACTION", "TYPE", "PAUSED", "BEFORE"]);
+        self.row(
+            vec![action.into(), text(t), if paused { "yes" } else { "no" }.into(), if was { "paused" } else { "not paused" }.into()],
+            json!({"action": action, "type": text(t), "paused": paused, "was_paused": was}),
+        );
     }
 
     /// Prints what was built.

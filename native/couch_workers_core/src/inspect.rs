@@ -1,7 +1,8 @@
 //! Operations' read side: what an operator asks of the cluster, read from
 //! the store (no subscription, no node-local cache): the worker types that
-//! have live workers, and each worker of a type with its options, timeout,
-//! heartbeat age and running-job count.
+//! have live workers, each worker of a type with its options, timeout,
+//! heartbeat age and running-job count, and whether a job type is paused.
+//! (Jobs, their types and counts are the job API's reads: `jobs::ops`.)
 //!
 //! Every read is a snapshot read in a read-only transaction (it adds no
 //! conflicts to the nodes' writes) and every range is read in pages of
@@ -115,65 +116,12 @@ pub async fn workers(tx: &Tx, ks: &Keyspace, worker_type: &[u8]) -> Result<Vec<W
     Ok(out)
 }
 
-/// The job types that have jobs (in any state), in byte order: one
-/// one-key read per type, skipping from type to type.
-pub async fn job_types(tx: &Tx, ks: &Keyspace) -> Result<Vec<Vec<u8>>, StoreError> {
-    let (mut from, end) = ks.all_jobs_range();
-    let mut types = Vec::new();
-    loop {
-        let first = tx.get_range(&RangeRequest::new(from.clone(), end.clone()).limit(1).snapshot(true)).await?;
-        let Some((key, _)) = first.into_iter().next() else { return Ok(types) };
-        match ks.parse_job_key(&key) {
-            Some((job_type, _)) => {
-                from = ks.jobs_range(&job_type).1;
-                types.push(job_type);
-            }
-            None => {
-                from = key;
-                from.push(0x00);
-            }
-        }
-    }
-}
-
-/// One page of a type's jobs in id order, for the command line: at most
-/// `limit` jobs whose state is one of `states` (all when empty), reading at
-/// most `scan` records. Returns the jobs and whether the scan stopped
-/// before the type's last record (more may match).
-pub async fn jobs_page(
-    tx: &Tx,
-    ks: &Keyspace,
-    job_type: &[u8],
-    states: &[String],
-    limit: usize,
-    scan: usize,
-) -> Result<(Vec<crate::jobs::Job>, bool), StoreError> {
-    let (mut from, end) = ks.jobs_range(job_type);
-    let (mut out, mut scanned) = (Vec::new(), 0usize);
-    loop {
-        let page = tx.get_range(&RangeRequest::new(from, end.clone()).limit(PAGE.min(scan - scanned)).snapshot(true)).await?;
-        let full = page.len() == PAGE.min(scan - scanned);
-        for (key, value) in &page {
-            scanned += 1;
-            let Some((_, id)) = ks.parse_job_key(key) else { continue };
-            let job = crate::jobs::record::Record::decode(value)?.to_job(job_type, &id, crate::jobs::place::wall_ms());
-            if states.is_empty() || states.iter().any(|s| s == job.state.name()) {
-                out.push(job);
-                if out.len() == limit {
-                    return Ok((out, true));
-                }
-            }
-        }
-        match page.last() {
-            Some((last, _)) if full => {
-                if scanned >= scan {
-                    return Ok((out, true));
-                }
-                from = [last.as_slice(), &[0x00]].concat();
-            }
-            _ => return Ok((out, false)),
-        }
-    }
+/// Whether `job_type` is paused (`couch_workers:job_pause/1`): one
+/// snapshot read of the flag every accept round reads. The job API writes
+/// the flag and reads it only inside accept rounds; the status page and the
+/// command line need it on its own.
+pub async fn job_paused(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<bool, StoreError> {
+    Ok(tx.get(&ks.paused(job_type), true).await?.is_some())
 }
 
 impl crate::Node {
@@ -191,6 +139,17 @@ impl crate::Node {
         crate::error::check_key(&ks.member(worker_type, b""))?;
         Ok(crate::store::run(self.db().as_ref(), self.read_options(), |tx| async move {
             workers(&tx, ks, worker_type).await
+        })
+        .await?)
+    }
+
+    /// [`job_paused`] in a read-only transaction of this node's store;
+    /// `key_too_large` for a type no key can hold.
+    pub async fn job_paused(&self, job_type: &[u8]) -> Result<bool, crate::Error> {
+        let ks = self.keyspace();
+        crate::error::check_key(&ks.paused(job_type))?;
+        Ok(crate::store::run(self.db().as_ref(), self.read_options(), |tx| async move {
+            job_paused(&tx, ks, job_type).await
         })
         .await?)
     }

@@ -526,12 +526,6 @@ impl Keyspace {
         (&*a == ACTIVE && &*t == worker_type).then(|| (w.into_owned(), id.into_owned()))
     }
 
-    /// Every job record of every type (`inspect::job_types` skips
-    /// through it type by type).
-    pub fn all_jobs_range(&self) -> (Vec<u8>, Vec<u8>) {
-        tuple_range(&self.root.pack(&(b(JOBS),)))
-    }
-
     /// The job type and id of a job record's key.
     pub fn parse_job_key(&self, key: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
         let rest = key.strip_prefix(self.root.bytes())?;

@@ -178,7 +178,9 @@ pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &
 /// incarnation, which keeps its registration and its jobs).
 pub async fn remove(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], incarnation: &Incarnation) -> Result<bool, StoreError> {
     match stored_health(tx, ks, worker_type, id).await? {
-        Some(value) if held_by(&value, incarnation) => remove_current(tx, ks, worker_type, id, jobs::Departure::Released).await,
+        Some(value) if held_by(&value, incarnation) => {
+            Ok(remove_current(tx, ks, worker_type, id, jobs::Departure::Released).await?.is_some())
+        }
         _ => Ok(false),
     }
 }
@@ -188,23 +190,31 @@ pub async fn remove(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], incar
 /// where an unregister releases them.
 pub async fn remove_dead(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], incarnation: &Incarnation) -> Result<bool, StoreError> {
     match stored_health(tx, ks, worker_type, id).await? {
-        Some(value) if held_by(&value, incarnation) => remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await,
+        Some(value) if held_by(&value, incarnation) => Ok(remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await?.is_some()),
         _ => Ok(false),
     }
 }
 
 /// Removes whichever incarnation is registered: only for a caller that has
 /// judged the current health record in this transaction (the reaper).
-async fn remove_current(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], departure: jobs::Departure) -> Result<bool, StoreError> {
+/// `Some(n)`: removed, and `n` of its running jobs left it in this
+/// transaction (the sweeper moves any beyond one transaction's share).
+async fn remove_current(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    id: &[u8],
+    departure: jobs::Departure,
+) -> Result<Option<usize>, StoreError> {
     let member_key = ks.member(worker_type, id);
     if tx.get(&member_key, false).await?.is_none() {
-        return Ok(false);
+        return Ok(None);
     }
-    jobs::requeue_worker_jobs(tx, ks, worker_type, id, departure).await?;
+    let moved = jobs::requeue_worker_jobs(tx, ks, worker_type, id, departure).await?;
     tx.clear(&member_key);
     tx.clear(&ks.health(worker_type, id));
     record_change(tx, ks, worker_type, id, Change::Leave).await?;
-    Ok(true)
+    Ok(Some(moved))
 }
 
 /// Reaps the worker if its health record is still, byte for byte,
@@ -216,10 +226,18 @@ async fn remove_current(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], d
 /// heartbeat or another reap that commits first makes this transaction
 /// conflict and re-check. Returns whether it removed the worker.
 pub async fn reap(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], observed: &[u8]) -> Result<bool, StoreError> {
+    Ok(reap_with_jobs(tx, ks, worker_type, id, observed).await?.is_some())
+}
+
+/// As [`reap`]; `Some(n)` when it removed the worker, `n` being the
+/// running jobs that left it in this transaction (failed with
+/// `worker_lost`: back to pending, or `failed` without attempts left).
+/// The reaper logs `n`, which is how a node counts its failovers.
+pub async fn reap_with_jobs(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], observed: &[u8]) -> Result<Option<usize>, StoreError> {
     match stored_health(tx, ks, worker_type, id).await? {
         // Reaped: a death, its jobs fail with `worker_lost`.
         Some(value) if value == observed => remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await,
-        _ => Ok(false),
+        _ => Ok(None),
     }
 }
 

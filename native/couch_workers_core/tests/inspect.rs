@@ -95,41 +95,14 @@ async fn a_type_over_the_key_limit_is_key_too_large() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn job_types_and_a_bounded_page_of_jobs() {
-    use couch_workers_core::inspect::job_types;
-    use couch_workers_core::store::{run, TxOptions};
+async fn another_nodes_pause_and_resume_are_seen() {
     let c = Cluster::new();
-    let a = c.node();
-    for (t, id) in [(&b"b"[..], &b"j1"[..]), (b"b", b"j2"), (b"b", b"j3"), (b"a", b"x"), (b"a\0z", b"y")] {
-        add(a.jobs(), t, id, 0).await;
-    }
-    let _w = register(&a, b"b", b"w").await;
-    let _h = accept_now(a.jobs(), b"b", b"w").await; // j1 runs
-    let ks = a.keyspace();
-    let types = run(a.db().as_ref(), TxOptions::read(), |tx| async move { job_types(&tx, ks).await }).await.unwrap();
-    assert_eq!(types, vec![b"a".to_vec(), b"a\0z".to_vec(), b"b".to_vec()]);
-    let ids = |jobs: &[couch_workers_core::jobs::Job]| jobs.iter().map(|j| j.id.clone()).collect::<Vec<_>>();
-    let (all, more) = page(&a, vec![], 10, 100).await;
-    assert_eq!((ids(&all), more), (vec![b"j1".to_vec(), b"j2".to_vec(), b"j3".to_vec()], false));
-    let (pending, _) = page(&a, vec!["pending".into()], 10, 100).await;
-    assert_eq!(ids(&pending), vec![b"j2".to_vec(), b"j3".to_vec()]);
-    // A full page says more may follow; so does a scan that stopped early.
-    assert!(page(&a, vec![], 2, 100).await.1);
-    let (scanned, more) = page(&a, vec!["pending".into()], 10, 1).await;
-    assert_eq!((scanned.len(), more), (0, true));
-}
-
-async fn page(
-    node: &couch_workers_core::Node,
-    states: Vec<String>,
-    limit: usize,
-    scan: usize,
-) -> (Vec<couch_workers_core::jobs::Job>, bool) {
-    let ks = node.keyspace();
-    let states = &states;
-    couch_workers_core::store::run(node.db().as_ref(), couch_workers_core::store::TxOptions::read(), |tx| async move {
-        couch_workers_core::inspect::jobs_page(&tx, ks, b"b", states, limit, scan).await
-    })
-    .await
-    .unwrap()
+    let (a, b) = (c.node(), c.node());
+    assert!(!a.job_paused(b"t").await.unwrap(), "never paused");
+    b.jobs().set_paused(b"t", true).await.unwrap();
+    assert!(a.job_paused(b"t").await.unwrap());
+    assert!(!a.job_paused(b"t\0").await.unwrap(), "a type that only starts like it");
+    b.jobs().set_paused(b"t", false).await.unwrap();
+    assert!(!a.job_paused(b"t").await.unwrap());
+    assert_eq!(a.job_paused(&vec![b'x'; 10_001]).await.unwrap_err().name(), "key_too_large");
 }

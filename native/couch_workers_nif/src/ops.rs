@@ -1,5 +1,6 @@
 //! Operations NIFs: the store-wide reads of `couch_workers:worker_types/0`
-//! and `workers/1` (the core's `inspect.rs`), and the counters of the
+//! and `workers/1` and a job type's paused flag for the status page (the
+//! core's `inspect.rs`), and the counters of the
 //! store's retry loop for `metrics/0` (the core's `metrics.rs`).
 //! Signatures and replies are listed in `src/couch_workers_nif.erl`.
 //!
@@ -82,6 +83,27 @@ fn ops_workers<'a>(env: Env<'a>, reference: Term<'a>, worker_type: Term<'a>) -> 
                 let list: Vec<Term> = workers.iter().map(|w| worker_term(env, w)).collect();
                 (atoms::ok(), list).encode(env)
             }),
+            Err(e) => reply::error(e.name()),
+        };
+        answer
+    });
+    Ok(atoms::ok().encode(env))
+}
+
+#[rustler::nif]
+fn ops_job_paused<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) -> NifResult<Term<'a>> {
+    if !reference.is_ref() {
+        return Err(Error::BadArg);
+    }
+    let job_type = bytes_arg(job_type)?.to_vec();
+    let node = match runtime::running() {
+        Ok(node) => node,
+        Err(e) => return Ok(error_tuple(env, e.name())),
+    };
+    let rt = node.runtime().clone();
+    reply::spawn(&rt, Replier::new(env, reference), async move {
+        let answer: reply::Answer = match node.job_paused(&job_type).await {
+            Ok(paused) => Box::new(move |env| (atoms::ok(), paused).encode(env)),
             Err(e) => reply::error(e.name()),
         };
         answer

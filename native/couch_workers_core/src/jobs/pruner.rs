@@ -51,8 +51,13 @@ pub(crate) async fn run_pruner(shared: Arc<Shared>, cancel: CancellationToken, l
         let sleep = match pass {
             Ok(pruned) => {
                 failures = 0;
-                if !pruned.removed.is_empty() {
-                    shared.log.log(Event::new(Level::Info, "jobs_pruned").with("count", pruned.removed.len()));
+                // One event per type, for the per-type metrics.
+                let mut per_type: std::collections::BTreeMap<&[u8], usize> = std::collections::BTreeMap::new();
+                for (job_type, _) in &pruned.removed {
+                    *per_type.entry(job_type.as_slice()).or_default() += 1;
+                }
+                for (job_type, count) in per_type {
+                    shared.log.log(Event::new(Level::Info, "jobs_pruned").with("type", job_type).with("count", count));
                 }
                 match pruned.next {
                     Some(at) if at <= now => Duration::ZERO,

@@ -177,15 +177,19 @@ impl Reaper {
                 if since.elapsed() > bound {
                     return Err(StoreError::TimedOut);
                 }
-                Ok((workers::reap(&tx, ks, worker_type, id, &s.record).await?, read_version))
+                Ok((workers::reap_with_jobs(&tx, ks, worker_type, id, &s.record).await?, read_version))
             })
             .await;
         observer.forget(&suspect.worker);
         match reaped {
-            Ok((true, _)) => {
-                self.log.log(Event::new(Level::Notice, "worker_reaped").with("type", worker_type).with("id", id));
+            Ok((Some(jobs), _)) => {
+                // `jobs`: its running jobs this reap failed over (the
+                // metrics' `jobs_requeued`).
+                self.log.log(
+                    Event::new(Level::Notice, "worker_reaped").with("type", worker_type).with("id", id).with("jobs", jobs),
+                );
             }
-            Ok((false, _)) => {}
+            Ok((None, _)) => {}
             Err(e) if is_this_workers_fault(&e) => self.log_reap_failed(suspect, &e),
             Err(e) => {
                 self.log_reap_failed(suspect, &e);
