@@ -44,7 +44,7 @@
 
 -behaviour(gen_server).
 
--export([start_link/0, register_worker/4, unregister_worker/1, lookup/1]).
+-export([start_link/0, register_worker/4, unregister_worker/1, lookup/1, registration/1]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -103,6 +103,20 @@ lookup(Ref) when is_reference(Ref) ->
         error:badarg -> error
     end;
 lookup(_Ref) ->
+    error.
+
+%% @doc As `lookup/1', with the NIF's registration resource: what an
+%% accept names so that it takes jobs for this registration only, never
+%% for a later one of the same `(Type, Id)'.
+-spec registration(term()) -> {ok, binary(), binary(), couch_workers_nif:registration()} | error.
+registration(Ref) when is_reference(Ref) ->
+    try ets:lookup(?TAB, Ref) of
+        [{Ref, Type, Id, _Pid, Reg, _Mon}] -> {ok, Type, Id, Reg};
+        [] -> error
+    catch
+        error:badarg -> error
+    end;
+registration(_Ref) ->
     error.
 
 call(Msg) ->
