@@ -572,9 +572,6 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
     Ok(AcceptRound { takes, more, next_due, paused })
 }
 
-/// The jobs that the waiters in `queue` already hold under their tokens:
-/// running for the waiter's worker with the waiter's token (an earlier
-/// attempt of this round committed them). (waiter index, handle).
 /// The incarnation that holds each registered worker id some waiter
 /// names an incarnation for (its health record, `None` if it names none).
 /// Read as snapshots: a heartbeat rewrites the record and must not make
@@ -605,6 +602,9 @@ async fn holders<'w>(
         .collect())
 }
 
+/// The jobs that the waiters in `queue` already hold under their tokens:
+/// running for the waiter's worker with the waiter's token (an earlier
+/// attempt of this round committed them). (waiter index, handle).
 async fn taken_before(
     tx: &Tx,
     ks: &Keyspace,
