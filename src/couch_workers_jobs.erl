@@ -275,8 +275,10 @@ resume(_Type) ->
 accept(WorkerRef, Opts) when is_map(Opts) ->
     case accept_timeout(Opts) of
         {ok, Timeout} ->
-            case couch_workers_local:lookup(WorkerRef) of
-                {ok, Type, Id} -> do_accept(Type, Id, Timeout);
+            %% The registration itself, not only its id: a wait that
+            %% outlives it takes nothing of a later registration's.
+            case couch_workers_local:registration(WorkerRef) of
+                {ok, Type, Id, Reg} -> do_accept(Type, Id, Reg, Timeout);
                 error -> {error, not_found}
             end;
         error ->
@@ -473,9 +475,9 @@ nif_jobs([{Id, Info, Opts} | Rest], Acc, Status) when is_binary(Id), is_map(Info
 nif_jobs(_, _Acc, _Status) ->
     erlang:error(badarg).
 
-do_accept(Type, Id, Timeout) ->
+do_accept(Type, Id, Reg, Timeout) ->
     Ref = make_ref(),
-    case couch_workers_nif:job_accept(Ref, Type, Id, Timeout) of
+    case couch_workers_nif:job_accept(Ref, Type, Reg, Timeout) of
         {ok, Waiter} ->
             %% The dispatcher answers by the deadline; a transaction in
             %% flight may add up to the store's budget.

@@ -9,11 +9,16 @@
 %% '''
 %%
 %% The resource keeps the worker registered (and heartbeating); when it is
-%% garbage collected the Rust side removes the worker. The table outlives
-%% a crash of this server: the restarted server finds every registration
-%% in it, monitors the owners again (an owner that died meanwhile is
-%% unregistered at once) and points the registrations' events at itself,
-%% so no registration is dropped and none leaks. A request in flight when
+%% garbage collected the Rust side removes the worker. An owner's exit
+%% (its monitor's `DOWN', whatever the reason) removes the worker as a
+%% death, which fails its running jobs with `worker_lost'; only
+%% `unregister_worker/1' (and a clean stop of the app) releases them.
+%%
+%% The table outlives a crash of this server: the restarted server finds
+%% every registration in it, monitors the owners again (an owner that died
+%% meanwhile is removed at once, as a death) and points the registrations'
+%% events at itself, so no registration is dropped and none leaks. A
+%% request in flight when
 %% the server crashed is lost with it: a registration its answer carried
 %% is garbage, which removes that worker, and `register_worker/4' asks the
 %% restarted server again; an unregister completes on the Rust side.
@@ -39,7 +44,7 @@
 
 -behaviour(gen_server).
 
--export([start_link/0, register_worker/4, unregister_worker/1, lookup/1]).
+-export([start_link/0, register_worker/4, unregister_worker/1, lookup/1, registration/1]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -100,6 +105,20 @@ lookup(Ref) when is_reference(Ref) ->
 lookup(_Ref) ->
     error.
 
+%% @doc As `lookup/1', with the NIF's registration resource: what an
+%% accept names so that it takes jobs for this registration only, never
+%% for a later one of the same `(Type, Id)'.
+-spec registration(term()) -> {ok, binary(), binary(), couch_workers_nif:registration()} | error.
+registration(Ref) when is_reference(Ref) ->
+    try ets:lookup(?TAB, Ref) of
+        [{Ref, Type, Id, _Pid, Reg, _Mon}] -> {ok, Type, Id, Reg};
+        [] -> error
+    catch
+        error:badarg -> error
+    end;
+registration(_Ref) ->
+    error.
+
 call(Msg) ->
     couch_workers_app:call(?MODULE, Msg).
 
@@ -119,7 +138,7 @@ handle_call({unregister, Ref}, From, St) ->
         [{Ref, Type, Id, _Pid, Reg, Mon}] ->
             erlang:demonitor(Mon, [flush]),
             St1 = St#st{monitors = maps:remove(Mon, St#st.monitors)},
-            {noreply, start_unregister({Type, Id}, Ref, Reg, [From], St1)};
+            {noreply, start_unregister({Type, Id}, Ref, Reg, unregister, [From], St1)};
         [] ->
             case maps:find(Ref, St#st.unregistering) of
                 {ok, Key} ->
@@ -165,8 +184,13 @@ handle_info({'DOWN', Mon, process, Pid, Reason}, St) ->
             St1 = St#st{monitors = Monitors},
             case ets:lookup(?TAB, Ref) of
                 [{Ref, Type, Id, Pid, Reg, Mon}] ->
+                    %% Whatever the reason (`normal' too; `noproc' when
+                    %% the owner died while this server was down;
+                    %% `noconnection' for a remote owner whose node is
+                    %% gone): the owner did not unregister, so the worker
+                    %% died, and its running jobs fail with `worker_lost'.
                     ?LOG_DEBUG(#{what => worker_owner_down, type => Type, id => Id, pid => Pid, reason => Reason}),
-                    {noreply, start_unregister({Type, Id}, Ref, Reg, [], St1)};
+                    {noreply, start_unregister({Type, Id}, Ref, Reg, death, [], St1)};
                 _ ->
                     {noreply, St1}
             end;
@@ -306,11 +330,15 @@ start_register({Type, Id} = Key, Opts, Pid, From, St) ->
             St
     end.
 
-start_unregister(Key, Ref, Reg, Froms, St) ->
+%% Removes the registration. `unregister' (a `worker_unregister/1')
+%% releases its running jobs; `death' (its owner exited) fails them, as
+%% DESIGN.md has it: a clean shutdown never fails a job, a death spends
+%% the attempt.
+start_unregister(Key, Ref, Reg, How, Froms, St) ->
     ets:delete(?TAB, Ref),
     ets:delete(?TAB, Key),
     NifRef = make_ref(),
-    case couch_workers_nif:worker_unregister(NifRef, Reg) of
+    case remove(How, NifRef, Reg) of
         ok ->
             St#st{
                 pending = maps:put(NifRef, {unregister, Key, Ref}, St#st.pending),
@@ -323,6 +351,9 @@ start_unregister(Key, Ref, Reg, Froms, St) ->
             [gen_server:reply(F, ok) || F <- Froms],
             St
     end.
+
+remove(unregister, NifRef, Reg) -> couch_workers_nif:worker_unregister(NifRef, Reg);
+remove(death, NifRef, Reg) -> couch_workers_nif:worker_remove_dead(NifRef, Reg).
 
 nif_result({register, {Type, Id} = Key, Ref, Pid}, Result, St) ->
     {register, _, Froms} = maps:get(Key, St#st.busy),

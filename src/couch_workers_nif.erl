@@ -51,6 +51,9 @@
 %% job_add_many(Ref, Type, [{Id, Info, Opts}])
 %%                                            -> ok | {error, _}  then {Ref, ok | {error, {already_exists, [Id]}} | {error, Name}}
 %% job_accept(Ref, Type, Worker, TimeoutMs)   -> {ok, Waiter} | {error, _}  then {Ref, {ok, Handle} | {error, Name}}
+%%     Worker = Id (whichever registration holds it) | Registration (of Type:
+%%     only while it holds the id; not_found once it ended, also if the id was
+%%     registered again meanwhile)
 %% job_accept_abandon(Waiter)                 -> abandoned | delivered
 %% job_update(Ref, Handle, Info)              -> ok | {error, _} | dirty  then {Ref, {ok, Handle} | {error, Name}}
 %% job_finish(Ref, Handle, Result)            -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
@@ -274,7 +277,7 @@ job_add_dirty(_Ref, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded
 -spec job_add_many(reference(), binary(), [{binary(), map(), job_opts()}]) -> ok | {error, atom()}.
 job_add_many(_Ref, _Type, _Jobs) -> erlang:nif_error(nif_not_loaded).
 
--spec job_accept(reference(), binary(), binary(), non_neg_integer()) -> {ok, waiter()} | {error, atom()}.
+-spec job_accept(reference(), binary(), binary() | registration(), non_neg_integer()) -> {ok, waiter()} | {error, atom()}.
 job_accept(_Ref, _Type, _Worker, _TimeoutMs) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_accept_abandon(waiter()) -> abandoned | delivered.

@@ -28,10 +28,13 @@
 %% The model is exact because every call is deterministic: accepts use
 %% timeout 0; an unregister returns after its write (DESIGN.md: "every
 %% call that returns has finished its write"); after an owner exits, the
-%% harness waits for its `DOWN' and then calls `worker_unregister/1' on
-%% its workers' references, which returns once the unregister the exit
-%% started has been written (`couch_workers_local' answers it from its
-%% `unregistering' table). Failover order is the store's: a removed
+%% harness waits for its `DOWN', then until `couch_workers_local' has
+%% taken each of its workers out (its own `DOWN' came: the exit is a
+%% death, which fails the running jobs, where an unregister releases
+%% them), and then calls `worker_unregister/1' on their references, which
+%% returns once the removal the exit started has been written
+%% (`couch_workers_local' answers it from its `unregistering' table).
+%% Failover order is the store's: a removed
 %% worker's jobs go back to pending in active-key order (job id byte
 %% order) behind every job already pending of their priority. An owner
 %% exit of several workers that run jobs would requeue them in an order
@@ -167,8 +170,8 @@
     %% the accept (handle number) that holds it while running
     acc = undefined :: undefined | pos_integer(),
     max = 20 :: pos_integer(),
-    %% the info number of the last failure's error
-    error = null :: null | non_neg_integer(),
+    %% the info number of the last failure's error; worker_lost for a death
+    error = null :: null | non_neg_integer() | worker_lost,
     %% a resubmission waiting for the end of the run: {Info, Prio, Max}
     resub = undefined :: undefined | {non_neg_integer(), integer(), pos_integer()}
 }).
@@ -256,10 +259,10 @@ next_state(M, _Res, {call, _, register, [T, W, O, OptsN]}) ->
         false -> M#m{workers = maps:put({T, W}, {O, OptsN}, M#m.workers)}
     end;
 next_state(M, _Res, {call, _, unregister, [K]}) ->
-    remove_worker(M, K);
+    remove_worker(M, K, released);
 next_state(M, _Res, {call, _, owner_exit, [O, _]}) ->
     Mine = lists:sort([K || {K, {O1, _}} <- maps:to_list(M#m.workers), O1 =:= O]),
-    lists:foldl(fun(K, Acc) -> remove_worker(Acc, K) end, M, Mine);
+    lists:foldl(fun(K, Acc) -> remove_worker(Acc, K, lost) end, M, Mine);
 next_state(M, _Res, {call, _, subscribe, [T]}) ->
     M#m{subs = maps:update_with(T, fun(N) -> N + 1 end, 1, M#m.subs)};
 next_state(M, _Res, {call, _, unsubscribe, [T]}) ->
@@ -405,10 +408,13 @@ queue(M, Key, #job{state = pending} = Job) ->
 queue(M, Key, Job) ->
     M#m{jobs = maps:put(Key, Job#job{seq = undefined}, M#m.jobs)}.
 
-%% A worker leaves: its running jobs are released in one transaction, in
-%% job id order (canceled instead if a cancel was requested; queued with
-%% its resubmission if one waits); attempts are kept, max_attempts + 1.
-remove_worker(M, {T, _W} = K) ->
+%% A worker leaves: its running jobs end in one transaction, in job id
+%% order. Unregistered (`released'): each is released, attempts kept,
+%% max_attempts + 1. Its owner exited (`lost', a death): each fails with
+%% `worker_lost', pending again while attempts < max_attempts, else
+%% failed. Either way a requested cancel makes it canceled instead, and a
+%% waiting resubmission queues it again.
+remove_worker(M, {T, _W} = K, How) ->
     case maps:is_key(K, M#m.workers) of
         false ->
             M;
@@ -417,11 +423,17 @@ remove_worker(M, {T, _W} = K) ->
             {Jobs, _} = lists:foldl(
                 fun(J, {Js, Ix}) ->
                     Job0 = maps:get({T, J}, Js),
-                    Job = Job0#job{max = Job0#job.max + 1},
+                    Job =
+                        case How of
+                            released -> Job0#job{max = Job0#job.max + 1};
+                            lost -> Job0#job{error = worker_lost}
+                        end,
                     Job1 =
                         case {Job#job.cancel_req, Job#job.resub} of
                             {true, _} ->
                                 Job#job{state = canceled, worker = null, cancel_req = false, acc = undefined, resub = undefined};
+                            {false, undefined} when How =:= lost, Job#job.attempts >= Job#job.max ->
+                                Job#job{state = failed, worker = null, seq = undefined, acc = undefined};
                             {false, undefined} ->
                                 Job#job{state = pending, worker = null, seq = {C, Ix}, acc = undefined};
                             {false, {I, P, Max}} ->
@@ -711,6 +723,7 @@ check_job({ok, #job{} = Job}, T, J, Got) ->
         error =>
             case Job#job.error of
                 null -> null;
+                worker_lost -> #{<<"reason">> => <<"worker_lost">>};
                 E -> info(E)
             end
     },
@@ -808,10 +821,11 @@ unregister(K) ->
             couch_workers:worker_unregister(stale_ref())
     end.
 
-%% The owner exits (killed, or normally); once it is gone, each of its
-%% workers' `worker_unregister/1' returns when the unregister that the
-%% exit started has been written (or does it, if the exit's `DOWN' is not
-%% in yet: the same end state).
+%% The owner exits (killed, or normally); once it is gone and
+%% `couch_workers_local' has seen it go (so that the removal is the
+%% exit's, a death, and not an unregister of the harness, a release),
+%% each of its workers' `worker_unregister/1' returns when the removal
+%% that the exit started has been written.
 owner_exit(O, How) ->
     Pid = get({owner, O}),
     Mon = erlang:monitor(process, Pid),
@@ -824,6 +838,10 @@ owner_exit(O, How) ->
     end,
     put({owner, O}, spawn_owner()),
     Mine = [{K, Ref} || {{wref, K}, {Ref, O1}} <- get(), O1 =:= O],
+    couch_workers_test_util:wait_for(
+        fun() -> lists:all(fun({_K, Ref}) -> couch_workers_local:lookup(Ref) =:= error end, Mine) end,
+        5000
+    ),
     Results = [
         begin
             erase({wref, K}),

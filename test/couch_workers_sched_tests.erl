@@ -319,7 +319,11 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     {ok, #{pending := 1}} = call(job_counts, Name, [T]),
     {ok, [_ | _]} = call(job_types, Name, []),
     {ok, [#{id := Id}], _} = call(job_list, Name, [T, [pending], 10, undefined]),
-    {{ok, #{id := Id} = H3}, W3} = call(job_accept, small, [T, <<"w">>, 0]),
+    %% This accept names the worker by its registration (what
+    %% `couch_workers:job_accept/2' passes), the others by its id.
+    [{_, WRef}] = ets:lookup(couch_workers_local, {T, <<"w">>}),
+    {ok, T, <<"w">>, WReg} = couch_workers_local:registration(WRef),
+    {{ok, #{id := Id} = H3}, W3} = call(job_accept, small, [T, WReg, 0]),
     delivered = sync(job_accept_abandon, small, [W3]),
     ok = call(job_release, Name, [H3, Info, ?OPTS(undefined)]),
     {{ok, #{id := Id} = H4}, W4} = call(job_accept, small, [T, <<"w">>, 0]),

@@ -92,3 +92,58 @@ async fn two_registrations_of_one_id_do_not_keep_each_other_alive() {
     assert_eq!(raw_get(&a, &member).await, None, "and nothing brings it back");
     a.stop().await;
 }
+
+/// Issue 12 item 5: an acceptor still waiting for a registration that has
+/// ended (unregistered here, then registered again under the same id)
+/// takes nothing of the next registration's: it gets `NotFound` when a job
+/// comes, and the job stays pending for the new registration. Also when
+/// the new registration is another node's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiting_accept_takes_nothing_for_the_next_registration() {
+    let c = Cluster::new();
+    let (a, b) = (c.node(), c.node());
+    for next_on in [&a, &b] {
+        let old = a.register_worker(spec_of(b"{}", 15)).await.expect("register");
+        let inc = *old.incarnation();
+        let n = a.clone();
+        let waiting =
+            tokio::spawn(async move { n.jobs().accept_registered(T, b"w", Some(inc), Duration::from_secs(20)).await });
+        assert!(eventually(Duration::from_secs(5), || async { a.jobs().stats().waiters == 1 }).await, "waiting");
+        a.unregister_worker(&old).await.expect("unregister");
+        let new = next_on.register_worker(spec_of(b"{}", 15)).await.expect("register again");
+        add(next_on.jobs(), T, b"j", 0).await;
+        let answer = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("answered").expect("task");
+        assert_eq!(answer.map(|h| h.job.id), Err(couch_workers_core::Error::NotFound));
+        let job = get(a.jobs(), T, b"j").await;
+        assert_eq!((job.state, job.attempts), (JobState::Pending, 0), "the job was left for the new registration");
+        // The new registration's own accepts (by incarnation, and by id)
+        // take it.
+        let h = next_on.jobs().accept_registered(T, b"w", Some(*new.incarnation()), Duration::ZERO).await.expect("taken");
+        assert_eq!(h.job.id, b"j".to_vec());
+        next_on.jobs().remove(T, b"j").await.expect("remove");
+        next_on.unregister_worker(&new).await.expect("unregister the new one");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The same check on the accept that does not wait: an accept for an
+/// incarnation that no longer holds the id finds nothing, while one for
+/// the id (no incarnation) still takes the job.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_accept_for_an_ended_incarnation_finds_nothing() {
+    let c = Cluster::new();
+    let node = c.node();
+    let old = node.register_worker(spec_of(b"{}", 15)).await.expect("register");
+    let stale = *old.incarnation();
+    node.unregister_worker(&old).await.expect("unregister");
+    let _new = node.register_worker(spec_of(b"{}", 15)).await.expect("register again");
+    add(node.jobs(), T, b"j", 0).await;
+    assert_eq!(
+        node.jobs().accept_registered(T, b"w", Some(stale), Duration::ZERO).await.map(|h| h.job.id),
+        Err(couch_workers_core::Error::NotFound)
+    );
+    assert_eq!(get(node.jobs(), T, b"j").await.state, JobState::Pending);
+    assert!(node.jobs().accept(T, b"w", Duration::ZERO).await.is_ok(), "by id alone: whichever registration holds it");
+    node.stop().await;
+}

@@ -6,7 +6,8 @@
 //! argument shapes, the immediate errors, and how accepts and
 //! subscriptions keep "exactly one answer".
 //!
-//! Shapes (else `badarg`): `Type`, `Id`, `Worker` binaries; `Info` and
+//! Shapes (else `badarg`): `Type`, `Id` binaries; `Worker` a binary, or
+//! (`job_accept/4`) a registration of `Type` (see `accept_worker`); `Info` and
 //! `Result` maps; `Priority` an integer; `TimeoutMs` a non-negative
 //! integer; `Handle` a map with binary `type`, `id`, `worker` and a 16-byte
 //! binary `token` (what `job_accept`/`job_update` answer; a `job_get` map
@@ -59,6 +60,7 @@ use couch_workers_core::jobs::{
     AcceptReply, AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobService, JobSpec, JobState,
     JobSubscription, JobVs, Keep, MaxAttempts, Retry, Schedule,
 };
+use couch_workers_core::keyspace::Incarnation;
 use couch_workers_core::log::{Event, Level};
 use couch_workers_core::store::MAX_TRANSACTION_SIZE;
 use couch_workers_core::Error as CoreError;
@@ -72,6 +74,7 @@ use crate::reply::{self, Answer, Replier};
 use crate::runtime;
 use crate::stats::{self, Live};
 use crate::term::{atom, binary, bytes_arg, error_tuple};
+use crate::workers::RegistrationResource;
 
 /// Most jobs in one `job_add_many` (the core's limit: one user version
 /// per job within the commit).
@@ -468,6 +471,22 @@ impl Drop for AcceptReplier {
     }
 }
 
+/// The worker an accept is for: an id (whichever registration holds it),
+/// or a registration of `worker_type` (its id, and only while its
+/// incarnation holds the id: a caller still waiting after it ended takes
+/// nothing of a later registration's).
+fn accept_worker(worker: Term<'_>, worker_type: &[u8]) -> NifResult<(Vec<u8>, Option<Incarnation>)> {
+    if let Ok(id) = bytes_arg(worker) {
+        return Ok((id.to_vec(), None));
+    }
+    let resource: ResourceArc<RegistrationResource> = worker.decode().map_err(|_| Error::BadArg)?;
+    let reg = resource.registration();
+    if reg.spec().worker_type != worker_type {
+        return Err(Error::BadArg);
+    }
+    Ok((reg.spec().id.clone(), Some(*reg.incarnation())))
+}
+
 #[rustler::nif]
 fn job_accept<'a>(
     env: Env<'a>,
@@ -478,7 +497,7 @@ fn job_accept<'a>(
 ) -> NifResult<Term<'a>> {
     check_ref(reference)?;
     let worker_type = bytes_arg(worker_type)?.to_vec();
-    let worker = bytes_arg(worker)?.to_vec();
+    let (worker, incarnation) = accept_worker(worker, &worker_type)?;
     let timeout_ms: u64 = timeout_ms.decode().map_err(|_| Error::BadArg)?;
     let (jobs, rt) = try_service!(env);
     let state = Arc::new(AtomicU8::new(WAITING));
@@ -487,7 +506,7 @@ fn job_accept<'a>(
     // On the runtime, so that every delivery (also an immediate error)
     // happens off the schedulers.
     rt.spawn(async move {
-        jobs.accept_with(worker_type, worker, Duration::from_millis(timeout_ms), Box::new(replier));
+        jobs.accept_registered_with(worker_type, worker, incarnation, Duration::from_millis(timeout_ms), Box::new(replier));
     });
     Ok((atoms::ok(), waiter).encode(env))
 }

@@ -69,6 +69,14 @@ pub struct RegistrationResource {
 #[rustler::resource_impl(register = false)]
 impl Resource for RegistrationResource {}
 
+impl RegistrationResource {
+    /// The core's registration: what an accept for it names (its worker
+    /// id and incarnation, see `jobs.rs`).
+    pub fn registration(&self) -> &Registration {
+        &self.reg
+    }
+}
+
 pub fn load(env: Env) -> bool {
     env.register::<RegistrationResource>().is_ok()
 }

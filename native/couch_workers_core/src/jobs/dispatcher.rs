@@ -12,7 +12,7 @@
 //! the number of acceptors:
 //!
 //! * acceptors that wait (timeout > 0) join the dispatcher's FIFO of
-//!   waiters (worker id, deadline, reply);
+//!   waiters (worker id, the incarnation it accepts for, deadline, reply);
 //! * when a waiter arrives or the type's `jobs_vs` watch fires, the
 //!   dispatcher runs one accept round ([`ops::accept`]): one transaction
 //!   takes up to one job per waiter, in queue order, for up to
@@ -67,6 +67,7 @@ use super::place::wall_ms;
 use super::runner::{complete_handle_vs, run_committed};
 use super::service::{Live, Shared};
 use crate::error::Error;
+use crate::keyspace::Incarnation;
 use crate::log::{Event, Level};
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError, Watch};
@@ -119,6 +120,10 @@ where
 /// One waiting acceptor.
 pub(crate) struct Waiter {
     pub worker: Vec<u8>,
+    /// The registration it accepts for (`None`: whichever holds `worker`):
+    /// a waiter outlives the registration it was made for when that ends
+    /// while it waits, and must then take nothing of the next one.
+    pub incarnation: Option<Incarnation>,
     pub deadline: Instant,
     pub reply: Box<dyn AcceptReply>,
 }
@@ -371,6 +376,7 @@ impl Dispatcher {
         let n = self.waiters.len().min(ROUND_MAX_WAITERS);
         let batch: Vec<Waiter> = self.waiters.drain(..n).collect();
         let workers: Vec<Vec<u8>> = batch.iter().map(|w| w.worker.clone()).collect();
+        let incarnations: Vec<Option<Incarnation>> = batch.iter().map(|w| w.incarnation).collect();
         let rest = self.waiters.len();
         let shared = &self.shared;
         let ks = &shared.ks;
@@ -379,7 +385,7 @@ impl Dispatcher {
         let mut attempts = 0u32;
         let outcome = run_committed(shared.db.as_ref(), shared.write, |tx| {
             attempts += 1;
-            let acceptors = ops::Acceptors { workers: &workers, tokens: &tokens, recheck: attempts > 1 };
+            let acceptors = ops::Acceptors { workers: &workers, incarnations: &incarnations, tokens: &tokens, recheck: attempts > 1 };
             async move {
                 let round = ops::accept(&tx, ks, job_type, acceptors).await?;
                 let left = rest > 0 || round.takes.iter().any(|t| matches!(t, Take::NoJob));

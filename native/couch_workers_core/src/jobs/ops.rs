@@ -35,7 +35,7 @@ use super::job::{AcceptToken, AddManyError, Fence, Job, JobHandle, JobOpts, JobS
 use super::place::{self, earliest_scheduled, key_i64, place, queue_state, unplace, write_record, Queued};
 use super::record::{self, Record, Resubmit};
 use crate::error::{check_key, Error};
-use crate::keyspace::Keyspace;
+use crate::keyspace::{Incarnation, Keyspace};
 use crate::store::{
     RangeRequest, StoreError, Tx, Watch, MAX_KEY_SIZE, MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE,
 };
@@ -111,6 +111,12 @@ pub const RECHECK_MAX_JOBS: usize = 1_000;
 pub struct Acceptors<'a> {
     /// The worker id each waiter accepts for (several may name one worker).
     pub workers: &'a [Vec<u8>],
+    /// The registration each waiter accepts for: one per waiter, or none
+    /// at all (empty: every waiter accepts for whichever registration
+    /// holds its worker id). A waiter whose incarnation no longer holds
+    /// the id (its registration ended; the id may be registered again)
+    /// is `NotRegistered` and takes nothing of the next registration's.
+    pub incarnations: &'a [Option<Incarnation>],
     /// The token each waiter's accept gets ([`new_tokens`]), the same on
     /// every attempt of the round.
     pub tokens: &'a [AcceptToken],
@@ -417,7 +423,8 @@ pub enum Take {
     Job(JobHandle),
     /// The worker is registered but no job was left for it this round.
     NoJob,
-    /// The worker is not registered (no member key): `not_found`.
+    /// The worker is not registered (no member key), or not by the
+    /// incarnation the waiter accepts for: `not_found`.
     NotRegistered,
 }
 
@@ -441,7 +448,8 @@ pub struct AcceptRound {
 /// Takes up to one pending job for each waiter (a waiter is the worker id
 /// it accepts for; several waiters may name the same worker), in queue
 /// order: lowest priority first, first in first out within a priority,
-/// the first waiter getting the first job.
+/// the first waiter getting the first job. A waiter that names an
+/// incarnation takes a job only while that incarnation holds the id.
 ///
 /// The pending range is read as a snapshot and only the taken jobs' keys
 /// get read conflicts, so that concurrent adds do not conflict with it,
@@ -452,9 +460,12 @@ pub struct AcceptRound {
 /// the worker gone.
 pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Acceptors<'_>) -> Result<AcceptRound, StoreError> {
     let now = place::wall_ms();
-    let Acceptors { workers: waiters, tokens, recheck } = acceptors;
+    let Acceptors { workers: waiters, incarnations, tokens, recheck } = acceptors;
     if tokens.len() != waiters.len() {
         return Err(StoreError::Invalid("accept: one token per waiter".into()));
+    }
+    if !incarnations.is_empty() && incarnations.len() != waiters.len() {
+        return Err(StoreError::Invalid("accept: one incarnation per waiter, or none".into()));
     }
     let mut takes = vec![Take::NoJob; waiters.len()];
     if waiters.is_empty() {
@@ -473,9 +484,14 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
     let members = get_many(tx, &member_keys, false).await?;
     let registered: HashMap<&[u8], bool> =
         distinct.iter().copied().zip(members.iter().map(Option::is_some)).collect();
+    let holders = holders(tx, ks, worker_type, waiters, incarnations, &registered).await?;
     let mut queue: Vec<usize> = Vec::with_capacity(waiters.len());
     for (i, w) in waiters.iter().enumerate() {
-        if registered.get(w.as_slice()).copied().unwrap_or(false) {
+        let held = match incarnations.get(i) {
+            Some(Some(inc)) => holders.get(w.as_slice()).is_some_and(|h| h.as_ref() == Some(inc)),
+            _ => true,
+        };
+        if held && registered.get(w.as_slice()).copied().unwrap_or(false) {
             queue.push(i);
         } else {
             takes[i] = Take::NotRegistered;
@@ -591,6 +607,36 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
     let waiting = next < queue.len();
     let more = waiting && (!budget_left || (full && progress));
     Ok(AcceptRound { takes, more, next_due, paused })
+}
+
+/// The incarnation that holds each registered worker id some waiter
+/// names an incarnation for (its health record, `None` if it names none).
+/// Read as snapshots: a heartbeat rewrites the record and must not make
+/// the round conflict, and the member keys, read for a write, already make
+/// it retry when the id is removed or registered again meanwhile.
+async fn holders<'w>(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    waiters: &'w [Vec<u8>],
+    incarnations: &[Option<Incarnation>],
+    registered: &HashMap<&[u8], bool>,
+) -> Result<HashMap<&'w [u8], Option<Incarnation>>, StoreError> {
+    let mut seen = HashSet::new();
+    let named: Vec<&[u8]> = waiters
+        .iter()
+        .zip(incarnations)
+        .filter(|(w, inc)| inc.is_some() && registered.get(w.as_slice()).copied().unwrap_or(false))
+        .map(|(w, _)| w.as_slice())
+        .filter(|w| seen.insert(*w))
+        .collect();
+    let keys: Vec<Vec<u8>> = named.iter().map(|w| ks.health(worker_type, w)).collect();
+    let values = get_many(tx, &keys, true).await?;
+    Ok(named
+        .into_iter()
+        .zip(values)
+        .map(|(w, v)| (w, v.and_then(|v| Keyspace::parse_health(&v)).and_then(|h| h.incarnation)))
+        .collect())
 }
 
 /// The jobs that the waiters in `queue` already hold under their tokens:

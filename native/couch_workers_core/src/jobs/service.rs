@@ -28,7 +28,7 @@ use super::runner::{commit_vs, complete_handle_vs, run_committed};
 use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
 use super::sweeper::run_sweeper;
 use crate::error::{check_key, Error};
-use crate::keyspace::Keyspace;
+use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::Logger;
 use crate::store::{run, Db, StoreError, TxOptions};
 
@@ -93,16 +93,18 @@ impl Shared {
         }
     }
 
-    /// One accept transaction for one worker, no waiting.
-    async fn accept_now(&self, worker_type: &[u8], worker: &[u8]) -> Result<JobHandle, Error> {
+    /// One accept transaction for one worker (for `incarnation` only, if
+    /// given), no waiting.
+    async fn accept_now(&self, worker_type: &[u8], worker: &[u8], incarnation: Option<Incarnation>) -> Result<JobHandle, Error> {
         let workers = vec![worker.to_vec()];
+        let incarnations = [incarnation];
         let ks = &self.ks;
         for _ in 0..ACCEPT_NOW_ROUNDS {
             let tokens = ops::new_tokens(1);
             let mut attempts = 0u32;
             let (round, info) = run_committed(self.db.as_ref(), self.write, |tx| {
                 attempts += 1;
-                let acceptors = ops::Acceptors { workers: &workers, tokens: &tokens, recheck: attempts > 1 };
+                let acceptors = ops::Acceptors { workers: &workers, incarnations: &incarnations, tokens: &tokens, recheck: attempts > 1 };
                 async move { ops::accept(&tx, ks, worker_type, acceptors).await }
             })
             .await?;
@@ -247,6 +249,21 @@ impl JobService {
     /// longer waits. If the delivery of a job fails, the job goes back to
     /// pending.
     pub fn accept_with(&self, worker_type: Vec<u8>, worker: Vec<u8>, timeout: Duration, reply: Box<dyn AcceptReply>) {
+        self.accept_registered_with(worker_type, worker, None, timeout, reply)
+    }
+
+    /// [`JobService::accept_with`] for one registration of `worker`: with
+    /// `Some(incarnation)`, a job is taken only while that incarnation
+    /// holds the id (the outcome is `not_found` once it no longer does,
+    /// also when the id is registered again while the acceptor waits).
+    pub fn accept_registered_with(
+        &self,
+        worker_type: Vec<u8>,
+        worker: Vec<u8>,
+        incarnation: Option<Incarnation>,
+        timeout: Duration,
+        reply: Box<dyn AcceptReply>,
+    ) {
         let shared = &self.shared;
         if let Err(e) = shared.check_open().and_then(|()| check_key(&shared.ks.member(&worker_type, &worker))) {
             let _ = reply.deliver(Err(e));
@@ -255,7 +272,7 @@ impl JobService {
         if timeout.is_zero() {
             let s = shared.clone();
             shared.spawn(async move {
-                let outcome = s.accept_now(&worker_type, &worker).await;
+                let outcome = s.accept_now(&worker_type, &worker, incarnation).await;
                 let taken = outcome.as_ref().ok().cloned();
                 if !reply.deliver(outcome) {
                     if let Some(handle) = taken {
@@ -268,20 +285,31 @@ impl JobService {
         let now = Instant::now();
         let deadline = now.checked_add(timeout).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
         shared.dispatchers.waiting.fetch_add(1, Ordering::Relaxed);
-        shared.dispatchers.submit(shared, &worker_type, Waiter { worker, deadline, reply });
+        shared.dispatchers.submit(shared, &worker_type, Waiter { worker, incarnation, deadline, reply });
     }
 
     /// [`JobService::accept_with`] as a future. Dropping the future before
     /// it resolves withdraws the acceptor (a job taken for it meanwhile
     /// goes back to pending).
     pub async fn accept(&self, worker_type: &[u8], worker: &[u8], timeout: Duration) -> Result<JobHandle, Error> {
+        self.accept_registered(worker_type, worker, None, timeout).await
+    }
+
+    /// [`JobService::accept_registered_with`] as a future.
+    pub async fn accept_registered(
+        &self,
+        worker_type: &[u8],
+        worker: &[u8],
+        incarnation: Option<Incarnation>,
+        timeout: Duration,
+    ) -> Result<JobHandle, Error> {
         if timeout.is_zero() {
             self.shared.check_open()?;
             check_key(&self.shared.ks.member(worker_type, worker))?;
-            return self.shared.accept_now(worker_type, worker).await;
+            return self.shared.accept_now(worker_type, worker, incarnation).await;
         }
         let (sender, receiver) = oneshot::channel();
-        self.accept_with(worker_type.to_vec(), worker.to_vec(), timeout, Box::new(sender));
+        self.accept_registered_with(worker_type.to_vec(), worker.to_vec(), incarnation, timeout, Box::new(sender));
         receiver.await.unwrap_or(Err(Error::Store(StoreError::Closed)))
     }
 
