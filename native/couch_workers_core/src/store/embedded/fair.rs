@@ -70,10 +70,15 @@ impl WaitSignal {
 
     /// A writer of this store found the lock taken by another process.
     pub(crate) fn signal_waiting(&self) {
+        self.signal_waiting_at(monotonic_us());
+    }
+
+    /// [`Self::signal_waiting`] at the clock reading `now` (µs).
+    fn signal_waiting_at(&self, now: u64) {
         if let Some(file) = &self.file {
             let mut buf = [0u8; 16];
             buf[..8].copy_from_slice(&self.id.to_le_bytes());
-            buf[8..].copy_from_slice(&monotonic_us().to_le_bytes());
+            buf[8..].copy_from_slice(&now.to_le_bytes());
             let _ = file.write_at(&buf, 0);
         }
     }
@@ -81,8 +86,12 @@ impl WaitSignal {
     /// Whether to step aside before taking the lock: another store waited
     /// recently and this one has not stepped aside within a quantum.
     pub(crate) fn should_step_aside(&self) -> bool {
+        self.should_step_aside_at(monotonic_us())
+    }
+
+    /// [`Self::should_step_aside`] at the clock reading `now` (µs).
+    fn should_step_aside_at(&self, now: u64) -> bool {
         let Some(file) = &self.file else { return false };
-        let now = monotonic_us();
         if now.saturating_sub(self.last_look.load(Ordering::Relaxed)) < LOOK_EVERY_US {
             return false;
         }
@@ -112,55 +121,61 @@ impl WaitSignal {
 mod tests {
     use super::*;
 
-    /// Past the read throttle, so that the next look reads the file.
-    fn later() {
-        std::thread::sleep(Duration::from_micros(LOOK_EVERY_US + 100));
-    }
+    // The tests give every call its clock reading, so that no preemption of
+    // a loaded machine moves a signal past its freshness or a look past
+    // its throttle.
+
+    /// Past the read throttle: the next look reads the file.
+    const LATER: u64 = LOOK_EVERY_US + 100;
 
     #[test]
     fn steps_aside_for_others_once_per_quantum() {
         let dir = tempfile::tempdir().expect("temp dir");
         let a = WaitSignal::open(dir.path());
         let b = WaitSignal::open(dir.path());
-        assert!(!a.should_step_aside(), "no signal yet");
-        a.signal_waiting();
-        later();
-        assert!(!a.should_step_aside(), "its own signal");
-        assert!(b.should_step_aside(), "another store waits");
-        b.signal_waiting();
-        a.signal_waiting();
-        later();
-        assert!(!b.should_step_aside(), "within the quantum");
-        std::thread::sleep(QUANTUM);
-        a.signal_waiting();
-        assert!(b.should_step_aside(), "next quantum");
-        std::thread::sleep(Duration::from_micros(FRESH_US + 1_000));
-        std::thread::sleep(QUANTUM);
-        assert!(!b.should_step_aside(), "a stale signal");
+        let quantum = QUANTUM.as_micros() as u64;
+        let mut t = 1_000_000;
+        assert!(!a.should_step_aside_at(t), "no signal yet");
+        a.signal_waiting_at(t);
+        t += LATER;
+        assert!(!a.should_step_aside_at(t), "its own signal");
+        assert!(b.should_step_aside_at(t), "another store waits");
+        b.signal_waiting_at(t);
+        a.signal_waiting_at(t);
+        t += LATER;
+        assert!(!b.should_step_aside_at(t), "within the quantum");
+        t += quantum;
+        a.signal_waiting_at(t);
+        assert!(b.should_step_aside_at(t), "next quantum");
+        t += FRESH_US + 1_000 + quantum;
+        assert!(!b.should_step_aside_at(t), "a stale signal");
     }
 
     #[test]
     fn reads_the_signal_at_most_once_per_look_period() {
         let dir = tempfile::tempdir().expect("temp dir");
         let a = WaitSignal::open(dir.path());
-        // The two looks must fall within one period: on a loaded machine a
-        // preemption between them can break that, so try a few times.
-        for _ in 0..20 {
-            let b = WaitSignal::open(dir.path());
-            let started = std::time::Instant::now();
-            let first = b.should_step_aside();
-            a.signal_waiting();
-            let second = b.should_step_aside();
-            if started.elapsed() >= Duration::from_micros(LOOK_EVERY_US) {
-                // Let this signal go stale before the next try.
-                std::thread::sleep(Duration::from_micros(FRESH_US + 1_000));
-                continue;
-            }
-            assert!(!first && !second, "the signal came after the first look: not read again within the period");
-            later();
-            assert!(b.should_step_aside(), "read again after the period");
-            return;
+        let b = WaitSignal::open(dir.path());
+        let t = 1_000_000;
+        let first = b.should_step_aside_at(t);
+        a.signal_waiting_at(t + 1);
+        let second = b.should_step_aside_at(t + 10);
+        assert!(!first && !second, "the signal came after the first look: not read again within the period");
+        assert!(b.should_step_aside_at(t + LATER), "read again after the period");
+    }
+
+    #[test]
+    fn the_clock_based_calls_read_the_monotonic_clock() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let a = WaitSignal::open(dir.path());
+        let b = WaitSignal::open(dir.path());
+        let started = std::time::Instant::now();
+        a.signal_waiting();
+        // A fresh signal of another store, at the first look: step aside
+        // (unless this machine stalled for longer than its freshness).
+        let stepped = b.should_step_aside();
+        if started.elapsed() < Duration::from_micros(FRESH_US / 2) {
+            assert!(stepped, "a fresh signal read through the real clock");
         }
-        panic!("never managed two looks within {LOOK_EVERY_US} µs");
     }
 }
