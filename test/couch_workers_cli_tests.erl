@@ -34,8 +34,10 @@ reads(Dir) ->
     W = couch_workers:worker_register(T, <<"w1">>, #{slots => 2}, self()),
     [ok = couch_workers:job_add(T, Id, #{<<"n">> => 1}, #{}) || Id <- [<<"j1">>, <<"j2">>, <<"j3">>]],
     {ok, _J} = couch_workers:job_accept(W, #{}),
-    %% (The first call may build the binary.)
-    {0, Status, _} = cli(Dir, ["status"]),
+    %% (The first call may build the binary; the next ones do not.)
+    {0, _, _} = cli(Dir, ["status"]),
+    {0, Status, Quiet} = cli(Dir, ["status"]),
+    ?assertEqual(nomatch, binary:match(Quiet, <<"building">>)),
     ?assertMatch({match, _}, re:run(Status, <<"\\n", T/binary, " +1 +1 ">>)),
     %% scheduled, pending, running, finished, canceled, failed, paused
     ?assertMatch({match, _}, re:run(Status, <<"\\n", T/binary, " +0 +2 +1 +0 +0 +0 +no\\n">>)),
