@@ -11,24 +11,11 @@
 -import(couch_workers_test_util, [unique_type/1, wait_for/2]).
 
 accept_incarnation_test_() ->
-    {
-        "couch_workers: an accept is for its registration only",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(waiter_of_an_unregistered_ref_takes_no_job_of_the_next, 30),
-                    ?TDEF_FE(waiter_of_a_dead_owner_takes_no_job_of_the_next, 30),
-                    ?TDEF_FE(nif_accept_of_a_registration_of_another_type_is_badarg)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers: an accept is for its registration only", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(waiter_of_an_unregistered_ref_takes_no_job_of_the_next, 30),
+        ?TDEF_FE(waiter_of_a_dead_owner_takes_no_job_of_the_next, 30),
+        ?TDEF_FE(nif_accept_of_a_registration_of_another_type_is_badarg)
+    ]).
 
 setup() ->
     #{type => unique_type("ai")}.

@@ -8,37 +8,24 @@
 -import(couch_workers_test_util, [unique_type/1, recv_membership/2, no_membership/2]).
 
 badarg_test_() ->
-    {
-        "couch_workers bad input",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(register_non_binary_type_or_id),
-                    ?TDEF_FE(register_non_map_options),
-                    ?TDEF_FE(register_non_pid),
-                    ?TDEF_FE(options_json_cannot_hold),
-                    ?TDEF_FE(options_too_deep),
-                    ?TDEF_FE(bad_timeouts),
-                    ?TDEF_FE(good_timeouts),
-                    ?TDEF_FE(key_too_large),
-                    ?TDEF_FE(value_too_large),
-                    ?TDEF_FE(nothing_written_on_errors),
-                    ?TDEF_FE(unknown_refs_are_ok),
-                    ?TDEF_FE(subscribe_bad_arguments),
-                    ?TDEF_FE(subscribe_type_too_large),
-                    ?TDEF_FE(get_workers_of_anything),
-                    ?TDEF_FE(nif_shape_checks),
-                    ?TDEF_FE(nif_panic_becomes_error)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers bad input", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(register_non_binary_type_or_id),
+        ?TDEF_FE(register_non_map_options),
+        ?TDEF_FE(register_non_pid),
+        ?TDEF_FE(options_json_cannot_hold),
+        ?TDEF_FE(options_too_deep),
+        ?TDEF_FE(bad_timeouts),
+        ?TDEF_FE(good_timeouts),
+        ?TDEF_FE(key_too_large),
+        ?TDEF_FE(value_too_large),
+        ?TDEF_FE(nothing_written_on_errors),
+        ?TDEF_FE(unknown_refs_are_ok),
+        ?TDEF_FE(subscribe_bad_arguments),
+        ?TDEF_FE(subscribe_type_too_large),
+        ?TDEF_FE(get_workers_of_anything),
+        ?TDEF_FE(nif_shape_checks),
+        ?TDEF_FE(nif_panic_becomes_error)
+    ]).
 
 setup() ->
     #{type => unique_type("bt")}.

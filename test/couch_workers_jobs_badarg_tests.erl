@@ -15,36 +15,23 @@
 -define(VALUE_LIMIT, 100000).
 
 badarg_test_() ->
-    {
-        "couch_workers job queue: bad input",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(non_binary_type_or_id),
-                    ?TDEF_FE(non_map_info_or_opts),
-                    ?TDEF_FE(bad_priorities),
-                    ?TDEF_FE(good_priorities),
-                    ?TDEF_FE(bad_timeouts),
-                    ?TDEF_FE(info_json_cannot_hold),
-                    ?TDEF_FE(job_that_is_not_a_handle),
-                    ?TDEF_FE(add_many_bad_shapes),
-                    ?TDEF_FE(key_too_large),
-                    ?TDEF_FE(value_too_large),
-                    ?TDEF_FE(subscribe_bad_arguments),
-                    ?TDEF_FE(unknown_refs),
-                    ?TDEF_FE(nif_shape_checks),
-                    ?TDEF_FE(big_terms_take_the_dirty_twins),
-                    ?TDEF_FE(nothing_written_and_app_running)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers job queue: bad input", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(non_binary_type_or_id),
+        ?TDEF_FE(non_map_info_or_opts),
+        ?TDEF_FE(bad_priorities),
+        ?TDEF_FE(good_priorities),
+        ?TDEF_FE(bad_timeouts),
+        ?TDEF_FE(info_json_cannot_hold),
+        ?TDEF_FE(job_that_is_not_a_handle),
+        ?TDEF_FE(add_many_bad_shapes),
+        ?TDEF_FE(key_too_large),
+        ?TDEF_FE(value_too_large),
+        ?TDEF_FE(subscribe_bad_arguments),
+        ?TDEF_FE(unknown_refs),
+        ?TDEF_FE(nif_shape_checks),
+        ?TDEF_FE(big_terms_take_the_dirty_twins),
+        ?TDEF_FE(nothing_written_and_app_running)
+    ]).
 
 setup() ->
     #{type => unique_type("jb")}.

@@ -12,34 +12,21 @@
 -import(couch_workers_test_util, [unique_type/1, register_worker/2, wait_job/3, job_state/2]).
 
 listing_test_() ->
-    {
-        "couch_workers job counts, lists, waits, retention, pause",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(counts_through_every_transition),
-                    ?TDEF_FE(job_types_lists_types_with_jobs),
-                    ?TDEF_FE(check_get_jobs),
-                    ?TDEF_FE(list_pages_in_id_order),
-                    ?TDEF_FE(list_by_state),
-                    ?TDEF_FE(list_pages_while_others_write, 30),
-                    ?TDEF_FE(subscribe_wait_multiple),
-                    ?TDEF_FE(wait_timeout_and_removed),
-                    ?TDEF_FE(accept_infinity_waits_for_a_job),
-                    ?TDEF_FE(keep_prunes_ended_jobs, 30),
-                    ?TDEF_FE(job_keep_s_is_the_default_keep, 30),
-                    ?TDEF_FE(pause_holds_acceptors_resume_wakes_them, 30),
-                    ?TDEF_FE(bad_input_writes_nothing)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers job counts, lists, waits, retention, pause", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(counts_through_every_transition),
+        ?TDEF_FE(job_types_lists_types_with_jobs),
+        ?TDEF_FE(check_get_jobs),
+        ?TDEF_FE(list_pages_in_id_order),
+        ?TDEF_FE(list_by_state),
+        ?TDEF_FE(list_pages_while_others_write, 30),
+        ?TDEF_FE(subscribe_wait_multiple),
+        ?TDEF_FE(wait_timeout_and_removed),
+        ?TDEF_FE(accept_infinity_waits_for_a_job),
+        ?TDEF_FE(keep_prunes_ended_jobs, 30),
+        ?TDEF_FE(job_keep_s_is_the_default_keep, 30),
+        ?TDEF_FE(pause_holds_acceptors_resume_wakes_them, 30),
+        ?TDEF_FE(bad_input_writes_nothing)
+    ]).
 
 setup() ->
     T = unique_type("list"),

@@ -20,38 +20,25 @@
 -import(couch_workers_test_util, [unique_type/1, register_worker/2, wait_job/3, no_job_msg/2, job_state/2]).
 
 resubmit_test_() ->
-    {
-        "couch_workers job_resubmit/4 and job_remove/3",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(resubmit_enqueues_job),
-                    ?TDEF_FE(resubmit_finished_updates_job_data),
-                    ?TDEF_FE(resubmit_running_does_not_update_job_data),
-                    ?TDEF_FE(resubmit_custom_schedtime),
-                    ?TDEF_FE(add_pending_updates_job_data),
-                    ?TDEF_FE(add_finished_updates_job_data),
-                    ?TDEF_FE(add_running_does_not_update_job_data),
-                    ?TDEF_FE(resubmit_as_job_creator),
-                    ?TDEF_FE(resubmit_absent_adds),
-                    ?TDEF_FE(at_most_one_queued_copy),
-                    ?TDEF_FE(a_resubmitted_run_ends_queued_whatever_its_end),
-                    ?TDEF_FE(cancel_or_remove_wins_over_a_waiting_resubmission),
-                    ?TDEF_FE(a_resubmitted_schedule_survives_its_workers_exit, 30),
-                    ?TDEF_FE(subscribers_see_every_resubmit_never_removed),
-                    ?TDEF_FE(if_vs_acts_only_on_that_version),
-                    ?TDEF_FE(if_vs_races_from_many_processes, 30),
-                    ?TDEF_FE(bad_input_writes_nothing)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers job_resubmit/4 and job_remove/3", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(resubmit_enqueues_job),
+        ?TDEF_FE(resubmit_finished_updates_job_data),
+        ?TDEF_FE(resubmit_running_does_not_update_job_data),
+        ?TDEF_FE(resubmit_custom_schedtime),
+        ?TDEF_FE(add_pending_updates_job_data),
+        ?TDEF_FE(add_finished_updates_job_data),
+        ?TDEF_FE(add_running_does_not_update_job_data),
+        ?TDEF_FE(resubmit_as_job_creator),
+        ?TDEF_FE(resubmit_absent_adds),
+        ?TDEF_FE(at_most_one_queued_copy),
+        ?TDEF_FE(a_resubmitted_run_ends_queued_whatever_its_end),
+        ?TDEF_FE(cancel_or_remove_wins_over_a_waiting_resubmission),
+        ?TDEF_FE(a_resubmitted_schedule_survives_its_workers_exit, 30),
+        ?TDEF_FE(subscribers_see_every_resubmit_never_removed),
+        ?TDEF_FE(if_vs_acts_only_on_that_version),
+        ?TDEF_FE(if_vs_races_from_many_processes, 30),
+        ?TDEF_FE(bad_input_writes_nothing)
+    ]).
 
 setup() ->
     T = unique_type("resub"),

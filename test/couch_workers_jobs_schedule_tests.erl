@@ -14,30 +14,17 @@
 -define(LATE_MS, 1000).
 
 schedule_test_() ->
-    {
-        "couch_workers scheduled jobs",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(a_scheduled_job_is_never_accepted_early),
-                    ?TDEF_FE(a_job_due_at_once_is_pending),
-                    ?TDEF_FE(a_due_job_counts_as_pending),
-                    ?TDEF_FE(an_earlier_add_rearms_the_timer),
-                    ?TDEF_FE(many_jobs_due_at_one_instant, 30),
-                    ?TDEF_FE(cancel_a_scheduled_job),
-                    ?TDEF_FE(accept_max_schedtime),
-                    ?TDEF_FE(accept_no_schedule),
-                    ?TDEF_FE(bad_options_write_nothing)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers scheduled jobs", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(a_scheduled_job_is_never_accepted_early),
+        ?TDEF_FE(a_job_due_at_once_is_pending),
+        ?TDEF_FE(a_due_job_counts_as_pending),
+        ?TDEF_FE(an_earlier_add_rearms_the_timer),
+        ?TDEF_FE(many_jobs_due_at_one_instant, 30),
+        ?TDEF_FE(cancel_a_scheduled_job),
+        ?TDEF_FE(accept_max_schedtime),
+        ?TDEF_FE(accept_no_schedule),
+        ?TDEF_FE(bad_options_write_nothing)
+    ]).
 
 setup() ->
     #{type => unique_type("sched")}.

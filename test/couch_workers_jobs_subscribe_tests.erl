@@ -16,35 +16,22 @@
 ]).
 
 subscribe_test_() ->
-    {
-        "couch_workers job subscriptions",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(subscribe_unknown_job_is_not_found),
-                    ?TDEF_FE(subscribe_sees_every_change),
-                    ?TDEF_FE(subscribe_twice_shares_one_watcher),
-                    ?TDEF_FE(subscribe_wait_multiple),
-                    ?TDEF_FE(remove_when_subscribed_and_pending),
-                    ?TDEF_FE(remove_when_subscribed_and_running),
-                    ?TDEF_FE(failover_is_seen_by_subscriber),
-                    ?TDEF_FE(cancel_is_seen_by_subscriber),
-                    ?TDEF_FE(messages_go_to_the_given_pid),
-                    ?TDEF_FE(unsubscribe_flushes_and_stops),
-                    ?TDEF_FE(unsubscribe_unknown_is_ok),
-                    ?TDEF_FE(subscriber_exit_ends_subscription),
-                    ?TDEF_FE(killed_jobs_server_restarts),
-                    ?TDEF_FE(unknown_messages_are_logged_not_fatal)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers job subscriptions", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(subscribe_unknown_job_is_not_found),
+        ?TDEF_FE(subscribe_sees_every_change),
+        ?TDEF_FE(subscribe_twice_shares_one_watcher),
+        ?TDEF_FE(subscribe_wait_multiple),
+        ?TDEF_FE(remove_when_subscribed_and_pending),
+        ?TDEF_FE(remove_when_subscribed_and_running),
+        ?TDEF_FE(failover_is_seen_by_subscriber),
+        ?TDEF_FE(cancel_is_seen_by_subscriber),
+        ?TDEF_FE(messages_go_to_the_given_pid),
+        ?TDEF_FE(unsubscribe_flushes_and_stops),
+        ?TDEF_FE(unsubscribe_unknown_is_ok),
+        ?TDEF_FE(subscriber_exit_ends_subscription),
+        ?TDEF_FE(killed_jobs_server_restarts),
+        ?TDEF_FE(unknown_messages_are_logged_not_fatal)
+    ]).
 
 setup() ->
     #{type => unique_type("js")}.

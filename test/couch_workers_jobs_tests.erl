@@ -18,44 +18,31 @@
 -define(I64_MAX, 9223372036854775807).
 
 jobs_test_() ->
-    {
-        "couch_workers job queue",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(add_remove_get),
-                    ?TDEF_FE(add_existing_id_in_any_state),
-                    ?TDEF_FE(basic_accept_and_finish),
-                    ?TDEF_FE(accept_without_job_or_worker_is_not_found),
-                    ?TDEF_FE(accept_blocking),
-                    ?TDEF_FE(accept_timeout_expires),
-                    ?TDEF_FE(job_processor_update),
-                    ?TDEF_FE(priority_and_fifo_order),
-                    ?TDEF_FE(add_many_keeps_its_order),
-                    ?TDEF_FE(five_workers_take_25_jobs_once, 30),
-                    ?TDEF_FE(cancel_pending_job),
-                    ?TDEF_FE(cancel_running_job),
-                    ?TDEF_FE(cancel_running_then_finish),
-                    ?TDEF_FE(cancel_done_job_changes_nothing),
-                    ?TDEF_FE(pending_count_is_exact),
-                    ?TDEF_FE(add_many_all_or_nothing),
-                    ?TDEF_FE(remove_running_job),
-                    ?TDEF_FE(unregister_sends_job_back_to_pending),
-                    ?TDEF_FE(pid_exit_sends_job_back_to_pending),
-                    ?TDEF_FE(handle_of_other_accept_is_refused),
-                    ?TDEF_FE(dead_acceptor_takes_no_job),
-                    ?TDEF_FE(abandoned_accept_takes_no_job),
-                    ?TDEF_FE(waiters_and_dispatchers_do_not_leak)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers job queue", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(add_remove_get),
+        ?TDEF_FE(add_existing_id_in_any_state),
+        ?TDEF_FE(basic_accept_and_finish),
+        ?TDEF_FE(accept_without_job_or_worker_is_not_found),
+        ?TDEF_FE(accept_blocking),
+        ?TDEF_FE(accept_timeout_expires),
+        ?TDEF_FE(job_processor_update),
+        ?TDEF_FE(priority_and_fifo_order),
+        ?TDEF_FE(add_many_keeps_its_order),
+        ?TDEF_FE(five_workers_take_25_jobs_once, 30),
+        ?TDEF_FE(cancel_pending_job),
+        ?TDEF_FE(cancel_running_job),
+        ?TDEF_FE(cancel_running_then_finish),
+        ?TDEF_FE(cancel_done_job_changes_nothing),
+        ?TDEF_FE(pending_count_is_exact),
+        ?TDEF_FE(add_many_all_or_nothing),
+        ?TDEF_FE(remove_running_job),
+        ?TDEF_FE(unregister_sends_job_back_to_pending),
+        ?TDEF_FE(pid_exit_sends_job_back_to_pending),
+        ?TDEF_FE(handle_of_other_accept_is_refused),
+        ?TDEF_FE(dead_acceptor_takes_no_job),
+        ?TDEF_FE(abandoned_accept_takes_no_job),
+        ?TDEF_FE(waiters_and_dispatchers_do_not_leak)
+    ]).
 
 setup() ->
     #{type => unique_type("jt")}.

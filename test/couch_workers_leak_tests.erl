@@ -31,24 +31,11 @@
 -define(MEMORY_BOUND, (64 * ?MB)).
 
 leak_test_() ->
-    {
-        "no leak after many register/unregister and subscribe/unsubscribe cycles",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(register_unregister_cycles, 300),
-                    ?TDEF_FE(membership_subscribe_cycles, 300),
-                    ?TDEF_FE(job_subscribe_and_accept_cycles, 300)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("no leak after many register/unregister and subscribe/unsubscribe cycles", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(register_unregister_cycles, 300),
+        ?TDEF_FE(membership_subscribe_cycles, 300),
+        ?TDEF_FE(job_subscribe_and_accept_cycles, 300)
+    ]).
 
 setup() ->
     #{type => unique_type("leak"), cycles => couch_workers_test_util:env_int("COUCH_WORKERS_LEAK_CYCLES", 10000)}.

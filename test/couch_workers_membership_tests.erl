@@ -17,41 +17,28 @@
 ]).
 
 membership_test_() ->
-    {
-        "couch_workers membership",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(get_workers_not_found_without_subscription),
-                    ?TDEF_FE(nil_subscription_gets_empty_membership_at_once),
-                    ?TDEF_FE(module_subscription_gets_empty_membership_at_once),
-                    ?TDEF_FE(initial_delivery_has_current_workers),
-                    ?TDEF_FE(second_subscriber_gets_cached_membership),
-                    ?TDEF_FE(each_subscribe_makes_a_new_ref),
-                    ?TDEF_FE(get_workers_after_subscription),
-                    ?TDEF_FE(deliveries_have_increasing_versionstamps),
-                    ?TDEF_FE(module_deliveries_follow_changes),
-                    ?TDEF_FE(subscriber_for_another_pid),
-                    ?TDEF_FE(unsubscribe_nil_no_delivery_after),
-                    ?TDEF_FE(unsubscribe_flushes_queued_deliveries),
-                    ?TDEF_FE(unsubscribe_module_no_call_after),
-                    ?TDEF_FE(unsubscribe_from_inside_callback),
-                    ?TDEF_FE(last_unsubscribe_stops_watcher),
-                    ?TDEF_FE(one_watcher_per_type),
-                    ?TDEF_FE(subscriber_exit_ends_subscription),
-                    ?TDEF_FE(module_subscriber_exit_ends_subscription),
-                    ?TDEF_FE(crashing_callback_does_not_disturb_others),
-                    ?TDEF_FE(slow_callback_does_not_delay_others, 10)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers membership", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(get_workers_not_found_without_subscription),
+        ?TDEF_FE(nil_subscription_gets_empty_membership_at_once),
+        ?TDEF_FE(module_subscription_gets_empty_membership_at_once),
+        ?TDEF_FE(initial_delivery_has_current_workers),
+        ?TDEF_FE(second_subscriber_gets_cached_membership),
+        ?TDEF_FE(each_subscribe_makes_a_new_ref),
+        ?TDEF_FE(get_workers_after_subscription),
+        ?TDEF_FE(deliveries_have_increasing_versionstamps),
+        ?TDEF_FE(module_deliveries_follow_changes),
+        ?TDEF_FE(subscriber_for_another_pid),
+        ?TDEF_FE(unsubscribe_nil_no_delivery_after),
+        ?TDEF_FE(unsubscribe_flushes_queued_deliveries),
+        ?TDEF_FE(unsubscribe_module_no_call_after),
+        ?TDEF_FE(unsubscribe_from_inside_callback),
+        ?TDEF_FE(last_unsubscribe_stops_watcher),
+        ?TDEF_FE(one_watcher_per_type),
+        ?TDEF_FE(subscriber_exit_ends_subscription),
+        ?TDEF_FE(module_subscriber_exit_ends_subscription),
+        ?TDEF_FE(crashing_callback_does_not_disturb_others),
+        ?TDEF_FE(slow_callback_does_not_delay_others, 10)
+    ]).
 
 setup() ->
     Type = unique_type("mt"),

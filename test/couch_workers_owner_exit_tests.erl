@@ -18,28 +18,15 @@
 -define(LOST, #{<<"reason">> := <<"worker_lost">>}).
 
 owner_exit_test_() ->
-    {
-        "couch_workers: an owner's exit fails its worker's jobs",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(owner_crash_fails_running_job),
-                    ?TDEF_FE(owner_normal_exit_is_a_death),
-                    ?TDEF_FE(owner_crash_with_max_attempts_1_ends_failed),
-                    ?TDEF_FE(every_running_job_of_every_worker_fails),
-                    ?TDEF_FE(unregister_releases_running_job),
-                    ?TDEF_FE(job_that_kills_every_owner_ends_failed, 30),
-                    ?TDEF_FE(owner_dead_while_server_down_is_a_death, 30)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers: an owner's exit fails its worker's jobs", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(owner_crash_fails_running_job),
+        ?TDEF_FE(owner_normal_exit_is_a_death),
+        ?TDEF_FE(owner_crash_with_max_attempts_1_ends_failed),
+        ?TDEF_FE(every_running_job_of_every_worker_fails),
+        ?TDEF_FE(unregister_releases_running_job),
+        ?TDEF_FE(job_that_kills_every_owner_ends_failed, 30),
+        ?TDEF_FE(owner_dead_while_server_down_is_a_death, 30)
+    ]).
 
 setup() ->
     #{type => unique_type("oe")}.

@@ -4,6 +4,7 @@
 -include_lib("eunit/include/eunit.hrl").
 
 -export([
+    app_fixture/4,
     start_app/0,
     start_app/1,
     stop_app/1,
@@ -44,6 +45,13 @@
 
 %% Starts couch_workers on a fresh store directory; returns the context
 %% that stop_app/1 takes.
+%% The fixture of most suites: the app started once on a fresh store
+%% directory (start_app/0, stop_app/1), and `Setup'/`Teardown' around each
+%% of `Tests' (EUnit's `foreach').
+-spec app_fixture(string(), fun(() -> term()), fun((term()) -> term()), list()) -> tuple().
+app_fixture(Title, Setup, Teardown, Tests) ->
+    {Title, {setup, fun start_app/0, fun stop_app/1, {foreach, Setup, Teardown, Tests}}}.
+
 start_app() ->
     start_app(#{}).
 

@@ -12,37 +12,24 @@
 ]).
 
 workers_test_() ->
-    {
-        "couch_workers workers",
-        {
-            setup,
-            fun couch_workers_test_util:start_app/0,
-            fun couch_workers_test_util:stop_app/1,
-            {
-                foreach,
-                fun setup/0,
-                fun teardown/1,
-                [
-                    ?TDEF_FE(register_returns_ref),
-                    ?TDEF_FE(register_same_key_returns_same_ref),
-                    ?TDEF_FE(concurrent_registers_share_one_ref),
-                    ?TDEF_FE(same_id_other_type_is_another_worker),
-                    ?TDEF_FE(options_visible_with_binary_keys),
-                    ?TDEF_FE(default_timeout_is_stored_options_only),
-                    ?TDEF_FE(unregister_removes_worker),
-                    ?TDEF_FE(unregister_twice_is_ok),
-                    ?TDEF_FE(register_again_after_unregister),
-                    ?TDEF_FE(register_queued_behind_unregister),
-                    ?TDEF_FE(pid_exit_unregisters),
-                    ?TDEF_FE(pid_exit_unregisters_all_its_workers),
-                    ?TDEF_FE(dead_pid_register_is_removed),
-                    ?TDEF_FE(heartbeats_keep_worker_alive, 15),
-                    ?TDEF_FE(dropped_resource_removes_worker),
-                    ?TDEF_FE(stats_count_heartbeats)
-                ]
-            }
-        }
-    }.
+    couch_workers_test_util:app_fixture("couch_workers workers", fun setup/0, fun teardown/1, [
+        ?TDEF_FE(register_returns_ref),
+        ?TDEF_FE(register_same_key_returns_same_ref),
+        ?TDEF_FE(concurrent_registers_share_one_ref),
+        ?TDEF_FE(same_id_other_type_is_another_worker),
+        ?TDEF_FE(options_visible_with_binary_keys),
+        ?TDEF_FE(default_timeout_is_stored_options_only),
+        ?TDEF_FE(unregister_removes_worker),
+        ?TDEF_FE(unregister_twice_is_ok),
+        ?TDEF_FE(register_again_after_unregister),
+        ?TDEF_FE(register_queued_behind_unregister),
+        ?TDEF_FE(pid_exit_unregisters),
+        ?TDEF_FE(pid_exit_unregisters_all_its_workers),
+        ?TDEF_FE(dead_pid_register_is_removed),
+        ?TDEF_FE(heartbeats_keep_worker_alive, 15),
+        ?TDEF_FE(dropped_resource_removes_worker),
+        ?TDEF_FE(stats_count_heartbeats)
+    ]).
 
 %% EUnit runs each test in a process of its own, not the one that ran
 %% setup/0: each test subscribes itself (subscribe/1), and its exit ends
