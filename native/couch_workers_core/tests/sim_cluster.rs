@@ -230,6 +230,23 @@ async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker(
         started.elapsed(),
         stats.conflicts as f64 / accepted.max(1) as f64,
     );
+    if !finished_all {
+        // Say where the missing jobs are, from the store.
+        let live = &nodes[DYING];
+        let snap = snapshot(live.db().as_ref(), live.keyspace()).await;
+        let missing: Vec<String> = (0..jobs_n)
+            .map(|i| format!("job-{i:05}"))
+            .filter(|id| !finished.contains_key(id.as_bytes()))
+            .take(20)
+            .map(|id| format!("{id}: {:?}", snap.record(T, id.as_bytes())))
+            .collect();
+        eprintln!(
+            "sim cluster (seed {seed}): states {:?}; members {:?}; violations {:?}; unfinished: {missing:#?}",
+            snap.states(T),
+            snap.members_of(T).len(),
+            snap.violations()
+        );
+    }
     assert!(
         finished_all,
         "seed {seed}: only {} of {jobs_n} jobs finished within {:?}",
