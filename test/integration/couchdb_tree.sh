@@ -98,7 +98,13 @@ boot_release "$REL" "$REL/releases/1.0.0/couchdb" "" "$APP"
 say "5. rebar -r eunit apps=couch_workers"
 SUITES=${CW_IT_SUITES:-couch_workers_app_tests,couch_workers_config_tests,couch_workers_multinode_tests}
 if [ "$SUITES" = all ]; then suites_arg=(); else suites_arg=("suites=$SUITES"); fi
-(cd "$TREE" && rebar -r eunit apps=couch_workers "${suites_arg[@]}") > "$SCRATCH/eunit.log" 2>&1 || { tail -60 "$SCRATCH/eunit.log" >&2; fail "rebar eunit"; }
+# On a failure: each failed test with what EUnit said of it, then the tail.
+eunit_failed() {
+    grep -n -B3 -A40 -E '\*failed\*|\*timed out\*|::error:|::exit:' "$SCRATCH/eunit.log" | head -200 >&2 || true
+    tail -40 "$SCRATCH/eunit.log" >&2
+    fail "$1"
+}
+(cd "$TREE" && rebar -r eunit apps=couch_workers "${suites_arg[@]}") > "$SCRATCH/eunit.log" 2>&1 || eunit_failed "rebar eunit"
 grep -E 'tests? passed|Failed:' "$SCRATCH/eunit.log" | sed "s/^/it[$IT_NAME]:   /"
-grep -qE 'All [0-9]+ tests passed' "$SCRATCH/eunit.log" || { tail -60 "$SCRATCH/eunit.log" >&2; fail "rebar eunit did not pass every test"; }
+grep -qE 'All [0-9]+ tests passed' "$SCRATCH/eunit.log" || eunit_failed "rebar eunit did not pass every test"
 say "PASSED"
