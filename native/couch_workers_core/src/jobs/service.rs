@@ -23,8 +23,9 @@ use super::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState
 use super::ops::{self, Retry, RunEnd, Take};
 use super::place::wall_ms;
 use super::pruner::run_pruner;
-use super::record::complete_vs;
-use super::runner::{commit_vs, complete_handle_vs, run_committed};
+use super::receipt::{self, Receipt};
+use super::runner::{complete_handle_vs, run_committed, run_once};
+use crate::store::run_attempts;
 use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
 use super::sweeper::run_sweeper;
 use crate::error::{check_key, Error};
@@ -206,7 +207,7 @@ impl JobService {
         let job = NewJob { id: id.to_vec(), info: info.to_vec(), priority };
         let ks = &self.shared.ks;
         let j = &job;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::add(&tx, ks, job_type, j).await }).await?
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add(&tx, ks, job_type, j).await }).await?
     }
 
     /// Adds a job with its options (`job_add/4`): scheduled, or pending at
@@ -216,7 +217,7 @@ impl JobService {
         let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
         let ks = &self.shared.ks;
         let j = &job;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await })
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await })
             .await?
     }
 
@@ -224,7 +225,7 @@ impl JobService {
     pub async fn add_many_with(&self, job_type: &[u8], jobs: &[JobSpec]) -> Result<(), AddManyError> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move {
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
             ops::add_many_jobs(&tx, ks, job_type, jobs, wall_ms()).await
         })
         .await
@@ -236,7 +237,7 @@ impl JobService {
     pub async fn add_many(&self, job_type: &[u8], jobs: &[NewJob]) -> Result<(), AddManyError> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::add_many(&tx, ks, job_type, jobs).await })
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add_many(&tx, ks, job_type, jobs).await })
             .await
             .map_err(Error::from)?
     }
@@ -320,10 +321,33 @@ impl JobService {
     pub async fn update(&self, fence: &Fence, info: &[u8]) -> Result<JobHandle, Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        let (outcome, commit) =
-            run_committed(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::update(&tx, ks, fence, info).await }).await?;
+        // Its own receipt: after an unknown commit, the job's state cannot
+        // say whether this call wrote the info or the cancellation.
+        let receipt = Receipt::new(ks);
+        let r = &receipt;
+        let (outcome, commit) = run_attempts(self.shared.db.as_ref(), self.shared.write, |tx, attempt| async move {
+            if attempt.may_have_committed {
+                match r.landed(&tx).await?.as_deref() {
+                    Some(receipt::CANCELED) => return Ok(Err(Error::Canceled)),
+                    // The job as the landed update left it (its VS complete).
+                    Some(_) => {
+                        let job = ops::get(&tx, ks, &fence.job_type, &fence.job_id).await?;
+                        return Ok(job.map(|job| JobHandle { job, token: fence.token }).ok_or(Error::NotFound));
+                    }
+                    None => {}
+                }
+            }
+            let outcome = ops::update(&tx, ks, fence, info).await?;
+            match &outcome {
+                Ok(_) => r.write(&tx, receipt::DONE),
+                Err(Error::Canceled) => r.write(&tx, receipt::CANCELED),
+                Err(_) => {}
+            }
+            Ok(outcome)
+        })
+        .await?;
         let mut handle = outcome?;
-        complete_vs(&mut handle.job.vs, &commit_vs(&commit)?);
+        complete_handle_vs(&mut handle, &commit)?;
         Ok(handle)
     }
 
@@ -331,9 +355,10 @@ impl JobService {
     pub async fn finish(&self, fence: &Fence, result: &[u8]) -> Result<(), Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::finish(&tx, ks, fence, result).await })
-            .await?
-            .map(|_| ())
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
+            Ok(ops::finish(&tx, ks, fence, result).await?.map(|_| ()))
+        })
+        .await?
     }
 
     /// Ends the run the fence's accept holds as `end` says.
@@ -341,9 +366,10 @@ impl JobService {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
         let e = &end;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::end(&tx, ks, fence, e.clone()).await })
-            .await?
-            .map(|_| ())
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
+            Ok(ops::end(&tx, ks, fence, e.clone()).await?.map(|_| ()))
+        })
+        .await?
     }
 
     /// The run failed (`job_fail/3`): `error` (a JSON object) is stored;
@@ -366,7 +392,7 @@ impl JobService {
         self.shared.check_open()?;
         ops::check_job_key(&self.shared.ks, job_type, id)?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move {
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
             ops::resubmit(&tx, ks, job_type, id, info, opts, if_vs, wall_ms()).await
         })
         .await?
@@ -377,7 +403,7 @@ impl JobService {
     pub async fn remove_if(&self, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<(), Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::remove_if(&tx, ks, job_type, id, if_vs).await })
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::remove_if(&tx, ks, job_type, id, if_vs).await })
             .await?
     }
 
@@ -428,16 +454,17 @@ impl JobService {
     pub async fn cancel(&self, job_type: &[u8], id: &[u8]) -> Result<(), Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::cancel(&tx, ks, job_type, id).await })
-            .await?
-            .map(|_| ())
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
+            Ok(ops::cancel(&tx, ks, job_type, id).await?.map(|_| ()))
+        })
+        .await?
     }
 
     /// Removes a job in any state.
     pub async fn remove(&self, job_type: &[u8], id: &[u8]) -> Result<(), Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::remove(&tx, ks, job_type, id).await }).await?
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::remove(&tx, ks, job_type, id).await }).await?
     }
 
     pub async fn get(&self, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {

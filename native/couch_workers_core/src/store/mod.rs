@@ -54,7 +54,7 @@ pub(crate) mod mutation;
 mod retry;
 
 pub use config::{open, StoreConfig};
-pub use retry::{run, run_with_info};
+pub use retry::{run, run_attempts, run_with_info, Attempt};
 
 /// FoundationDB's key size limit, in bytes.
 pub const MAX_KEY_SIZE: usize = 10_000;
