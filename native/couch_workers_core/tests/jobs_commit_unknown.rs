@@ -183,3 +183,30 @@ async fn receipts_older_than_their_keep_are_cleared_in_one_range() {
     assert!(keys.contains(&kept), "a receipt within its keep stays");
     assert!(!keys.contains(&old), "a receipt past its keep is cleared");
 }
+
+/// A dispatcher round whose attempt took the job and landed (answered
+/// unknown) ends in an error when no retry is left (a retry limit of 1
+/// here; on a busy cluster, the time budget or the attempt limit). Before,
+/// the waiters went back to the queue with new tokens and the job stayed
+/// `running` under the old one, which nobody held: the waiter timed out
+/// and the job was stuck until the worker went. Now the round's jobs go
+/// back to pending and the next round hands the job to the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_round_after_a_landed_commit_strands_no_job() {
+    let sim = SimStore::new(SimOptions::new(7));
+    let settings = Settings { reaper_max_interval: Duration::from_secs(3600), tx_retry_limit: 1, ..Settings::default() };
+    let node = Node::with_db(sim.connect() as Db, settings, Arc::new(Discard));
+    let spec = WorkerSpec { worker_type: T.to_vec(), id: W.to_vec(), options_json: b"{}".to_vec(), timeout_s: 3600 };
+    let _reg = node.register_worker(spec).await.expect("register");
+    let jobs = node.jobs();
+    jobs.add(T, b"j", b"{}", 0).await.expect("add");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = sim.stats();
+    sim.inject_commit_fault(CommitFault::UnknownCommitted);
+    let handle = jobs.accept(T, W, Duration::from_secs(5)).await.expect("the waiter gets the job");
+    let after = sim.stats();
+    assert_eq!(after.unknown_committed, before.unknown_committed + 1, "the round's first commit landed, answered unknown");
+    assert_eq!(handle.job.id, b"j".to_vec());
+    assert_eq!(jobs.finish(&handle.fence(), b"{}").await, Ok(()), "the handle holds the job");
+    assert_eq!(jobs.get(T, b"j").await.expect("get").state, JobState::Finished);
+}

@@ -96,19 +96,30 @@ impl Shared {
 
     /// One accept transaction for one worker (for `incarnation` only, if
     /// given), no waiting.
-    async fn accept_now(&self, worker_type: &[u8], worker: &[u8], incarnation: Option<Incarnation>) -> Result<JobHandle, Error> {
+    async fn accept_now(self: &Arc<Self>, worker_type: &[u8], worker: &[u8], incarnation: Option<Incarnation>) -> Result<JobHandle, Error> {
         let workers = vec![worker.to_vec()];
         let incarnations = [incarnation];
         let ks = &self.ks;
         for _ in 0..ACCEPT_NOW_ROUNDS {
             let tokens = ops::new_tokens(1);
             let mut attempts = 0u32;
-            let (round, info) = run_committed(self.db.as_ref(), self.write, |tx| {
+            let outcome = run_committed(self.db.as_ref(), self.write, |tx| {
                 attempts += 1;
                 let acceptors = ops::Acceptors { workers: &workers, incarnations: &incarnations, tokens: &tokens, recheck: attempts > 1 };
                 async move { ops::accept(&tx, ks, worker_type, acceptors).await }
             })
-            .await?;
+            .await;
+            let (round, info) = match outcome {
+                Ok(done) => done,
+                Err(e) => {
+                    // The call answers the error; a job an attempt may
+                    // have taken goes back to pending (nobody holds it).
+                    if !matches!(e, StoreError::Closed) {
+                        self.reclaim(worker_type.to_vec(), vec![(worker.to_vec(), tokens[0])]);
+                    }
+                    return Err(e.into());
+                }
+            };
             let more = round.more;
             let due = round.next_due.is_some_and(|t| t <= wall_ms()) && !round.paused;
             match round.takes.into_iter().next() {
