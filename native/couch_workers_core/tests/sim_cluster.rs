@@ -284,7 +284,14 @@ async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker(
         .collect();
     let live_reaped: Vec<_> = reaped.iter().filter(|id| expected.contains(*id)).collect();
     assert!(live_reaped.is_empty(), "seed {seed}: live workers reaped: {live_reaped:?}");
-    assert_eq!(reaped.len(), DYING * workers_n, "seed {seed}: each dead node's worker reaped once: {reaped:?}");
+    // Each dead worker is reaped at most once (the membership check above
+    // shows every one of them gone). Not exactly once in the log: a reap
+    // whose commit landed but was answered `commit_unknown_result` is
+    // retried, finds the worker gone and logs nothing (the reaper's
+    // removal has no receipt yet).
+    let distinct: BTreeSet<&Vec<u8>> = reaped.iter().collect();
+    assert_eq!(distinct.len(), reaped.len(), "seed {seed}: a worker reaped twice: {reaped:?}");
+    assert!(reaped.len() <= DYING * workers_n, "seed {seed}: more reaps than dead workers: {reaped:?}");
 
     for node in &nodes[DYING..] {
         node.stop().await;
