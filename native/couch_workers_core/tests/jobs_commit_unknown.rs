@@ -210,3 +210,35 @@ async fn a_failed_round_after_a_landed_commit_strands_no_job() {
     assert_eq!(jobs.finish(&handle.fence(), b"{}").await, Ok(()), "the handle holds the job");
     assert_eq!(jobs.get(T, b"j").await.expect("get").state, JobState::Finished);
 }
+
+async fn receipt_count(node: &Node) -> usize {
+    use couch_workers_core::store::{run, RangeRequest, TxOptions};
+    let (begin, end) = node.keyspace().receipts_before(i64::MAX);
+    run(node.db().as_ref(), TxOptions::read(), |tx| {
+        let r = RangeRequest::new(begin.clone(), end.clone());
+        async move { tx.get_range(&r).await }
+    })
+    .await
+    .expect("read receipts")
+    .len()
+}
+
+/// A receipt per job write where commits may be unknown (`sim`, as
+/// FoundationDB); none on the embedded store, which knows every commit's
+/// outcome (its figures in bench/RESULTS.md stay those without receipts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_are_written_only_where_a_commit_may_be_unknown() {
+    let q = quiet(8, false).await;
+    q.node.jobs().add(T, b"a", b"{}", 0).await.expect("add");
+    q.node.jobs().remove(T, b"a").await.expect("remove");
+    assert_eq!(receipt_count(&q.node).await, 2, "sim: one receipt per write");
+
+    use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+    let dir = tempfile::tempdir().expect("dir");
+    let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
+    let node = Node::with_db(store as Db, Settings::default(), Arc::new(Discard));
+    node.jobs().add(T, b"a", b"{}", 0).await.expect("add");
+    node.jobs().remove(T, b"a").await.expect("remove");
+    assert_eq!(receipt_count(&node).await, 0, "embedded: none");
+    node.stop().await;
+}

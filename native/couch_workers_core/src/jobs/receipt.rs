@@ -13,8 +13,11 @@
 //! earlier attempt landed, and the call answers as that attempt would
 //! have, writing nothing more.
 //!
-//! Cost: one small key (about 50 bytes) set per job write and no extra
-//! read on a first attempt. Cleanup: each node's pruner clears, with one
+//! Only on stores whose commits may answer `commit_unknown_result`
+//! (`Database::commits_may_be_unknown`: FoundationDB, `sim`, the faulty
+//! test wrapper); the embedded store knows every commit's outcome and
+//! writes none. Cost: one small key (about 50 bytes) set per job write and
+//! no extra read on a first attempt (figures in bench/RESULTS.md). Cleanup: each node's pruner clears, with one
 //! blind range clear a minute, every receipt written more than
 //! [`KEEP_MINUTES`] minutes ago by the writer's clock (far longer than any
 //! call's retry budget; a writer whose clock lags by more than that may

@@ -334,10 +334,11 @@ impl JobService {
         let ks = &self.shared.ks;
         // Its own receipt: after an unknown commit, the job's state cannot
         // say whether this call wrote the info or the cancellation.
-        let receipt = Receipt::new(ks);
-        let r = &receipt;
-        let (outcome, commit) = run_attempts(self.shared.db.as_ref(), self.shared.write, |tx, attempt| async move {
-            if attempt.may_have_committed {
+        let db = self.shared.db.as_ref();
+        let receipt = db.commits_may_be_unknown().then(|| Receipt::new(ks));
+        let receipt = receipt.as_ref();
+        let (outcome, commit) = run_attempts(db, self.shared.write, |tx, attempt| async move {
+            if let Some(r) = receipt.filter(|_| attempt.may_have_committed) {
                 match r.landed(&tx).await?.as_deref() {
                     Some(receipt::CANCELED) => return Ok(Err(Error::Canceled)),
                     // The job as the landed update left it (its VS complete).
@@ -349,10 +350,10 @@ impl JobService {
                 }
             }
             let outcome = ops::update(&tx, ks, fence, info).await?;
-            match &outcome {
-                Ok(_) => r.write(&tx, receipt::DONE),
-                Err(Error::Canceled) => r.write(&tx, receipt::CANCELED),
-                Err(_) => {}
+            match (&outcome, receipt) {
+                (Ok(_), Some(r)) => r.write(&tx, receipt::DONE),
+                (Err(Error::Canceled), Some(r)) => r.write(&tx, receipt::CANCELED),
+                _ => {}
             }
             Ok(outcome)
         })

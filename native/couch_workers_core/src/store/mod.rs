@@ -344,6 +344,14 @@ pub trait Database: Send + Sync + 'static {
         false
     }
 
+    /// Whether a commit may answer `CommitUnknown` (FoundationDB's 1021,
+    /// and the test stores that model it). The embedded store knows the
+    /// outcome of every commit it answers, so the job queue writes no
+    /// receipts on it (`jobs::receipt`).
+    fn commits_may_be_unknown(&self) -> bool {
+        true
+    }
+
     /// Stops the store's background threads and fails pending watches with
     /// [`StoreError::Closed`]. Idempotent.
     fn close(&self);
