@@ -70,6 +70,7 @@ const PAUSED: &[u8] = b"paused";
 const JOBS_VS: &[u8] = b"jobs_vs";
 const ORPHANS: &[u8] = b"orphans";
 const ORPHANS_VS: &[u8] = b"orphans_vs";
+const RECEIPTS: &[u8] = b"receipts";
 const REAPER_PULSE: &[u8] = b"reaper_pulse";
 const VS: &[u8] = b"vs";
 const MEMBER: &[u8] = b"member";
@@ -496,6 +497,23 @@ impl Keyspace {
     /// is written; each node's sweeper watches it.
     pub fn orphans_vs(&self) -> Vec<u8> {
         self.root.pack(&(b(ORPHANS_VS),))
+    }
+
+    // ---- receipts -----------------------------------------------------
+
+    /// `("couch_workers", "receipts", Minute, Token)`: written by a job
+    /// write in its own transaction, so that a retry after
+    /// `commit_unknown_result` can tell whether its earlier attempt landed.
+    /// `Minute` (Unix minutes of the writer's clock) lets old receipts go
+    /// with one range clear.
+    pub fn receipt(&self, minute: i64, token: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(RECEIPTS), minute, b(token)))
+    }
+
+    /// Every receipt written in a minute before `minute`.
+    pub fn receipts_before(&self, minute: i64) -> (Vec<u8>, Vec<u8>) {
+        let (begin, _) = tuple_range(&self.root.pack(&(b(RECEIPTS),)));
+        (begin, self.root.pack(&(b(RECEIPTS), minute)))
     }
 
     // ---- reapers ------------------------------------------------------

@@ -79,6 +79,7 @@ const JOBS_VS: &str = "01 6a6f62735f7673 00";
 const ORPHANS: &str = "01 6f727068616e73 00";
 const ORPHANS_VS: &str = "01 6f727068616e735f7673 00";
 const REAPER_PULSE: &str = "01 'reaper_pulse' 00";
+const RECEIPTS: &str = "01 7265636569707473 00";
 
 /// A sample directory prefix (what the directory layer could allocate).
 const DIR: &str = "15 0c";
@@ -315,6 +316,22 @@ fn orphan_keys_and_range() {
         // after them comes 5f ('_'), not the terminator 00.
         let vs = ks.orphans_vs();
         assert!(!(b <= vs && vs < e));
+    }
+}
+
+// ---- receipts ---------------------------------------------------------------
+
+#[test]
+fn receipt_keys_and_old_range() {
+    for (ks, p) in both() {
+        same(&ks.receipt(1, b"tok"), &hs(&[p, ROOT, RECEIPTS, "15 01", "01 'tok' 00"]));
+        same(&ks.receipt(256, b"\x00"), &hs(&[p, ROOT, RECEIPTS, "16 0100", "01 00ff 00"]));
+        let (b, e) = ks.receipts_before(256);
+        same(&b, &hs(&[p, ROOT, RECEIPTS, "00"]));
+        same(&e, &hs(&[p, ROOT, RECEIPTS, "16 0100"]));
+        // Minute 255 is cleared with everything before 256; 256 is kept.
+        assert!(b <= ks.receipt(255, b"tok") && ks.receipt(255, b"tok") < e);
+        assert!(ks.receipt(256, b"") >= e);
     }
 }
 

@@ -61,7 +61,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::job::JobHandle;
+use super::job::{AcceptToken, JobHandle};
 use super::ops::{self, Take};
 use super::place::wall_ms;
 use super::runner::{complete_handle_vs, run_committed};
@@ -397,7 +397,13 @@ impl Dispatcher {
         let ((round, watch), info) = match outcome {
             Ok(done) => done,
             Err(e) => {
-                // Nothing was taken: the batch waits on, in front.
+                // An attempt may have committed (`commit_unknown`, or cut
+                // off in its commit): what it took under these tokens goes
+                // back to pending. The batch waits on, in front, and the
+                // next round draws new tokens.
+                if !matches!(e, StoreError::Closed) {
+                    shared.reclaim(job_type.clone(), workers.into_iter().zip(tokens).collect());
+                }
                 for w in batch.into_iter().rev() {
                     self.waiters.push_front(w);
                 }
@@ -456,6 +462,44 @@ impl Dispatcher {
 }
 
 impl Shared {
+    /// An accept round failed after an attempt that may have committed:
+    /// gives back, in a task of its own, the jobs it may have taken under
+    /// `taken`'s tokens (nobody holds those handles), retrying with
+    /// backoff until it succeeds or the node stops ([`ops::reclaim`]).
+    /// Its own task: the caller answers at once, and the store that made
+    /// the round fail may need a while to recover.
+    pub(crate) fn reclaim(self: &Arc<Self>, job_type: Vec<u8>, taken: Vec<(Vec<u8>, AcceptToken)>) {
+        if taken.is_empty() || self.cancel.is_cancelled() {
+            return;
+        }
+        let shared = self.clone();
+        self.spawn(async move {
+            let ks = &shared.ks;
+            let (t, j) = (&taken, &job_type);
+            for failures in 0u32.. {
+                let given = run(shared.db.as_ref(), shared.write, |tx| async move { ops::reclaim(&tx, ks, j, t).await }).await;
+                match given {
+                    Ok(n) => {
+                        if n > 0 {
+                            shared.log.log(Event::new(Level::Info, "job_accept_reclaimed").with("type", j).with("count", n));
+                        }
+                        return;
+                    }
+                    Err(e) => {
+                        shared.log.log(
+                            Event::new(Level::Warning, "job_accept_reclaim_failed").with("type", j).with("reason", e.to_string()),
+                        );
+                        if matches!(e, StoreError::Closed)
+                            || !sleep_or_cancel(jittered(Duration::from_millis(50u64 << failures.min(6)), 0.5), &shared.cancel).await
+                        {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+
     /// Gives back a job whose delivery failed (see the module comment).
     pub(crate) async fn release(&self, handle: JobHandle) {
         let fence = handle.fence();

@@ -71,6 +71,7 @@ pub mod job;
 pub mod ops;
 pub(crate) mod place;
 mod pruner;
+pub mod receipt;
 pub mod record;
 mod runner;
 pub mod service;

@@ -7,6 +7,10 @@
 //! several nodes may work at once: each removal re-reads the record in its
 //! transaction, so a job is removed once, and its subscribers get
 //! `removed` from their watchers as for any removal.
+//!
+//! Once a minute it also clears the receipts older than
+//! [`receipt::KEEP_MINUTES`] (one blind range clear: no reads, no
+//! conflicts; see [`receipt`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +18,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ops;
+use super::receipt;
 use super::place::wall_ms;
 use super::service::{Live, Shared};
 use crate::log::{Event, Level};
@@ -30,9 +35,26 @@ const MAX_SLEEP: Duration = Duration::from_millis(1000);
 pub(crate) async fn run_pruner(shared: Arc<Shared>, cancel: CancellationToken, live: Live) {
     let _live = live;
     let mut failures: u32 = 0;
+    let mut receipts_cleared: Option<i64> = None;
     loop {
         let now = wall_ms();
         let ks = &shared.ks;
+        let minute = receipt::minute_now();
+        // No receipts on a store whose commits are never unknown.
+        if receipts_cleared != Some(minute) && shared.db.commits_may_be_unknown() {
+            let clear = run(shared.db.as_ref(), shared.write, |tx| async move {
+                receipt::clear_old(&tx, ks, minute);
+                Ok(())
+            });
+            let cleared = tokio::select! {
+                _ = cancel.cancelled() => return,
+                cleared = clear => cleared,
+            };
+            match cleared {
+                Ok(()) => receipts_cleared = Some(minute),
+                Err(e) => shared.log.log(Event::new(Level::Warning, "job_receipts_clear_failed").with("reason", e.to_string())),
+            }
+        }
         // A read first: most looks find nothing due and write nothing.
         let pass = async {
             let next = run(shared.db.as_ref(), shared.read, |tx| async move { ops::next_expiry(&tx, ks).await }).await?;

@@ -2,8 +2,47 @@
 //! job returns the job with the versionstamp of the commit that changed
 //! it, so the queue runs [`crate::store::run_with_info`].
 
+use std::future::Future;
+
+use super::receipt::{self, Receipt};
+use crate::keyspace::Keyspace;
 pub(crate) use crate::store::run_with_info as run_committed;
-use crate::store::{CommitInfo, StoreError};
+use crate::store::{run_attempts, CommitInfo, Database, StoreError, Tx, TxOptions};
+
+/// Runs a job write whose answer is `Ok(())` or an expected error, so
+/// that it answers for its own commit: the write sets its receipt in its
+/// transaction, and an attempt after one that may have committed answers
+/// `Ok(())` if that receipt is there (see [`receipt`]). An expected error
+/// wrote nothing, so it sets no receipt and is decided afresh. On a store
+/// whose commits are never unknown, no receipt is written.
+pub(crate) async fn run_once<E, F, Fut>(db: &dyn Database, opts: TxOptions, ks: &Keyspace, mut body: F) -> Result<Result<(), E>, StoreError>
+where
+    F: FnMut(Tx) -> Fut,
+    Fut: Future<Output = Result<Result<(), E>, StoreError>>,
+{
+    // No receipt where every commit's outcome is known (the retry never
+    // runs on top of a landed commit).
+    let receipt = db.commits_may_be_unknown().then(|| Receipt::new(ks));
+    let receipt = receipt.as_ref();
+    let (outcome, _) = run_attempts(db, opts, |tx, attempt| {
+        // Not polled when the receipt says the write landed.
+        let work = body(tx.clone());
+        async move {
+            if let Some(receipt) = receipt.filter(|_| attempt.may_have_committed) {
+                if receipt.landed(&tx).await?.is_some() {
+                    return Ok(Ok(()));
+                }
+            }
+            let outcome = work.await?;
+            if let Some(receipt) = receipt.filter(|_| outcome.is_ok()) {
+                receipt.write(&tx, receipt::DONE);
+            }
+            Ok(outcome)
+        }
+    })
+    .await?;
+    Ok(outcome)
+}
 
 /// The commit's versionstamp, which every transaction that wrote a job
 /// record has (the record's VS is a versionstamped value).

@@ -23,8 +23,9 @@ use super::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState
 use super::ops::{self, Retry, RunEnd, Take};
 use super::place::wall_ms;
 use super::pruner::run_pruner;
-use super::record::complete_vs;
-use super::runner::{commit_vs, complete_handle_vs, run_committed};
+use super::receipt::{self, Receipt};
+use super::runner::{complete_handle_vs, run_committed, run_once};
+use crate::store::run_attempts;
 use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
 use super::sweeper::run_sweeper;
 use crate::error::{check_key, Error};
@@ -95,19 +96,30 @@ impl Shared {
 
     /// One accept transaction for one worker (for `incarnation` only, if
     /// given), no waiting.
-    async fn accept_now(&self, worker_type: &[u8], worker: &[u8], incarnation: Option<Incarnation>) -> Result<JobHandle, Error> {
+    async fn accept_now(self: &Arc<Self>, worker_type: &[u8], worker: &[u8], incarnation: Option<Incarnation>) -> Result<JobHandle, Error> {
         let workers = vec![worker.to_vec()];
         let incarnations = [incarnation];
         let ks = &self.ks;
         for _ in 0..ACCEPT_NOW_ROUNDS {
             let tokens = ops::new_tokens(1);
             let mut attempts = 0u32;
-            let (round, info) = run_committed(self.db.as_ref(), self.write, |tx| {
+            let outcome = run_committed(self.db.as_ref(), self.write, |tx| {
                 attempts += 1;
                 let acceptors = ops::Acceptors { workers: &workers, incarnations: &incarnations, tokens: &tokens, recheck: attempts > 1 };
                 async move { ops::accept(&tx, ks, worker_type, acceptors).await }
             })
-            .await?;
+            .await;
+            let (round, info) = match outcome {
+                Ok(done) => done,
+                Err(e) => {
+                    // The call answers the error; a job an attempt may
+                    // have taken goes back to pending (nobody holds it).
+                    if !matches!(e, StoreError::Closed) {
+                        self.reclaim(worker_type.to_vec(), vec![(worker.to_vec(), tokens[0])]);
+                    }
+                    return Err(e.into());
+                }
+            };
             let more = round.more;
             let due = round.next_due.is_some_and(|t| t <= wall_ms()) && !round.paused;
             match round.takes.into_iter().next() {
@@ -206,7 +218,7 @@ impl JobService {
         let job = NewJob { id: id.to_vec(), info: info.to_vec(), priority };
         let ks = &self.shared.ks;
         let j = &job;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::add(&tx, ks, job_type, j).await }).await?
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add(&tx, ks, job_type, j).await }).await?
     }
 
     /// Adds a job with its options (`job_add/4`): scheduled, or pending at
@@ -216,7 +228,7 @@ impl JobService {
         let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
         let ks = &self.shared.ks;
         let j = &job;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await })
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await })
             .await?
     }
 
@@ -224,7 +236,7 @@ impl JobService {
     pub async fn add_many_with(&self, job_type: &[u8], jobs: &[JobSpec]) -> Result<(), AddManyError> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move {
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
             ops::add_many_jobs(&tx, ks, job_type, jobs, wall_ms()).await
         })
         .await
@@ -236,7 +248,7 @@ impl JobService {
     pub async fn add_many(&self, job_type: &[u8], jobs: &[NewJob]) -> Result<(), AddManyError> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::add_many(&tx, ks, job_type, jobs).await })
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add_many(&tx, ks, job_type, jobs).await })
             .await
             .map_err(Error::from)?
     }
@@ -320,10 +332,34 @@ impl JobService {
     pub async fn update(&self, fence: &Fence, info: &[u8]) -> Result<JobHandle, Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        let (outcome, commit) =
-            run_committed(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::update(&tx, ks, fence, info).await }).await?;
+        // Its own receipt: after an unknown commit, the job's state cannot
+        // say whether this call wrote the info or the cancellation.
+        let db = self.shared.db.as_ref();
+        let receipt = db.commits_may_be_unknown().then(|| Receipt::new(ks));
+        let receipt = receipt.as_ref();
+        let (outcome, commit) = run_attempts(db, self.shared.write, |tx, attempt| async move {
+            if let Some(r) = receipt.filter(|_| attempt.may_have_committed) {
+                match r.landed(&tx).await?.as_deref() {
+                    Some(receipt::CANCELED) => return Ok(Err(Error::Canceled)),
+                    // The job as the landed update left it (its VS complete).
+                    Some(_) => {
+                        let job = ops::get(&tx, ks, &fence.job_type, &fence.job_id).await?;
+                        return Ok(job.map(|job| JobHandle { job, token: fence.token }).ok_or(Error::NotFound));
+                    }
+                    None => {}
+                }
+            }
+            let outcome = ops::update(&tx, ks, fence, info).await?;
+            match (&outcome, receipt) {
+                (Ok(_), Some(r)) => r.write(&tx, receipt::DONE),
+                (Err(Error::Canceled), Some(r)) => r.write(&tx, receipt::CANCELED),
+                _ => {}
+            }
+            Ok(outcome)
+        })
+        .await?;
         let mut handle = outcome?;
-        complete_vs(&mut handle.job.vs, &commit_vs(&commit)?);
+        complete_handle_vs(&mut handle, &commit)?;
         Ok(handle)
     }
 
@@ -331,9 +367,10 @@ impl JobService {
     pub async fn finish(&self, fence: &Fence, result: &[u8]) -> Result<(), Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::finish(&tx, ks, fence, result).await })
-            .await?
-            .map(|_| ())
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
+            Ok(ops::finish(&tx, ks, fence, result).await?.map(|_| ()))
+        })
+        .await?
     }
 
     /// Ends the run the fence's accept holds as `end` says.
@@ -341,9 +378,10 @@ impl JobService {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
         let e = &end;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::end(&tx, ks, fence, e.clone()).await })
-            .await?
-            .map(|_| ())
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
+            Ok(ops::end(&tx, ks, fence, e.clone()).await?.map(|_| ()))
+        })
+        .await?
     }
 
     /// The run failed (`job_fail/3`): `error` (a JSON object) is stored;
@@ -366,7 +404,7 @@ impl JobService {
         self.shared.check_open()?;
         ops::check_job_key(&self.shared.ks, job_type, id)?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move {
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
             ops::resubmit(&tx, ks, job_type, id, info, opts, if_vs, wall_ms()).await
         })
         .await?
@@ -377,7 +415,7 @@ impl JobService {
     pub async fn remove_if(&self, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<(), Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::remove_if(&tx, ks, job_type, id, if_vs).await })
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::remove_if(&tx, ks, job_type, id, if_vs).await })
             .await?
     }
 
@@ -428,16 +466,17 @@ impl JobService {
     pub async fn cancel(&self, job_type: &[u8], id: &[u8]) -> Result<(), Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::cancel(&tx, ks, job_type, id).await })
-            .await?
-            .map(|_| ())
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
+            Ok(ops::cancel(&tx, ks, job_type, id).await?.map(|_| ()))
+        })
+        .await?
     }
 
     /// Removes a job in any state.
     pub async fn remove(&self, job_type: &[u8], id: &[u8]) -> Result<(), Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::remove(&tx, ks, job_type, id).await }).await?
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::remove(&tx, ks, job_type, id).await }).await?
     }
 
     pub async fn get(&self, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {

@@ -54,7 +54,7 @@ pub(crate) mod mutation;
 mod retry;
 
 pub use config::{open, StoreConfig};
-pub use retry::{run, run_with_info};
+pub use retry::{run, run_attempts, run_with_info, Attempt};
 
 /// FoundationDB's key size limit, in bytes.
 pub const MAX_KEY_SIZE: usize = 10_000;
@@ -342,6 +342,14 @@ pub trait Database: Send + Sync + 'static {
     /// time in versions must commit for them to move (the reaper's pulse).
     fn versions_follow_time(&self) -> bool {
         false
+    }
+
+    /// Whether a commit may answer `CommitUnknown` (FoundationDB's 1021,
+    /// and the test stores that model it). The embedded store knows the
+    /// outcome of every commit it answers, so the job queue writes no
+    /// receipts on it (`jobs::receipt`).
+    fn commits_may_be_unknown(&self) -> bool {
+        true
     }
 
     /// Stops the store's background threads and fails pending watches with

@@ -30,16 +30,44 @@ where
     F: FnMut(Tx) -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
 {
-    let result = attempt_loop(db, opts, &mut f).await;
+    run_attempts(db, opts, |tx, _| f(tx)).await
+}
+
+/// What the retry loop knows when it runs an attempt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Attempt {
+    /// An earlier attempt of this call ended in a commit whose outcome is
+    /// unknown (`commit_unknown_result`): its writes may be in the store.
+    /// A body that is not idempotent by its reads alone checks its own
+    /// receipt first (`jobs::receipt`).
+    pub may_have_committed: bool,
+}
+
+/// [`run_with_info`], telling `f` on each attempt whether an earlier one
+/// may have committed. A commit still running when the time budget ends
+/// is reported `CommitUnknown` (it may land), never `TimedOut`: the
+/// caller must not take it for a write that did not happen.
+pub async fn run_attempts<T, F, Fut>(db: &dyn Database, opts: TxOptions, mut f: F) -> Result<(T, CommitInfo), StoreError>
+where
+    F: FnMut(Tx, Attempt) -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut seen = Attempt::default();
+    let result = match attempt_loop(db, opts, &mut f, &mut seen).await {
+        // Out of time after an attempt that may have committed: that
+        // commit is the answer's truth, and it is unknown.
+        Err(StoreError::TimedOut) if seen.may_have_committed => Err(StoreError::CommitUnknown),
+        result => result,
+    };
     if result.is_err() {
         metrics::bump(&metrics::STORE.failures);
     }
     result
 }
 
-async fn attempt_loop<T, F, Fut>(db: &dyn Database, opts: TxOptions, f: &mut F) -> Result<(T, CommitInfo), StoreError>
+async fn attempt_loop<T, F, Fut>(db: &dyn Database, opts: TxOptions, f: &mut F, seen: &mut Attempt) -> Result<(T, CommitInfo), StoreError>
 where
-    F: FnMut(Tx) -> Fut,
+    F: FnMut(Tx, Attempt) -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
 {
     let started = Instant::now();
@@ -48,13 +76,18 @@ where
         attempts += 1;
         metrics::bump(&metrics::STORE.transactions);
         let remaining = opts.timeout.checked_sub(started.elapsed()).ok_or(StoreError::TimedOut)?;
+        // Set once the attempt hands its writes to the store.
+        let committing = std::sync::atomic::AtomicBool::new(false);
         let attempt = async {
             let tx = match db.create_transaction(&opts).await {
                 Ok(tx) => tx,
                 Err(e) => return Err((None, e)),
             };
-            let result = match f(tx.clone()).await {
-                Ok(value) => tx.commit().await.map(|info| (value, info)),
+            let result = match f(tx.clone(), *seen).await {
+                Ok(value) => {
+                    committing.store(true, std::sync::atomic::Ordering::Relaxed);
+                    tx.commit().await.map(|info| (value, info))
+                }
                 Err(e) => Err(e),
             };
             result.map_err(|e| (Some(tx), e))
@@ -62,8 +95,14 @@ where
         let (tx, err): (Option<Tx>, StoreError) = match tokio::time::timeout(remaining, attempt).await {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(failed)) => failed,
+            // Dropped in its commit: the store may still apply it (the
+            // embedded store's group commit does).
+            Err(_) if committing.load(std::sync::atomic::Ordering::Relaxed) => return Err(StoreError::CommitUnknown),
             Err(_) => return Err(StoreError::TimedOut),
         };
+        if err == StoreError::CommitUnknown {
+            seen.may_have_committed = true;
+        }
         if err == StoreError::Conflict {
             metrics::bump(&metrics::STORE.conflicts);
         }

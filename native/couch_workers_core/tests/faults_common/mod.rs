@@ -279,6 +279,8 @@ pub async fn snapshot(db: &dyn Database, ks: &Keyspace) -> Snapshot {
                 s.health.entry(b(1).unwrap_or_default()).or_default().insert(b(3).unwrap_or_default());
             }
             (b"workers", 3) | (b"jobs_vs", 2) | (b"orphans_vs", 1) | (b"reaper_pulse", 1) => {}
+            // A job write's receipt (minute, token): kept 10 minutes.
+            (b"receipts", 3) => {}
             // The membership change log: (workers, T, log, VS, Worker).
             (b"workers", 5) if b(2).as_deref() == Some(b"log") => {}
             (b"orphans", 3) => s.orphans.push((b(1).unwrap_or_default(), b(2).unwrap_or_default())),

@@ -274,6 +274,12 @@ impl Database for EmbeddedStore {
         true
     }
 
+    /// Every commit it answers has its outcome: done, or failed and
+    /// rolled back (a group-commit member gets its batch's outcome).
+    fn commits_may_be_unknown(&self) -> bool {
+        false
+    }
+
     fn durability(&self) -> String {
         match self.opts.synchronous {
             Synchronous::Normal => "sqlite WAL, synchronous=NORMAL (survives a process crash; \
