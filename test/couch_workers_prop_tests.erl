@@ -1042,9 +1042,12 @@ info(0) -> #{};
 info(1) -> #{<<"n">> => 1};
 info(2) -> #{<<"k">> => <<"v">>, <<"l">> => [1, 2.5, true, false, null, <<"s">>], <<"neg">> => -9223372036854775808};
 info(3) -> #{<<"nested">> => #{<<"a">> => #{<<"b">> => [#{}, []]}}, <<"u">> => <<"é€"/utf8>>};
-%% Big, but a record holds info and result: two of them must fit the
-%% value limit.
-info(4) -> #{<<"big">> => binary:copy(<<"x">>, 45000)}.
+%% Big, but a record can hold four of them at once (info, result, error,
+%% and the info of a resubmission waiting for the run's end), and four
+%% must fit the value limit (100,000 bytes): at 45,000 bytes a finish
+%% after a failure with big info and error was refused as value_too_large,
+%% which the model does not expect (a PropEr counterexample, 1 Dec 2026).
+info(4) -> #{<<"big">> => binary:copy(<<"x">>, 22000)}.
 
 opts(N) -> #{timeout => 30, n => N}.
 opts_json(N) -> #{<<"timeout">> => 30, <<"n">> => N}.
