@@ -332,6 +332,10 @@ impl Database for FaultyStore {
         self.inner.kind()
     }
 
+    fn backoff_policy(&self) -> crate::store::backoff::BackoffPolicy {
+        self.inner.backoff_policy()
+    }
+
     fn durability(&self) -> String {
         format!("{} (with injected faults)", self.inner.durability())
     }

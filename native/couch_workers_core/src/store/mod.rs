@@ -51,6 +51,7 @@ pub mod faulty;
 // FoundationDB's mutation formats (versionstamp parameters, ADD), shared
 // by the stores that implement them themselves (embedded, sim).
 pub(crate) mod mutation;
+pub mod backoff;
 mod retry;
 
 pub use config::{open, StoreConfig};
@@ -342,6 +343,12 @@ pub trait Database: Send + Sync + 'static {
     /// time in versions must commit for them to move (the reaper's pulse).
     fn versions_follow_time(&self) -> bool {
         false
+    }
+
+    /// How the retry loop spaces its attempts on this store:
+    /// FoundationDB's schedule unless the store says otherwise.
+    fn backoff_policy(&self) -> backoff::BackoffPolicy {
+        backoff::BackoffPolicy::FDB
     }
 
     /// Stops the store's background threads and fails pending watches with

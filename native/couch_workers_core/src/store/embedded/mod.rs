@@ -274,6 +274,10 @@ impl Database for EmbeddedStore {
         true
     }
 
+    fn backoff_policy(&self) -> crate::store::backoff::BackoffPolicy {
+        crate::store::backoff::BackoffPolicy::LOCAL
+    }
+
     fn durability(&self) -> String {
         match self.opts.synchronous {
             Synchronous::Normal => "sqlite WAL, synchronous=NORMAL (survives a process crash; \

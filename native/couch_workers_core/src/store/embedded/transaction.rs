@@ -69,7 +69,7 @@ use crate::store::mutation as ops;
 use super::schema::{self, SQL_CLEAR, SQL_CLEAR_RANGE, SQL_GET, SQL_RANGE_FWD, SQL_RANGE_REV, SQL_SET};
 use super::watch::{watch_channel, WatchSender, Written};
 use super::Shared;
-use crate::store::retry::backoff;
+use crate::store::backoff::BackoffPolicy;
 use crate::store::{
     CommitInfo, KeyValue, RangeRequest, StoreError, Transaction, TxOptions, Watch, MAX_KEY_SIZE,
     MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE,
@@ -610,7 +610,7 @@ impl Transaction for EmbeddedTransaction {
             // writer: let this process's queued writers go first.
             let _ = tokio::time::timeout(UPGRADE_WAIT, self.shared.writer.clone().lock_owned()).await;
         }
-        tokio::time::sleep(backoff(1)).await;
+        tokio::time::sleep(BackoffPolicy::LOCAL.delay(1)).await;
         Ok(())
     }
 }

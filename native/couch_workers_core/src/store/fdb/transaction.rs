@@ -282,7 +282,7 @@ impl Transaction for FdbTransaction {
                         *self.state() = State::Open(tx);
                         return Err(err);
                     }
-                    tokio::time::sleep(crate::store::retry::backoff(1)).await;
+                    tokio::time::sleep(crate::store::backoff::BackoffPolicy::FDB.delay(1)).await;
                     let mut tx = tx;
                     tx.reset();
                     Ok(tx)
