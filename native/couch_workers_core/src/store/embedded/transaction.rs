@@ -377,10 +377,11 @@ impl EmbeddedTransaction {
 
     fn set_versionstamped(&self, key: &[u8], value: &[u8], stamp_key: bool) {
         self.write(key.len() + value.len(), |conn, commit| {
+            // FoundationDB checks the parameter with its 4-byte offset,
+            // not the bytes stored: so does this store.
+            Self::check_sizes(key, value)?;
             let param = if stamp_key { key } else { value };
             let (bytes, offset) = ops::split_versionstamp_param(param)?;
-            let (k, v) = if stamp_key { (bytes, value) } else { (key, bytes) };
-            Self::check_sizes(k, v)?;
             let stamp = ops::versionstamp(self.version(conn, commit)?);
             commit.stamped = true;
             let filled = ops::fill_versionstamp(bytes, offset, &stamp);
