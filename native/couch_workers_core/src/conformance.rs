@@ -148,6 +148,7 @@ macro_rules! store_conformance_tests {
             read_version_rises_without_commits,
             atomic_add,
             atomic_add_concurrent_handles,
+            atomic_byte_max,
             serializable_increments,
             serializable_increments_read_hint,
             retry_limit_on_persistent_conflict,
@@ -597,6 +598,33 @@ pub async fn atomic_add(s: &dyn StoreFactory) {
     assert_eq!(le_i64(get(db, k).await), i64::MIN, "wraps");
     write(db, |tx| tx.atomic_add(k, -1)).await;
     assert_eq!(le_i64(get(db, k).await), i64::MAX, "wraps back");
+}
+
+/// BYTE_MAX: a missing key gets the operand, a smaller operand leaves the
+/// stored value, a larger one replaces it (lexicographic order), from any
+/// handle; the transaction reads its own result.
+pub async fn atomic_byte_max(s: &dyn StoreFactory) {
+    let t = s.fresh().await;
+    let db = &t.db;
+    let k = &key(db, b"bytemax");
+    write(db, |tx| tx.atomic_byte_max(k, &5u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(5u64.to_be_bytes().to_vec()), "missing key: the operand");
+    write(db, |tx| tx.atomic_byte_max(k, &3u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(5u64.to_be_bytes().to_vec()), "smaller operand: unchanged");
+    write(db, |tx| tx.atomic_byte_max(k, &9u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(9u64.to_be_bytes().to_vec()), "larger operand: replaces");
+    let seen = run(&**db, TxOptions::write(), |tx| async move {
+        tx.atomic_byte_max(k, &7u64.to_be_bytes());
+        tx.atomic_byte_max(k, &12u64.to_be_bytes());
+        tx.get(k, false).await
+    })
+    .await
+    .expect("commit");
+    assert_eq!(seen, Some(12u64.to_be_bytes().to_vec()), "reads its own BYTE_MAX over the stored value");
+    // Another handle's smaller operand leaves it too.
+    let other = s.second(&t).await;
+    write(&other.db, |tx| tx.atomic_byte_max(k, &10u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(12u64.to_be_bytes().to_vec()));
 }
 
 /// Concurrent adds from two handles (and two tasks each) sum exactly.

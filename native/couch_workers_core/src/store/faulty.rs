@@ -412,6 +412,11 @@ impl Transaction for FaultyTransaction {
         self.after_write();
     }
 
+    fn atomic_byte_max(&self, key: &[u8], value: &[u8]) {
+        self.inner.atomic_byte_max(key, value);
+        self.after_write();
+    }
+
     fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
         self.inner.set_versionstamped_key(key, value);
         self.after_write();

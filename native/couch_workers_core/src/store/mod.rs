@@ -300,6 +300,11 @@ pub trait Transaction: Send + Sync {
     /// signed 64-bit integer plus `delta`, wrapping.
     fn atomic_add(&self, key: &[u8], delta: i64);
 
+    /// FoundationDB's BYTE_MAX: stores `value` when the key is missing,
+    /// else the lexicographically larger of the stored value and `value`
+    /// (a big-endian counter that never moves backwards).
+    fn atomic_byte_max(&self, key: &[u8], value: &[u8]);
+
     /// `key` holds a 10-byte placeholder and ends with its 4-byte
     /// little-endian offset (what `foundationdb_tuple::pack_with_versionstamp`
     /// returns); the committed key has the commit's versionstamp there.

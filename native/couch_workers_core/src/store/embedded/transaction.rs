@@ -375,6 +375,18 @@ impl EmbeddedTransaction {
         Ok(())
     }
 
+    fn byte_max(&self, key: &[u8], value: &[u8]) {
+        self.write(key.len() + value.len(), |conn, _| {
+            Self::check_sizes(key, value)?;
+            let existing = conn
+                .prepare_cached(SQL_GET)
+                .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
+                .map_err(|e| schema::store_error("cannot read for byte_max", &e))?;
+            Self::put(conn, key, &ops::byte_max(existing.as_deref(), value))?;
+            Ok(Written::Key(key.to_vec()))
+        });
+    }
+
     fn set_versionstamped(&self, key: &[u8], value: &[u8], stamp_key: bool) {
         self.write(key.len() + value.len(), |conn, commit| {
             // FoundationDB checks the parameter with its 4-byte offset,
@@ -518,6 +530,10 @@ impl Transaction for EmbeddedTransaction {
             Self::put(conn, key, &ops::add_le_i64(existing.as_deref(), delta))?;
             Ok(Written::Key(key.to_vec()))
         });
+    }
+
+    fn atomic_byte_max(&self, key: &[u8], value: &[u8]) {
+        self.byte_max(key, value);
     }
 
     fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
