@@ -142,6 +142,7 @@ macro_rules! store_conformance_tests {
             read_hint_transaction_may_write,
             versionstamps,
             versionstamp_bad_offset_writes_nothing,
+            reading_own_versionstamped_write_is_accessed_unreadable,
             commit_versions_increase_across_handles,
             versionstamps_unique_across_handles,
             versions_rise_about_one_million_per_second,
@@ -419,6 +420,53 @@ pub async fn versionstamps(s: &dyn StoreFactory) {
         assert_eq!(k, &[kp.as_slice(), stamp, &[b'/', round as u8]].concat(), "key holds the commit's stamp");
         assert_eq!(v, &vec![round as u8], "stamped keys sort in commit order");
     }
+}
+
+/// A transaction cannot read back what it wrote with a versionstamp
+/// (FoundationDB's `accessed_unreadable`, 1036), snapshot or not: the key
+/// of a versionstamped value until it is set again, and any key or range a
+/// versionstamped key may become. Other keys, and keys stamped by earlier
+/// commits, stay readable; the transaction still commits.
+pub async fn reading_own_versionstamped_write_is_accessed_unreadable(s: &dyn StoreFactory) {
+    let t = s.fresh().await;
+    let db = &t.db;
+    let (vkey, other, log) = (&key(db, b"unr/v"), &key(db, b"unr/other"), &key(db, b"unr/log/"));
+    let earlier = write(db, |tx| tx.set_versionstamped_key(&stamp_param(log, b""), b"earlier")).await;
+    let earlier_key = &[log.as_slice(), &earlier.versionstamp.expect("stamp")[..]].concat();
+    // A later commit: the read version below is past the earlier stamp's
+    // version (FDB's unreadable range starts at the read version).
+    put(db, other, b"x").await;
+    let kparam = &stamp_param(log, b"");
+    let vparam = &stamp_param(b"", b"");
+    let mut end = log.clone();
+    end.push(0xff);
+    let log_range = &RangeRequest::new(log.clone(), end);
+    let codes = run(&**db, TxOptions::write(), |tx| async move {
+        let code = |r: Result<_, StoreError>| match r {
+            Err(StoreError::Fdb { code, .. }) => Some(code),
+            _ => None,
+        };
+        // A read version first: before one, FDB makes the whole range a
+        // versionstamped key may take unreadable (it fills in 0).
+        tx.read_version().await?;
+        tx.set(other, b"x");
+        tx.set_versionstamped_value(vkey, vparam);
+        tx.set_versionstamped_key(kparam, b"mine");
+        let got = vec![
+            code(tx.get(vkey, false).await.map(|_| ())),
+            code(tx.get(vkey, true).await.map(|_| ())),
+            code(tx.get_range(log_range).await.map(|_| ())),
+        ];
+        let fine = (tx.get(other, false).await?, tx.get(earlier_key, false).await?);
+        tx.set(vkey, b"plain");
+        let after_set = tx.get(vkey, false).await?;
+        Ok((got, fine, after_set))
+    })
+    .await
+    .expect("the transaction still commits");
+    assert_eq!(codes.0, vec![Some(1036), Some(1036), Some(1036)], "accessed_unreadable");
+    assert_eq!(codes.1, (Some(b"x".to_vec()), Some(b"earlier".to_vec())));
+    assert_eq!(codes.2, Some(b"plain".to_vec()), "set again: readable");
 }
 
 /// A versionstamp offset outside the parameter fails the transaction;

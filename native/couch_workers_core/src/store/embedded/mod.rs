@@ -55,6 +55,7 @@ mod group;
 mod pool;
 mod schema;
 mod transaction;
+mod unreadable;
 mod wal_notify;
 mod watch;
 
