@@ -174,6 +174,15 @@ start_node() ->
     end.
 
 start_node(Config) ->
+    case couch_workers_fdb_client:prepare(maps:get(store, Config, undefined)) of
+        ok ->
+            start_nif(Config);
+        {error, Reason} ->
+            ?LOG_ERROR(#{what => couch_workers_node_start_failed, reason => Reason, config => Config}),
+            {error, Reason}
+    end.
+
+start_nif(Config) ->
     Ref = make_ref(),
     case couch_workers_nif:start(Ref, Config) of
         ok ->

@@ -142,12 +142,14 @@ macro_rules! store_conformance_tests {
             read_hint_transaction_may_write,
             versionstamps,
             versionstamp_bad_offset_writes_nothing,
+            reading_own_versionstamped_write_is_accessed_unreadable,
             commit_versions_increase_across_handles,
             versionstamps_unique_across_handles,
             versions_rise_about_one_million_per_second,
             read_version_rises_without_commits,
             atomic_add,
             atomic_add_concurrent_handles,
+            atomic_byte_max,
             serializable_increments,
             serializable_increments_read_hint,
             retry_limit_on_persistent_conflict,
@@ -156,6 +158,7 @@ macro_rules! store_conformance_tests {
             failed_closure_commits_nothing,
             key_too_large,
             value_too_large,
+            versionstamped_sizes_count_the_offset,
             transaction_too_large,
             watch_fires_on_own_change,
             watch_fires_on_other_handle_change,
@@ -419,6 +422,53 @@ pub async fn versionstamps(s: &dyn StoreFactory) {
     }
 }
 
+/// A transaction cannot read back what it wrote with a versionstamp
+/// (FoundationDB's `accessed_unreadable`, 1036), snapshot or not: the key
+/// of a versionstamped value until it is set again, and any key or range a
+/// versionstamped key may become. Other keys, and keys stamped by earlier
+/// commits, stay readable; the transaction still commits.
+pub async fn reading_own_versionstamped_write_is_accessed_unreadable(s: &dyn StoreFactory) {
+    let t = s.fresh().await;
+    let db = &t.db;
+    let (vkey, other, log) = (&key(db, b"unr/v"), &key(db, b"unr/other"), &key(db, b"unr/log/"));
+    let earlier = write(db, |tx| tx.set_versionstamped_key(&stamp_param(log, b""), b"earlier")).await;
+    let earlier_key = &[log.as_slice(), &earlier.versionstamp.expect("stamp")[..]].concat();
+    // A later commit: the read version below is past the earlier stamp's
+    // version (FDB's unreadable range starts at the read version).
+    put(db, other, b"x").await;
+    let kparam = &stamp_param(log, b"");
+    let vparam = &stamp_param(b"", b"");
+    let mut end = log.clone();
+    end.push(0xff);
+    let log_range = &RangeRequest::new(log.clone(), end);
+    let codes = run(&**db, TxOptions::write(), |tx| async move {
+        let code = |r: Result<_, StoreError>| match r {
+            Err(StoreError::Fdb { code, .. }) => Some(code),
+            _ => None,
+        };
+        // A read version first: before one, FDB makes the whole range a
+        // versionstamped key may take unreadable (it fills in 0).
+        tx.read_version().await?;
+        tx.set(other, b"x");
+        tx.set_versionstamped_value(vkey, vparam);
+        tx.set_versionstamped_key(kparam, b"mine");
+        let got = vec![
+            code(tx.get(vkey, false).await.map(|_| ())),
+            code(tx.get(vkey, true).await.map(|_| ())),
+            code(tx.get_range(log_range).await.map(|_| ())),
+        ];
+        let fine = (tx.get(other, false).await?, tx.get(earlier_key, false).await?);
+        tx.set(vkey, b"plain");
+        let after_set = tx.get(vkey, false).await?;
+        Ok((got, fine, after_set))
+    })
+    .await
+    .expect("the transaction still commits");
+    assert_eq!(codes.0, vec![Some(1036), Some(1036), Some(1036)], "accessed_unreadable");
+    assert_eq!(codes.1, (Some(b"x".to_vec()), Some(b"earlier".to_vec())));
+    assert_eq!(codes.2, Some(b"plain".to_vec()), "set again: readable");
+}
+
 /// A versionstamp offset outside the parameter fails the transaction;
 /// nothing of it is written.
 pub async fn versionstamp_bad_offset_writes_nothing(s: &dyn StoreFactory) {
@@ -596,6 +646,33 @@ pub async fn atomic_add(s: &dyn StoreFactory) {
     assert_eq!(le_i64(get(db, k).await), i64::MIN, "wraps");
     write(db, |tx| tx.atomic_add(k, -1)).await;
     assert_eq!(le_i64(get(db, k).await), i64::MAX, "wraps back");
+}
+
+/// BYTE_MAX: a missing key gets the operand, a smaller operand leaves the
+/// stored value, a larger one replaces it (lexicographic order), from any
+/// handle; the transaction reads its own result.
+pub async fn atomic_byte_max(s: &dyn StoreFactory) {
+    let t = s.fresh().await;
+    let db = &t.db;
+    let k = &key(db, b"bytemax");
+    write(db, |tx| tx.atomic_byte_max(k, &5u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(5u64.to_be_bytes().to_vec()), "missing key: the operand");
+    write(db, |tx| tx.atomic_byte_max(k, &3u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(5u64.to_be_bytes().to_vec()), "smaller operand: unchanged");
+    write(db, |tx| tx.atomic_byte_max(k, &9u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(9u64.to_be_bytes().to_vec()), "larger operand: replaces");
+    let seen = run(&**db, TxOptions::write(), |tx| async move {
+        tx.atomic_byte_max(k, &7u64.to_be_bytes());
+        tx.atomic_byte_max(k, &12u64.to_be_bytes());
+        tx.get(k, false).await
+    })
+    .await
+    .expect("commit");
+    assert_eq!(seen, Some(12u64.to_be_bytes().to_vec()), "reads its own BYTE_MAX over the stored value");
+    // Another handle's smaller operand leaves it too.
+    let other = s.second(&t).await;
+    write(&other.db, |tx| tx.atomic_byte_max(k, &10u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(12u64.to_be_bytes().to_vec()));
 }
 
 /// Concurrent adds from two handles (and two tasks each) sum exactly.
@@ -802,6 +879,42 @@ pub async fn value_too_large(s: &dyn StoreFactory) {
     assert_eq!(result, Err(StoreError::ValueTooLarge));
     assert_eq!(get(db, fits).await.map(|v| v.len()), Some(MAX_VALUE_SIZE), "the clear was not committed");
     assert_eq!(get(db, over).await, None);
+}
+
+/// FoundationDB checks a versionstamped key or value with its 4-byte
+/// offset (the parameter as given), not the stored bytes: a parameter of
+/// `MAX_VALUE_SIZE` (`MAX_KEY_SIZE`) bytes is stored, one byte more fails
+/// although what would be stored (4 bytes less) is under the limit.
+pub async fn versionstamped_sizes_count_the_offset(s: &dyn StoreFactory) {
+    let t = s.fresh().await;
+    let db = &t.db;
+    let (fits, over) = (&key(db, b"vslim/fits"), &key(db, b"vslim/over"));
+    let param = |len: usize| stamp_param(&vec![3u8; len - VERSIONSTAMP_LEN - 4], b"");
+    let (fit_param, over_param) = (&param(MAX_VALUE_SIZE), &param(MAX_VALUE_SIZE + 1));
+    write(db, |tx| tx.set_versionstamped_value(fits, fit_param)).await;
+    assert_eq!(get(db, fits).await.map(|v| v.len()), Some(MAX_VALUE_SIZE - 4));
+    let result = run(&**db, TxOptions::write(), |tx| async move {
+        tx.set_versionstamped_value(over, over_param);
+        Ok(())
+    })
+    .await;
+    assert_eq!(result, Err(StoreError::ValueTooLarge), "a 99,997-byte stored value with its offset is over");
+    assert_eq!(get(db, over).await, None);
+    // Same for keys.
+    let base = key(db, b"vslim/k/");
+    let key_param = |len: usize| stamp_param(&base, &vec![b'k'; len - base.len() - VERSIONSTAMP_LEN - 4]);
+    let (fit_key, over_key) = (&key_param(MAX_KEY_SIZE), &key_param(MAX_KEY_SIZE + 1));
+    write(db, |tx| tx.set_versionstamped_key(fit_key, b"ok")).await;
+    let result = run(&**db, TxOptions::write(), |tx| async move {
+        tx.set_versionstamped_key(over_key, b"over");
+        Ok(())
+    })
+    .await;
+    assert_eq!(result, Err(StoreError::KeyTooLarge), "a key param of MAX_KEY_SIZE + 1 bytes with its offset is over");
+    let mut end = base.clone();
+    end.push(0xff);
+    let stored = get_range(db, RangeRequest::new(base.clone(), end)).await;
+    assert_eq!(stored.iter().map(|(k, _)| k.len()).collect::<Vec<_>>(), vec![MAX_KEY_SIZE - 4]);
 }
 
 /// Writes over `MAX_TRANSACTION_SIZE` fail with `TransactionTooLarge` and

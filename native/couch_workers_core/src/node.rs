@@ -20,6 +20,7 @@ use crate::services::heartbeat::HeartbeatTask;
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
+use crate::services::watch_limit::WatchLimit;
 use crate::services::{wall_clock_s, Live, TaskCounts};
 use crate::store::{self, run, Db, StoreConfig, TxOptions};
 use crate::workers::{self, WorkerSpec};
@@ -62,6 +63,8 @@ pub struct Node {
     /// The job queue (its dispatchers, job watchers and orphan sweeper
     /// stop with `shutdown`).
     jobs: crate::jobs::JobService,
+    /// The store handle's watch-limit episode, shared by the watchers.
+    watch_limit: Arc<WatchLimit>,
 }
 
 impl Node {
@@ -92,6 +95,7 @@ impl Node {
             tasks.clone(),
             Handle::current(),
         );
+        let watch_limit = Arc::new(WatchLimit::new(log.clone()));
         let node = Arc::new(Node {
             db,
             ks,
@@ -102,6 +106,7 @@ impl Node {
             tasks,
             counts: Arc::new(TaskCounts::default()),
             jobs,
+            watch_limit,
         });
         let reaper = Reaper {
             db: node.db.clone(),
@@ -288,6 +293,7 @@ impl Node {
             log: self.log.clone(),
             cancel: cancel.clone(),
             tx_options: self.read_options(),
+            watch_limit: self.watch_limit.clone(),
         };
         let live = Live::new(&self.counts.watchers);
         self.spawn(watcher.run(live));

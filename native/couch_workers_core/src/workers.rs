@@ -108,7 +108,10 @@ async fn record_change(tx: &Tx, ks: &Keyspace, worker_type: &[u8], worker: &[u8]
     if let Some(cutoff) = read_version.checked_sub(LOG_RETENTION_VERSIONS) {
         let (begin, _) = ks.membership_log_range(worker_type);
         tx.clear_range(&begin, &ks.membership_log_at_version(worker_type, cutoff));
-        tx.set(&ks.membership_log_floor(worker_type), &cutoff.to_be_bytes());
+        // BYTE_MAX, not set: a change with an older read version may
+        // commit after a newer one (they need not conflict), and the floor
+        // must never move back below entries already trimmed.
+        tx.atomic_byte_max(&ks.membership_log_floor(worker_type), &cutoff.to_be_bytes());
     }
     Ok(())
 }

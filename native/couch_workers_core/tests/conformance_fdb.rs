@@ -26,10 +26,9 @@
 #![cfg(feature = "fdb")]
 
 use std::path::PathBuf;
-use std::sync::Once;
 
 use couch_workers_core::conformance::TestDb;
-use couch_workers_core::store::fdb::{network_status, shutdown_network, FdbStore, NetworkStatus};
+use couch_workers_core::store::fdb::{network_status, FdbStore, NetworkStatus};
 use couch_workers_core::store::{run, Database, TxOptions};
 
 const SKIP: &str = "SKIPPED: FoundationDB conformance tests need FDB_CLUSTER_FILE (the cluster file of a \
@@ -55,26 +54,6 @@ fn require_cluster() -> PathBuf {
             panic!("{SKIP}");
         }
     }
-}
-
-extern "C" {
-    fn atexit(callback: extern "C" fn()) -> std::os::raw::c_int;
-}
-
-extern "C" fn stop_network_at_exit() {
-    shutdown_network();
-}
-
-/// libfdb_c's network thread must be stopped before the process exits;
-/// the test harness has no teardown hook, so the C library's `atexit` is.
-fn stop_network_at_process_exit() {
-    static REGISTER: Once = Once::new();
-    REGISTER.call_once(|| {
-        // SAFETY: registers a plain function; this is a test executable
-        // (never unloaded), so the function outlives every exit handler.
-        let rc = unsafe { atexit(stop_network_at_exit) };
-        assert_eq!(rc, 0, "atexit registration failed");
-    });
 }
 
 /// Keeps a test directory; removes it (and everything in it) on drop.
@@ -122,7 +101,6 @@ impl Drop for FdbTestDir {
 
 async fn open_fresh() -> TestDb {
     let dir = FdbTestDir::new(require_cluster());
-    stop_network_at_process_exit();
     let store = dir.open().await;
     TestDb { db: store, guard: Box::new(dir) }
 }
@@ -141,7 +119,6 @@ async fn fdb_conformance_skipped_without_cluster() {
         loud_skip();
         return;
     };
-    stop_network_at_process_exit();
     let dir = FdbTestDir::new(cluster.clone());
     let store = dir.open().await;
     assert_eq!(network_status(), NetworkStatus::Running);

@@ -152,6 +152,10 @@ impl Transaction for Metered {
         self.add(key.len() + 8);
         self.inner.atomic_add(key, delta)
     }
+    fn atomic_byte_max(&self, key: &[u8], value: &[u8]) {
+        self.add(key.len() + value.len());
+        self.inner.atomic_byte_max(key, value)
+    }
     fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
         self.add(key.len() + value.len());
         self.inner.set_versionstamped_key(key, value)

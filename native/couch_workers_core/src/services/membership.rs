@@ -21,10 +21,12 @@
 //! membership instead (tests, examples): a copy per delivery.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::watch_limit::{is_too_many_watches, WatchLimit};
 use super::{sleep_or_cancel, Live};
 use crate::keyspace::Keyspace;
 use crate::log::{Event, Level, Logger};
@@ -75,6 +77,8 @@ pub(crate) struct MembershipWatcher {
     pub log: Logger,
     pub cancel: CancellationToken,
     pub tx_options: TxOptions,
+    /// The node's watch-limit episode (`too_many_watches`).
+    pub watch_limit: Arc<WatchLimit>,
 }
 
 /// What the watcher knows: the membership as of `vs`.
@@ -100,6 +104,8 @@ impl MembershipWatcher {
         let _live = live;
         let mut known: Option<Known> = None;
         let mut failures: u32 = 0;
+        // Consecutive watches refused at the handle's limit.
+        let mut at_limit: u32 = 0;
         loop {
             let read = self.read(known.as_ref());
             let outcome = tokio::select! {
@@ -127,13 +133,30 @@ impl MembershipWatcher {
             };
             tokio::select! {
                 _ = self.cancel.cancelled() => return,
-                fired = watch => {
-                    if let Err(e) = fired {
-                        if self.cancel.is_cancelled() {
+                fired = watch => match fired {
+                    Ok(()) => {
+                        if at_limit > 0 {
+                            at_limit = 0;
+                            self.watch_limit.cleared();
+                        }
+                    }
+                    Err(_) if self.cancel.is_cancelled() => return,
+                    Err(e) if is_too_many_watches(&e) => {
+                        // The handle's limit: back off, growing, and let
+                        // the node log the episode once (watch_limit.rs).
+                        at_limit += 1;
+                        let pause = self.watch_limit.reached(at_limit);
+                        self.log.log(
+                            self.event(Level::Debug, "membership_watch_deferred")
+                                .with("delay_ms", pause.as_millis() as u64),
+                        );
+                        if !sleep_or_cancel(pause, &self.cancel).await {
                             return;
                         }
-                        // A failed watch (store hiccup, too many watches):
-                        // read again after a pause rather than spin.
+                    }
+                    Err(e) => {
+                        // A store hiccup: read again after a pause rather
+                        // than spin.
                         self.log.log(self.event(Level::Warning, "membership_watch_failed").with("reason", e.to_string()));
                         if !sleep_or_cancel(Duration::from_millis(100), &self.cancel).await {
                             return;

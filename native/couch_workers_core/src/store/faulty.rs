@@ -332,6 +332,10 @@ impl Database for FaultyStore {
         self.inner.kind()
     }
 
+    fn backoff_policy(&self) -> crate::store::backoff::BackoffPolicy {
+        self.inner.backoff_policy()
+    }
+
     fn durability(&self) -> String {
         format!("{} (with injected faults)", self.inner.durability())
     }
@@ -405,6 +409,11 @@ impl Transaction for FaultyTransaction {
 
     fn atomic_add(&self, key: &[u8], delta: i64) {
         self.inner.atomic_add(key, delta);
+        self.after_write();
+    }
+
+    fn atomic_byte_max(&self, key: &[u8], value: &[u8]) {
+        self.inner.atomic_byte_max(key, value);
         self.after_write();
     }
 

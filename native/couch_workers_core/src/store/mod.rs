@@ -51,6 +51,8 @@ pub mod faulty;
 // FoundationDB's mutation formats (versionstamp parameters, ADD), shared
 // by the stores that implement them themselves (embedded, sim).
 pub(crate) mod mutation;
+pub mod backoff;
+pub mod fdb_client;
 mod retry;
 
 pub use config::{open, StoreConfig};
@@ -298,6 +300,11 @@ pub trait Transaction: Send + Sync {
     /// signed 64-bit integer plus `delta`, wrapping.
     fn atomic_add(&self, key: &[u8], delta: i64);
 
+    /// FoundationDB's BYTE_MAX: stores `value` when the key is missing,
+    /// else the lexicographically larger of the stored value and `value`
+    /// (a big-endian counter that never moves backwards).
+    fn atomic_byte_max(&self, key: &[u8], value: &[u8]);
+
     /// `key` holds a 10-byte placeholder and ends with its 4-byte
     /// little-endian offset (what `foundationdb_tuple::pack_with_versionstamp`
     /// returns); the committed key has the commit's versionstamp there.
@@ -350,6 +357,12 @@ pub trait Database: Send + Sync + 'static {
     /// receipts on it (`jobs::receipt`).
     fn commits_may_be_unknown(&self) -> bool {
         true
+    }
+
+    /// How the retry loop spaces its attempts on this store:
+    /// FoundationDB's schedule unless the store says otherwise.
+    fn backoff_policy(&self) -> backoff::BackoffPolicy {
+        backoff::BackoffPolicy::FDB
     }
 
     /// Stops the store's background threads and fails pending watches with

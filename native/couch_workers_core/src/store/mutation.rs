@@ -1,5 +1,5 @@
 //! FoundationDB's mutation formats, as pure functions: the API-520
-//! versionstamp parameter and the ADD atomic operation.
+//! versionstamp parameter and the ADD and BYTE_MAX atomic operations.
 
 use crate::store::{StoreError, Versionstamp, VERSIONSTAMP_LEN};
 
@@ -56,6 +56,15 @@ pub(crate) fn add_le_i64(existing: Option<&[u8]>, delta: i64) -> [u8; 8] {
     i64::from_le_bytes(le).wrapping_add(delta).to_le_bytes()
 }
 
+/// FoundationDB's BYTE_MAX: `operand` when nothing is stored, else the
+/// lexicographically larger of the stored value and `operand`.
+pub fn byte_max(existing: Option<&[u8]>, operand: &[u8]) -> Vec<u8> {
+    match existing {
+        Some(v) if v > operand => v.to_vec(),
+        _ => operand.to_vec(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +101,16 @@ mod tests {
         assert_eq!(add_le_i64(Some(&[1]), 1), 2i64.to_le_bytes());
         assert_eq!(add_le_i64(Some(&[1, 0, 0, 0, 0, 0, 0, 0, 9, 9]), 1), 2i64.to_le_bytes());
         assert_eq!(add_le_i64(Some(&[]), 0), 0i64.to_le_bytes());
+    }
+
+    #[test]
+    fn byte_max_keeps_the_larger_and_sets_when_missing() {
+        assert_eq!(byte_max(None, b"b"), b"b".to_vec());
+        assert_eq!(byte_max(Some(b"c"), b"b"), b"c".to_vec());
+        assert_eq!(byte_max(Some(b"a"), b"b"), b"b".to_vec());
+        // Lexicographic, not numeric: a longer value with a smaller first
+        // byte is smaller; big-endian versions compare as numbers.
+        assert_eq!(byte_max(Some(b"\x01\xff\xff"), b"\x02"), b"\x02".to_vec());
+        assert_eq!(byte_max(Some(&7u64.to_be_bytes()), &5u64.to_be_bytes()), 7u64.to_be_bytes().to_vec());
     }
 }

@@ -71,6 +71,7 @@ where
     Fut: Future<Output = Result<T, StoreError>>,
 {
     let started = Instant::now();
+    let policy = db.backoff_policy();
     let mut attempts: u32 = 0;
     loop {
         attempts += 1;
@@ -119,10 +120,11 @@ where
             match tokio::time::timeout(remaining, tx.on_error(err)).await {
                 Ok(Ok(())) => {
                     // Each attempt runs on a fresh transaction, so the
-                    // store's own backoff never grows past its first step;
-                    // the loop adds the growth (FDB doubles its delay too).
+                    // store's own backoff never grows past its first step
+                    // (FDB: up to 10 ms); the loop adds the growth, on the
+                    // store's schedule (FDB's: doubling up to 1 s).
                     if attempts > 1 {
-                        tokio::time::sleep(backoff(attempts - 1)).await;
+                        tokio::time::sleep(policy.delay(attempts)).await;
                     }
                 }
                 Ok(Err(e)) => return Err(e),
@@ -130,17 +132,8 @@ where
             }
         } else {
             // No transaction to back off with (the store was busy opening
-            // one): a short jittered sleep, growing with the attempts.
-            tokio::time::sleep(backoff(attempts)).await;
+            // one): the store's jittered schedule.
+            tokio::time::sleep(policy.delay(attempts)).await;
         }
     }
-}
-
-/// Exponential backoff with full jitter: up to 1 ms doubled per attempt,
-/// capped at 100 ms (FoundationDB's default maximum retry delay is 1 s; a
-/// local store recovers much faster).
-pub(crate) fn backoff(attempts: u32) -> std::time::Duration {
-    use rand::Rng;
-    let ceiling_us = (1_000u64 << attempts.min(7)).min(100_000);
-    std::time::Duration::from_micros(rand::rng().random_range(ceiling_us / 4..=ceiling_us))
 }

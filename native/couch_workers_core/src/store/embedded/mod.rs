@@ -55,6 +55,7 @@ mod group;
 mod pool;
 mod schema;
 mod transaction;
+mod unreadable;
 mod wal_notify;
 mod watch;
 
@@ -278,6 +279,10 @@ impl Database for EmbeddedStore {
     /// rolled back (a group-commit member gets its batch's outcome).
     fn commits_may_be_unknown(&self) -> bool {
         false
+    }
+
+    fn backoff_policy(&self) -> crate::store::backoff::BackoffPolicy {
+        crate::store::backoff::BackoffPolicy::LOCAL
     }
 
     fn durability(&self) -> String {

@@ -67,9 +67,10 @@ use super::fair::STEP_ASIDE;
 use super::group;
 use crate::store::mutation as ops;
 use super::schema::{self, SQL_CLEAR, SQL_CLEAR_RANGE, SQL_GET, SQL_RANGE_FWD, SQL_RANGE_REV, SQL_SET};
+use super::unreadable::Unreadable;
 use super::watch::{watch_channel, WatchSender, Written};
 use super::Shared;
-use crate::store::retry::backoff;
+use crate::store::backoff::BackoffPolicy;
 use crate::store::{
     CommitInfo, KeyValue, RangeRequest, StoreError, Transaction, TxOptions, Watch, MAX_KEY_SIZE,
     MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE,
@@ -134,6 +135,8 @@ struct TxState {
     written: Vec<Written>,
     /// `commit` or `on_error` ran.
     finished: bool,
+    /// What its versionstamped writes made unreadable (FDB's rule).
+    unreadable: Unreadable,
 }
 
 pub(crate) struct EmbeddedTransaction {
@@ -240,6 +243,7 @@ impl EmbeddedTransaction {
             watches: Vec::new(),
             written: Vec::new(),
             finished: false,
+            unreadable: Unreadable::default(),
         };
         let last = match state.slot.conn().and_then(|c| {
             schema::last_version(c).map_err(|e| schema::store_error("cannot read the last version", &e))
@@ -375,12 +379,25 @@ impl EmbeddedTransaction {
         Ok(())
     }
 
+    fn byte_max(&self, key: &[u8], value: &[u8]) {
+        self.write(key.len() + value.len(), |conn, _| {
+            Self::check_sizes(key, value)?;
+            let existing = conn
+                .prepare_cached(SQL_GET)
+                .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
+                .map_err(|e| schema::store_error("cannot read for byte_max", &e))?;
+            Self::put(conn, key, &ops::byte_max(existing.as_deref(), value))?;
+            Ok(Written::Key(key.to_vec()))
+        });
+    }
+
     fn set_versionstamped(&self, key: &[u8], value: &[u8], stamp_key: bool) {
         self.write(key.len() + value.len(), |conn, commit| {
+            // FoundationDB checks the parameter with its 4-byte offset,
+            // not the bytes stored: so does this store.
+            Self::check_sizes(key, value)?;
             let param = if stamp_key { key } else { value };
             let (bytes, offset) = ops::split_versionstamp_param(param)?;
-            let (k, v) = if stamp_key { (bytes, value) } else { (key, bytes) };
-            Self::check_sizes(k, v)?;
             let stamp = ops::versionstamp(self.version(conn, commit)?);
             commit.stamped = true;
             let filled = ops::fill_versionstamp(bytes, offset, &stamp);
@@ -392,6 +409,15 @@ impl EmbeddedTransaction {
                 Ok(Written::Key(key.to_vec()))
             }
         });
+        let param = if stamp_key { key } else { value };
+        if let Ok((bytes, offset)) = ops::split_versionstamp_param(param) {
+            let mut st = self.lock();
+            if stamp_key {
+                st.unreadable.stamped_key(bytes, offset, self.read_version);
+            } else {
+                st.unreadable.stamped_value(key);
+            }
+        }
     }
 }
 
@@ -443,12 +469,16 @@ impl Drop for EmbeddedTransaction {
 #[async_trait]
 impl Transaction for EmbeddedTransaction {
     async fn get(&self, key: &[u8], _snapshot: bool) -> Result<Option<Vec<u8>>, StoreError> {
+        self.lock().unreadable.check_key(key)?;
         self.read("cannot read", |conn| {
             conn.prepare_cached(SQL_GET)?.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional()
         })
     }
 
     async fn get_range(&self, range: &RangeRequest) -> Result<Vec<KeyValue>, StoreError> {
+        if range.begin < range.end {
+            self.lock().unreadable.check_range(&range.begin, &range.end)?;
+        }
         self.read("cannot read a range", |conn| {
             if range.begin >= range.end {
                 return Ok(Vec::new());
@@ -475,6 +505,7 @@ impl Transaction for EmbeddedTransaction {
             Self::put(conn, key, value)?;
             Ok(Written::Key(key.to_vec()))
         });
+        self.lock().unreadable.overwritten(key);
     }
 
     fn clear(&self, key: &[u8]) {
@@ -487,6 +518,7 @@ impl Transaction for EmbeddedTransaction {
                 .map(|_| Written::Key(key.to_vec()))
                 .map_err(|e| schema::store_error("cannot clear", &e))
         });
+        self.lock().unreadable.overwritten(key);
     }
 
     fn clear_range(&self, begin: &[u8], end: &[u8]) {
@@ -503,6 +535,7 @@ impl Transaction for EmbeddedTransaction {
                 .map(|_| Written::Range(begin.to_vec(), end.to_vec()))
                 .map_err(|e| schema::store_error("cannot clear a range", &e))
         });
+        self.lock().unreadable.cleared(begin, end);
     }
 
     fn atomic_add(&self, key: &[u8], delta: i64) {
@@ -517,6 +550,10 @@ impl Transaction for EmbeddedTransaction {
             Self::put(conn, key, &ops::add_le_i64(existing.as_deref(), delta))?;
             Ok(Written::Key(key.to_vec()))
         });
+    }
+
+    fn atomic_byte_max(&self, key: &[u8], value: &[u8]) {
+        self.byte_max(key, value);
     }
 
     fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
@@ -610,7 +647,7 @@ impl Transaction for EmbeddedTransaction {
             // writer: let this process's queued writers go first.
             let _ = tokio::time::timeout(UPGRADE_WAIT, self.shared.writer.clone().lock_owned()).await;
         }
-        tokio::time::sleep(backoff(1)).await;
+        tokio::time::sleep(BackoffPolicy::LOCAL.delay(1)).await;
         Ok(())
     }
 }

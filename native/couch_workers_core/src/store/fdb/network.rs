@@ -1,5 +1,6 @@
 //! The FoundationDB client network: booted once per OS process, stopped
-//! once, never restarted.
+//! once, never restarted; or, when another client of the process (erlfdb)
+//! booted it first, shared and left to that client.
 //!
 //! libfdb_c runs one network thread per process. `fdb_select_api_version`
 //! and `fdb_setup_network` may each be called once, and after
@@ -9,16 +10,21 @@
 //!
 //! ```text
 //! Unbooted ──ensure_running──► Running ──shutdown_network──► Stopped (terminal)
-//!    │  └──────────────────shutdown_network─────────────────────┘
+//!    │  │                                                    ▲
+//!    │  └──(2201 / 2009: erlfdb got there first)──► Shared ──┘ (network left running)
 //!    └──select_api_version / setup_network fails──► Failed(message) (terminal)
 //! ```
+//!
+//! The decision on libfdb_c's answers is `store::fdb_client` (tested without
+//! the feature). A network this module started is stopped by
+//! [`shutdown_network`], which also runs from an exit handler registered at
+//! boot (`atexit`): libfdb_c's documentation requires the stop before the
+//! process exits. A shared network belongs to its owner: erlfdb stops it in
+//! its NIF's unload.
 //!
 //! Unlike `NetworkAutoStop`, whose `drop` aborts the process when
 //! `fdb_stop_network` fails, a failed stop here only records the failure:
 //! this code runs inside the Erlang VM, which must never be brought down.
-//!
-//! The NIF calls [`shutdown_network`] when the VM unloads the library. A
-//! store opened after that gets a clear error instead of a second network.
 
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -28,6 +34,7 @@ use foundationdb::FdbResult;
 use tokio_util::sync::CancellationToken;
 
 use super::map_fdb_error;
+use crate::store::fdb_client::{after_select, after_setup, AfterSelect, AfterSetup};
 use crate::store::StoreError;
 
 /// The FoundationDB API version this crate selects (cargo feature
@@ -39,8 +46,11 @@ pub const API_VERSION: i32 = 710;
 pub enum NetworkStatus {
     /// Not started yet: the first [`super::FdbStore::open`] starts it.
     Unbooted,
-    /// The network thread runs.
+    /// The network thread runs, started by couch_workers.
     Running,
+    /// Another client of this process (erlfdb) selected the API version and
+    /// runs the network; couch_workers uses it and never stops it.
+    Shared,
     /// [`shutdown_network`] stopped it; it cannot run again in this process.
     Stopped,
     /// Booting or stopping failed; the message says why.
@@ -55,6 +65,7 @@ struct Running {
 enum Lifecycle {
     Unbooted,
     Running(Running),
+    Shared,
     Stopped,
     Failed(String),
 }
@@ -80,12 +91,16 @@ const STOPPED_MESSAGE: &str = "the FoundationDB client network of this OS proces
 pub(super) fn ensure_running() -> Result<(), StoreError> {
     let mut state = lock();
     match &*state {
-        Lifecycle::Running(_) => Ok(()),
+        Lifecycle::Running(_) | Lifecycle::Shared => Ok(()),
         Lifecycle::Stopped => Err(StoreError::Invalid(STOPPED_MESSAGE.into())),
         Lifecycle::Failed(message) => Err(StoreError::Invalid(message.clone())),
-        Lifecycle::Unbooted => match boot() {
-            Ok(running) => {
+        Lifecycle::Unbooted => match stop_at_exit().and_then(|()| boot()) {
+            Ok(Booted::Owned(running)) => {
                 *state = Lifecycle::Running(running);
+                Ok(())
+            }
+            Ok(Booted::Shared) => {
+                *state = Lifecycle::Shared;
                 Ok(())
             }
             Err(message) => {
@@ -96,7 +111,12 @@ pub(super) fn ensure_running() -> Result<(), StoreError> {
     }
 }
 
-fn boot() -> Result<Running, String> {
+enum Booted {
+    Owned(Running),
+    Shared,
+}
+
+fn boot() -> Result<Booted, String> {
     // Checked first: FdbApiBuilder::build prints to stdout when the library
     // is too old, and a NIF must not write to the VM's stdout.
     let max = get_max_api_version();
@@ -106,25 +126,49 @@ fn boot() -> Result<Running, String> {
              selects {API_VERSION}: install the FoundationDB client library 7.1 or newer"
         ));
     }
-    let builder = FdbApiBuilder::default()
-        .set_runtime_version(API_VERSION)
-        .build()
-        .map_err(|e| format!("selecting FoundationDB API version {API_VERSION} failed: {}", map_fdb_error(e)))?;
-    let (runner, ready) = builder
-        .build()
-        .map_err(|e| format!("setting up the FoundationDB client network failed: {}", map_fdb_error(e)))?;
+    let select = FdbApiBuilder::default().set_runtime_version(API_VERSION).build();
+    let builder = match after_select(select.as_ref().err().map_or(0, |e| e.code()), API_VERSION) {
+        AfterSelect::SetUpNetwork => select.map_err(|e| format!("FoundationDB: {}", map_fdb_error(e)))?,
+        AfterSelect::UseShared => return Ok(Booted::Shared),
+        AfterSelect::Fail(message) => return Err(message),
+    };
+    let setup = builder.build();
+    let (runner, ready) = match after_setup(setup.as_ref().err().map_or(0, |e| e.code())) {
+        AfterSetup::RunOwned => setup.map_err(|e| format!("FoundationDB: {}", map_fdb_error(e)))?,
+        AfterSetup::UseShared => return Ok(Booted::Shared),
+        AfterSetup::Fail(message) => return Err(message),
+    };
     let thread = std::thread::Builder::new()
         .name("fdb-network".into())
         // SAFETY: `NetworkRunner::run` requires that `NetworkStop::stop` is
-        // called before the process exits: `shutdown_network` does, and is
-        // for the NIF's unload and for test binaries (conformance_fdb.rs
-        // registers it with atexit). An exit without it is the case
-        // foundationdb-rs documents for `boot()`: the network thread still
-        // runs while the process exits.
+        // called before the process exits: `shutdown_network` does, from
+        // the exit handler `ensure_running` registers right after this boot
+        // (and earlier when the NIF or a test calls it).
         .spawn(move || unsafe { runner.run() })
         .map_err(|e| format!("spawning the FoundationDB network thread failed: {e}"))?;
     let stop = ready.wait();
-    Ok(Running { stop, thread })
+    Ok(Booted::Owned(Running { stop, thread }))
+}
+
+extern "C" fn shutdown_network_at_exit() {
+    shutdown_network();
+}
+
+/// Registers [`shutdown_network`] to run when the process exits (`exit(3)`:
+/// the end of `erlang:halt/0,1` and of `init:stop/0`, and of a test
+/// binary). Registered before the network boots, so a network never runs
+/// without it; with a shared or no network the handler does nothing. On
+/// glibc a handler registered from a shared object (the NIF library) also
+/// runs when that object is unloaded (`__cxa_finalize` at `dlclose`), so it
+/// never outlives its code.
+fn stop_at_exit() -> Result<(), String> {
+    // SAFETY: registers a plain `extern "C"` function without state.
+    match unsafe { libc::atexit(shutdown_network_at_exit) } {
+        0 => Ok(()),
+        _ => Err("cannot register the exit handler that stops the FoundationDB network (atexit failed): \
+                  the network is not started"
+            .into()),
+    }
 }
 
 /// A token cancelled when the network stops; each store derives its own.
@@ -160,7 +204,8 @@ pub fn shutdown_network() {
             }
         },
         Lifecycle::Failed(message) => *state = Lifecycle::Failed(message),
-        Lifecycle::Unbooted | Lifecycle::Stopped => {}
+        // erlfdb's network: its owner stops it (erlfdb's NIF unload).
+        Lifecycle::Unbooted | Lifecycle::Shared | Lifecycle::Stopped => {}
     }
 }
 
@@ -169,6 +214,7 @@ pub fn network_status() -> NetworkStatus {
     match &*lock() {
         Lifecycle::Unbooted => NetworkStatus::Unbooted,
         Lifecycle::Running(_) => NetworkStatus::Running,
+        Lifecycle::Shared => NetworkStatus::Shared,
         Lifecycle::Stopped => NetworkStatus::Stopped,
         Lifecycle::Failed(message) => NetworkStatus::Failed(message.clone()),
     }

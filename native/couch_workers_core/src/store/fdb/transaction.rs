@@ -180,6 +180,10 @@ impl Transaction for FdbTransaction {
         self.write(|tx| tx.atomic_op(key, &delta.to_le_bytes(), MutationType::Add));
     }
 
+    fn atomic_byte_max(&self, key: &[u8], value: &[u8]) {
+        self.write(|tx| tx.atomic_op(key, value, MutationType::ByteMax));
+    }
+
     fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
         // `key` is already in API-520 form (placeholder + 4-byte LE offset).
         self.versionstamped.store(true, Ordering::Relaxed);
@@ -282,7 +286,7 @@ impl Transaction for FdbTransaction {
                         *self.state() = State::Open(tx);
                         return Err(err);
                     }
-                    tokio::time::sleep(crate::store::retry::backoff(1)).await;
+                    tokio::time::sleep(crate::store::backoff::BackoffPolicy::FDB.delay(1)).await;
                     let mut tx = tx;
                     tx.reset();
                     Ok(tx)

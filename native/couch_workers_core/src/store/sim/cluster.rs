@@ -22,7 +22,7 @@ use super::versions::{VersionClock, MAX_READ_TRANSACTION_LIFE_VERSIONS};
 use super::watch::{lost_in_recovery, WatchRegistry, WatchSender};
 use super::writes::{Applied, Mutation};
 use super::SimStats;
-use crate::store::mutation::add_le_i64;
+use crate::store::mutation::{add_le_i64, byte_max};
 use crate::store::{KeyValue, StoreError, Versionstamp, VERSIONSTAMP_LEN};
 
 /// What a transaction sends to the proxy.
@@ -294,6 +294,10 @@ impl Cluster {
             Applied::Add(k, d) => {
                 let sum = add_le_i64(st.data.latest(&k).as_deref(), d).to_vec();
                 vec![(k, Some(sum))]
+            }
+            Applied::ByteMax(k, v) => {
+                let max = byte_max(st.data.latest(&k).as_deref(), &v);
+                vec![(k, Some(max))]
             }
         };
         for (k, v) in changes {

@@ -146,6 +146,10 @@ impl Transaction for SimTransaction {
         self.write(|w, _| w.add(key, delta));
     }
 
+    fn atomic_byte_max(&self, key: &[u8], value: &[u8]) {
+        self.write(|w, _| w.byte_max(key, value));
+    }
+
     fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
         self.write(|w, rv| w.set_versionstamped_key(key, value, rv));
     }

@@ -17,7 +17,7 @@
 //!   coalesced read and write conflict ranges' keys.
 
 use super::conflicts::{key_after, RangeSet};
-use crate::store::mutation::{add_le_i64, fill_versionstamp, split_versionstamp_param};
+use crate::store::mutation::{add_le_i64, byte_max, fill_versionstamp, split_versionstamp_param};
 use crate::store::{KeyValue, StoreError, Versionstamp, MAX_KEY_SIZE, MAX_VALUE_SIZE, VERSIONSTAMP_LEN};
 
 /// One buffered mutation, in the order the transaction made it.
@@ -27,6 +27,7 @@ pub(super) enum Mutation {
     Clear(Vec<u8>),
     ClearRange(Vec<u8>, Vec<u8>),
     Add(Vec<u8>, i64),
+    ByteMax(Vec<u8>, Vec<u8>),
     /// The key parameter (placeholder, offset checked) and its value.
     StampKey {
         key: Vec<u8>,
@@ -48,9 +49,26 @@ enum Own {
     /// The transaction's writes decide the value without the stored one
     /// (a set or a clear last): FDB adds no read conflict for it.
     Independent(Option<Vec<u8>>),
-    /// The value depends on the stored one (atomic adds over it).
-    Adds(Vec<i64>),
+    /// The value depends on the stored one (atomic operations over it,
+    /// in order).
+    Atomics(Vec<Atomic>),
     Unreadable,
+}
+
+/// An atomic operation over the stored value.
+#[derive(Clone)]
+enum Atomic {
+    Add(i64),
+    ByteMax(Vec<u8>),
+}
+
+impl Atomic {
+    fn apply(&self, v: Option<Vec<u8>>) -> Vec<u8> {
+        match self {
+            Atomic::Add(d) => add_le_i64(v.as_deref(), *d).to_vec(),
+            Atomic::ByteMax(operand) => byte_max(v.as_deref(), operand),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -83,6 +101,21 @@ fn check_value(value: &[u8]) -> Result<(), StoreError> {
         return Err(StoreError::ValueTooLarge);
     }
     Ok(())
+}
+
+impl Own {
+    /// `self` followed by the atomic operation `op` on the same key.
+    fn then(self, op: Atomic) -> Own {
+        match self {
+            Own::Untouched => Own::Atomics(vec![op]),
+            Own::Atomics(mut ops) => {
+                ops.push(op);
+                Own::Atomics(ops)
+            }
+            Own::Independent(v) => Own::Independent(Some(op.apply(v))),
+            Own::Unreadable => Own::Unreadable,
+        }
+    }
 }
 
 fn in_range(key: &[u8], begin: &[u8], end: &[u8]) -> bool {
@@ -146,6 +179,14 @@ impl Writes {
         Ok(())
     }
 
+    pub(super) fn byte_max(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        check_key(key)?;
+        check_value(value)?;
+        self.conflicts.add_key(key);
+        self.push(Mutation::ByteMax(key.to_vec(), value.to_vec()), key.len() + value.len());
+        Ok(())
+    }
+
     /// `read_version`: the transaction's, if it has one yet (the lowest
     /// versionstamp the key can get; FDB uses 0 before the first read).
     pub(super) fn set_versionstamped_key(
@@ -185,15 +226,8 @@ impl Writes {
                 (Mutation::Clear(k), _) if k.as_slice() == key => Own::Independent(None),
                 (Mutation::ClearRange(b, e), _) if in_range(key, b, e) => Own::Independent(None),
                 (Mutation::StampValue { key: k, .. }, _) if k.as_slice() == key => Own::Unreadable,
-                (Mutation::Add(k, d), prev) if k.as_slice() == key => match prev {
-                    Own::Untouched => Own::Adds(vec![*d]),
-                    Own::Adds(mut ds) => {
-                        ds.push(*d);
-                        Own::Adds(ds)
-                    }
-                    Own::Independent(v) => Own::Independent(Some(add_le_i64(v.as_deref(), *d).to_vec())),
-                    Own::Unreadable => Own::Unreadable,
-                },
+                (Mutation::Add(k, d), prev) if k.as_slice() == key => prev.then(Atomic::Add(*d)),
+                (Mutation::ByteMax(k, v), prev) if k.as_slice() == key => prev.then(Atomic::ByteMax(v.clone())),
                 (_, prev) => prev,
             };
         }
@@ -219,9 +253,7 @@ impl Writes {
         match self.own(key) {
             Own::Untouched => Ok(stored),
             Own::Independent(v) => Ok(v),
-            Own::Adds(deltas) => Ok(Some(
-                deltas.iter().fold(stored, |v, d| Some(add_le_i64(v.as_deref(), *d).to_vec())).unwrap_or_default(),
-            )),
+            Own::Atomics(ops) => Ok(Some(ops.iter().fold(stored, |v, op| Some(op.apply(v))).unwrap_or_default())),
             Own::Unreadable => Err(accessed_unreadable()),
         }
     }
@@ -234,6 +266,7 @@ impl Writes {
                 Mutation::Set(k, _)
                 | Mutation::Clear(k)
                 | Mutation::Add(k, _)
+                | Mutation::ByteMax(k, _)
                 | Mutation::StampValue { key: k, .. } => in_range(k, begin, end),
                 Mutation::ClearRange(b, e) => b.as_slice() < end && begin < e.as_slice(),
                 Mutation::StampKey { .. } => false,
@@ -257,7 +290,7 @@ impl Writes {
         let mut keys: std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>> =
             stored.into_iter().map(|(k, v)| (k, Some(v))).collect();
         for m in &self.mutations {
-            if let Mutation::Set(k, _) | Mutation::Add(k, _) | Mutation::StampValue { key: k, .. } = m {
+            if let Mutation::Set(k, _) | Mutation::Add(k, _) | Mutation::ByteMax(k, _) | Mutation::StampValue { key: k, .. } = m {
                 if in_range(k, begin, end) {
                     keys.entry(k.clone()).or_insert(None);
                 }
@@ -285,6 +318,7 @@ pub(super) enum Applied {
     Clear(Vec<u8>),
     ClearRange(Vec<u8>, Vec<u8>),
     Add(Vec<u8>, i64),
+    ByteMax(Vec<u8>, Vec<u8>),
 }
 
 impl Mutation {
@@ -294,6 +328,7 @@ impl Mutation {
             Mutation::Clear(k) => Applied::Clear(k.clone()),
             Mutation::ClearRange(b, e) => Applied::ClearRange(b.clone(), e.clone()),
             Mutation::Add(k, d) => Applied::Add(k.clone(), *d),
+            Mutation::ByteMax(k, v) => Applied::ByteMax(k.clone(), v.clone()),
             Mutation::StampKey { key, offset, value } => {
                 Applied::Set(fill_versionstamp(key, *offset, stamp), value.clone())
             }

@@ -1,0 +1,98 @@
+//! Whose FoundationDB client this process runs: the decision the FDB
+//! store's network boot (`store/fdb/network.rs`) takes from libfdb_c's
+//! answers. Kept apart from it, free of the `foundationdb` crate, so that
+//! it is compiled and tested without the `fdb` feature.
+//!
+//! libfdb_c is one per OS process and shared by every user in it: in a
+//! CouchDB node, erlfdb's NIF and couch_workers' NIF load the same
+//! `libfdb_c.so`. `fdb_select_api_version` succeeds once per process
+//! (`fdb_c.cpp`: "Can only call this once", 2201 `api_version_already_set`)
+//! and `fdb_setup_network` once (2009 `network_already_setup`). When one of
+//! them answers "already", another client of this process (erlfdb) owns the
+//! client: couch_workers uses its network and must neither start a second
+//! one nor stop it.
+
+/// `fdb_select_api_version` was already called in this process.
+pub const API_VERSION_ALREADY_SET: i32 = 2201;
+/// `fdb_setup_network` was already called in this process.
+pub const NETWORK_ALREADY_SETUP: i32 = 2009;
+/// The installed libfdb_c does not support the requested API version.
+pub const API_VERSION_NOT_SUPPORTED: i32 = 2203;
+
+/// What to do after `fdb_select_api_version` answered `code` (0: success).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterSelect {
+    /// This process's first client: set up and run the network.
+    SetUpNetwork,
+    /// Another client selected the version and owns the network.
+    UseShared,
+    /// Cannot continue; the message says why.
+    Fail(String),
+}
+
+/// What to do after `fdb_setup_network` answered `code` (0: success).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterSetup {
+    /// couch_workers owns the network: run it, and stop it at exit.
+    RunOwned,
+    /// Another client set it up: use it, never stop it.
+    UseShared,
+    /// Cannot continue; the message says why.
+    Fail(String),
+}
+
+/// Decides on `fdb_select_api_version`'s answer for `version`.
+pub fn after_select(code: i32, version: i32) -> AfterSelect {
+    match code {
+        0 => AfterSelect::SetUpNetwork,
+        API_VERSION_ALREADY_SET => AfterSelect::UseShared,
+        API_VERSION_NOT_SUPPORTED => AfterSelect::Fail(format!(
+            "the installed libfdb_c does not support FoundationDB API version {version} (error 2203): \
+             install the FoundationDB client library 7.1 or newer"
+        )),
+        code => AfterSelect::Fail(format!("selecting FoundationDB API version {version} failed: FDB error {code}")),
+    }
+}
+
+/// Decides on `fdb_setup_network`'s answer.
+pub fn after_setup(code: i32) -> AfterSetup {
+    match code {
+        0 => AfterSetup::RunOwned,
+        NETWORK_ALREADY_SETUP => AfterSetup::UseShared,
+        code => AfterSetup::Fail(format!("setting up the FoundationDB client network failed: FDB error {code}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_client_sets_up_and_owns_the_network() {
+        assert_eq!(after_select(0, 710), AfterSelect::SetUpNetwork);
+        assert_eq!(after_setup(0), AfterSetup::RunOwned);
+    }
+
+    #[test]
+    fn a_client_already_in_the_process_is_shared_not_an_error() {
+        // erlfdb loaded first: its version and its network are used.
+        assert_eq!(after_select(2201, 710), AfterSelect::UseShared);
+        assert_eq!(after_setup(2009), AfterSetup::UseShared);
+    }
+
+    #[test]
+    fn other_answers_fail_with_the_reason() {
+        match after_select(2203, 710) {
+            AfterSelect::Fail(msg) => assert!(msg.contains("710") && msg.contains("7.1 or newer"), "{msg}"),
+            other => panic!("expected Fail, got {other:?}"),
+        }
+        match after_select(2200, 710) {
+            AfterSelect::Fail(msg) => assert!(msg.contains("2200"), "{msg}"),
+            other => panic!("expected Fail, got {other:?}"),
+        }
+        match after_setup(4100) {
+            AfterSetup::Fail(msg) => assert!(msg.contains("4100"), "{msg}"),
+            other => panic!("expected Fail, got {other:?}"),
+        }
+    }
+}
