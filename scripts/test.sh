@@ -28,6 +28,9 @@ fi
 echo "==> FoundationDB store: type-check (cargo check + clippy --features fdb)"
 scripts/check-fdb.sh
 
+echo "==> clippy on every crate (core, NIF, command line), warnings are errors"
+cargo clippy --workspace --all-targets -- -D warnings
+
 echo "==> benchmark smoke run (proves bench/run works; no speed threshold)"
 bench/run --smoke
 

@@ -642,6 +642,9 @@ fn release<'a>(
 
 budgeted_nif!(job_resubmit, job_resubmit_dirty, resubmit(reference, job_type, id, info, opts, if_vs));
 
+// The NIF's six arguments (its Erlang arity), the environment and the
+// scheduler it runs on: the shape every `budgeted_nif!` body has.
+#[allow(clippy::too_many_arguments)]
 fn resubmit<'a>(
     env: Env<'a>,
     reference: Term<'a>,
