@@ -85,7 +85,7 @@
 -spec add(binary(), binary(), map(), map()) -> ok | {error, term()}.
 add(Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info), is_map(Opts) ->
     case add_opts(Opts) of
-        {ok, NifOpts} -> nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_add, [Ref, Type, Id, Info, NifOpts]) end);
+        {ok, NifOpts} -> couch_workers_nif:call(fun(Ref) -> couch_workers_nif:budgeted(job_add, [Ref, Type, Id, Info, NifOpts]) end);
         {error, _} = Error -> Error
     end;
 add(_Type, _Id, _Info, _Opts) ->
@@ -94,7 +94,7 @@ add(_Type, _Id, _Info, _Opts) ->
 -spec add_many(binary(), [{binary(), map(), map()}]) -> ok | {error, term()}.
 add_many(Type, Jobs) when is_binary(Type), is_list(Jobs) ->
     case nif_jobs(Jobs, [], ok) of
-        {ok, NifJobs} -> nif_call(fun(Ref) -> couch_workers_nif:job_add_many(Ref, Type, NifJobs) end);
+        {ok, NifJobs} -> couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_add_many(Ref, Type, NifJobs) end);
         {error, _} = Error -> Error
     end;
 add_many(_Type, _Jobs) ->
@@ -103,7 +103,7 @@ add_many(_Type, _Jobs) ->
 -spec fail(map(), map(), map()) -> ok | {error, term()}.
 fail(Job, Error, Opts) when is_map(Job), is_map(Error), is_map(Opts) ->
     case retry(Opts) of
-        {ok, Retry} -> nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_fail, [Ref, Job, Error, Retry]) end);
+        {ok, Retry} -> couch_workers_nif:call(fun(Ref) -> couch_workers_nif:budgeted(job_fail, [Ref, Job, Error, Retry]) end);
         {error, _} = Err -> Err
     end;
 fail(_Job, _Error, _Opts) ->
@@ -114,7 +114,7 @@ release(Job, Opts) when is_map(Job), is_map(Opts) ->
     Info = opt(info, Opts, undefined),
     case nif_opts(maps:without([info, <<"info">>], Opts), [priority, schedule]) of
         {ok, NifOpts} when Info =:= undefined; is_map(Info) ->
-            nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_release, [Ref, Job, Info, NifOpts]) end);
+            couch_workers_nif:call(fun(Ref) -> couch_workers_nif:budgeted(job_release, [Ref, Job, Info, NifOpts]) end);
         {ok, _} ->
             {error, invalid_info};
         {error, _} = Error ->
@@ -130,7 +130,7 @@ resubmit(Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info)
             Rest = maps:without([if_vs, <<"if_vs">>], Opts),
             case nif_opts(Rest, [priority, schedule, max_attempts, keep]) of
                 {ok, NifOpts} ->
-                    nif_call(fun(Ref) ->
+                    couch_workers_nif:call(fun(Ref) ->
                         couch_workers_nif:budgeted(job_resubmit, [Ref, Type, Id, Info, NifOpts, IfVs])
                     end);
                 {error, _} = Error ->
@@ -145,7 +145,7 @@ resubmit(_Type, _Id, _Info, _Opts) ->
 -spec remove(binary(), binary(), map()) -> ok | {error, term()}.
 remove(Type, Id, Opts) when is_binary(Type), is_binary(Id), is_map(Opts) ->
     case if_vs(Opts) of
-        {ok, IfVs} -> nif_call(fun(Ref) -> couch_workers_nif:job_remove_if(Ref, Type, Id, IfVs) end);
+        {ok, IfVs} -> couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_remove_if(Ref, Type, Id, IfVs) end);
         {error, _} = Error -> Error
     end;
 remove(_Type, _Id, _Opts) ->
@@ -153,7 +153,7 @@ remove(_Type, _Id, _Opts) ->
 
 -spec counts(binary()) -> #{atom() => non_neg_integer()} | {error, term()}.
 counts(Type) when is_binary(Type) ->
-    case nif_call(fun(Ref) -> couch_workers_nif:job_counts(Ref, Type) end) of
+    case couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_counts(Ref, Type) end) of
         {ok, Counts} -> Counts;
         {error, _} = Error -> Error
     end;
@@ -162,7 +162,7 @@ counts(_Type) ->
 
 -spec types() -> [binary()] | {error, term()}.
 types() ->
-    case nif_call(fun(Ref) -> couch_workers_nif:job_types(Ref) end) of
+    case couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_types(Ref) end) of
         {ok, Types} -> Types;
         {error, _} = Error -> Error
     end.
@@ -195,7 +195,7 @@ do_list(Type, States, Limit, Cont) ->
         {true, {ok, done}} ->
             {ok, [], done};
         {true, {ok, After}} ->
-            case nif_call(fun(Ref) -> couch_workers_nif:job_list(Ref, Type, States, Limit, After) end) of
+            case couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_list(Ref, Type, States, Limit, After) end) of
                 {ok, Jobs, done} -> {ok, Jobs, done};
                 {ok, Jobs, Last} -> {ok, Jobs, {?MODULE, Type, Last}};
                 {error, _} = Error -> Error
@@ -261,13 +261,13 @@ wait_loop(Sub, #{state := State} = Job, States, Deadline) ->
 
 -spec pause(binary()) -> ok | {error, term()}.
 pause(Type) when is_binary(Type) ->
-    nif_call(fun(Ref) -> couch_workers_nif:job_set_paused(Ref, Type, true) end);
+    couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_set_paused(Ref, Type, true) end);
 pause(_Type) ->
     erlang:error(badarg).
 
 -spec resume(binary()) -> ok | {error, term()}.
 resume(Type) when is_binary(Type) ->
-    nif_call(fun(Ref) -> couch_workers_nif:job_set_paused(Ref, Type, false) end);
+    couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_set_paused(Ref, Type, false) end);
 resume(_Type) ->
     erlang:error(badarg).
 
@@ -289,37 +289,37 @@ accept(_WorkerRef, _Opts) ->
 
 -spec update(map(), map()) -> {ok, map()} | {error, term()}.
 update(Job, Info) when is_map(Job), is_map(Info) ->
-    nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_update, [Ref, Job, Info]) end);
+    couch_workers_nif:call(fun(Ref) -> couch_workers_nif:budgeted(job_update, [Ref, Job, Info]) end);
 update(_Job, _Info) ->
     erlang:error(badarg).
 
 -spec finish(map(), map()) -> ok | {error, term()}.
 finish(Job, Result) when is_map(Job), is_map(Result) ->
-    nif_call(fun(Ref) -> couch_workers_nif:budgeted(job_finish, [Ref, Job, Result]) end);
+    couch_workers_nif:call(fun(Ref) -> couch_workers_nif:budgeted(job_finish, [Ref, Job, Result]) end);
 finish(_Job, _Result) ->
     erlang:error(badarg).
 
 -spec cancel(binary(), binary()) -> ok | {error, term()}.
 cancel(Type, Id) when is_binary(Type), is_binary(Id) ->
-    nif_call(fun(Ref) -> couch_workers_nif:job_cancel(Ref, Type, Id) end);
+    couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_cancel(Ref, Type, Id) end);
 cancel(_Type, _Id) ->
     erlang:error(badarg).
 
 -spec remove(binary(), binary()) -> ok | {error, term()}.
 remove(Type, Id) when is_binary(Type), is_binary(Id) ->
-    nif_call(fun(Ref) -> couch_workers_nif:job_remove(Ref, Type, Id) end);
+    couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_remove(Ref, Type, Id) end);
 remove(_Type, _Id) ->
     erlang:error(badarg).
 
 -spec get(binary(), binary()) -> {ok, map()} | {error, term()}.
 get(Type, Id) when is_binary(Type), is_binary(Id) ->
-    nif_call(fun(Ref) -> couch_workers_nif:job_get(Ref, Type, Id) end);
+    couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_get(Ref, Type, Id) end);
 get(_Type, _Id) ->
     erlang:error(badarg).
 
 -spec pending_count(binary()) -> non_neg_integer() | {error, term()}.
 pending_count(Type) when is_binary(Type) ->
-    case nif_call(fun(Ref) -> couch_workers_nif:job_pending_count(Ref, Type) end) of
+    case couch_workers_nif:call(fun(Ref) -> couch_workers_nif:job_pending_count(Ref, Type) end) of
         {ok, N} -> N;
         {error, _} = Error -> Error
     end;
@@ -352,12 +352,6 @@ start_link() ->
 
 %% Calls an asynchronous NIF with a fresh reference and waits for its
 %% one answer.
-nif_call(Fun) ->
-    Ref = make_ref(),
-    case Fun(Ref) of
-        ok -> couch_workers_nif:wait(Ref, couch_workers_app:call_timeout());
-        {error, _} = Error -> Error
-    end.
 
 %% `timeout' (atom or binary key): ms, a non-negative integer or
 %% `infinity', default 0.

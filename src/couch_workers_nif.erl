@@ -157,7 +157,7 @@
     job_resubmit_dirty/6
 ]).
 
--export([wait/2, budgeted/2]).
+-export([wait/2, call/1, budgeted/2]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -203,6 +203,18 @@ wait(Ref, Timeout) ->
     receive
         {Ref, Result} -> Result
     after Timeout -> {error, timeout}
+    end.
+
+%% @doc Starts an asynchronous NIF, `Start(Ref)' with a fresh `Ref', and
+%% waits for its answer as long as an API call waits for the store
+%% (`couch_workers_app:call_timeout/0'). A NIF that refuses at once
+%% answers its error.
+-spec call(fun((reference()) -> ok | {error, term()})) -> term().
+call(Start) ->
+    Ref = make_ref(),
+    case Start(Ref) of
+        ok -> wait(Ref, couch_workers_app:call_timeout());
+        {error, _} = Error -> Error
     end.
 
 %% @doc Calls `Nif' with `Args' on the calling scheduler; when that

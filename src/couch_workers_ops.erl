@@ -23,7 +23,7 @@
 %% @doc The worker types that have registered workers now, in byte order.
 -spec worker_types() -> [binary()] | {error, term()}.
 worker_types() ->
-    case nif_call(fun(Ref) -> couch_workers_nif:ops_worker_types(Ref) end) of
+    case couch_workers_nif:call(fun(Ref) -> couch_workers_nif:ops_worker_types(Ref) end) of
         {ok, Types} -> Types;
         {error, _} = Error -> Error
     end.
@@ -31,7 +31,7 @@ worker_types() ->
 %% @doc Every registered worker of `Type', in id order, cluster-wide.
 -spec workers(binary()) -> [worker_info()] | {error, term()}.
 workers(Type) when is_binary(Type) ->
-    case nif_call(fun(Ref) -> couch_workers_nif:ops_workers(Ref, Type) end) of
+    case couch_workers_nif:call(fun(Ref) -> couch_workers_nif:ops_workers(Ref, Type) end) of
         {ok, Workers} -> Workers;
         {error, _} = Error -> Error
     end;
@@ -42,16 +42,10 @@ workers(_Type) ->
 %% `couch_workers:job_pause/1' sets).
 -spec job_paused(binary()) -> boolean() | {error, term()}.
 job_paused(Type) when is_binary(Type) ->
-    case nif_call(fun(Ref) -> couch_workers_nif:ops_job_paused(Ref, Type) end) of
+    case couch_workers_nif:call(fun(Ref) -> couch_workers_nif:ops_job_paused(Ref, Type) end) of
         {ok, Paused} -> Paused;
         {error, _} = Error -> Error
     end;
 job_paused(_Type) ->
     erlang:error(badarg).
 
-nif_call(Fun) ->
-    Ref = make_ref(),
-    case Fun(Ref) of
-        ok -> couch_workers_nif:wait(Ref, couch_workers_app:call_timeout());
-        {error, _} = Error -> Error
-    end.

@@ -111,7 +111,7 @@ sched_test_() ->
     }.
 
 every_nif_is_measured() ->
-    Erlang = [{init, 0}, {wait, 2}, {budgeted, 2}, {module_info, 0}, {module_info, 1}],
+    Erlang = [{init, 0}, {wait, 2}, {call, 1}, {budgeted, 2}, {module_info, 0}, {module_info, 1}],
     Normal = [
         FA
      || FA <- couch_workers_nif:module_info(exports),
