@@ -56,7 +56,9 @@
 //!
 //! * [`record`]: the stored values and their format versions;
 //! * [`ops`]: the transactional operations over `&Tx` (the only code that
-//!   writes job keys);
+//!   writes job keys), one module per seam: `lifecycle` (add, update, end,
+//!   cancel, remove), `accept`, `reclaim`, `resubmit`, `requeue` (failover
+//!   and the orphan sweep), `query`, `pause`, `prune`;
 //! * [`dispatcher`]: the per-(node, type) accept dispatcher (no thundering
 //!   herd: one watch per node and type, one transaction per round);
 //! * [`subscription`]: job watchers shared per (node, job);
