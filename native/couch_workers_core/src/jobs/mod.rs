@@ -63,11 +63,15 @@
 //!   herd: one watch per node and type, one transaction per round);
 //! * [`subscription`]: job watchers shared per (node, job);
 //! * `place.rs`: the keys and counters of each state (the one writer);
+//! * `commit.rs`: a job write run to its commit: the once-only run of an
+//!   `Ok(())` write (add, resubmit, remove: its receipt) and the commit's
+//!   versionstamp in the answer;
 //! * [`sweeper`]: finishes the failover of workers removed with more
 //!   running jobs than one transaction may move;
 //! * `pruner.rs`: removes ended jobs past their `keep`;
 //! * [`service`]: the node-level API the NIF calls.
 
+mod commit;
 pub mod dispatcher;
 pub mod job;
 pub mod ops;
@@ -75,7 +79,6 @@ pub(crate) mod place;
 mod pruner;
 pub mod receipt;
 pub mod record;
-mod runner;
 pub mod service;
 pub mod subscription;
 mod sweeper;

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use super::Outcome;
+use super::OpResult;
 use super::helpers::{check_index_keys, check_job_key, get_many, new_record, read_record};
 use super::run_end::{end_run, Retry, RunEnd};
 use crate::jobs::job::{AddManyError, Fence, Job, JobHandle, JobSpec, JobState, JobVs, NewJob, Schedule};
@@ -22,14 +22,14 @@ pub const MAX_ADD_MANY: usize = 1 << 16;
 
 /// Adds a pending job. `AlreadyExists` if a job of that type and id exists
 /// in any state.
-pub async fn add(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &NewJob) -> Result<Outcome<()>, StoreError> {
+pub async fn add(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &NewJob) -> Result<OpResult<()>, StoreError> {
     add_job(tx, ks, job_type, &JobSpec::from(job), place::wall_ms()).await
 }
 
 /// Adds a job with its options: `scheduled` if its schedule is in the
 /// future of `now`, else pending. `AlreadyExists` if a job of that type and
 /// id exists in any state.
-pub async fn add_job(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &JobSpec, now: u64) -> Result<Outcome<()>, StoreError> {
+pub async fn add_job(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &JobSpec, now: u64) -> Result<OpResult<()>, StoreError> {
     let mut rec = match new_record(ks, job_type, job) {
         Ok(rec) => rec,
         Err(e) => return Ok(Err(e)),
@@ -117,7 +117,7 @@ pub async fn add_many_jobs(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[JobS
 /// The record of the job `fence` names, if that accept still holds it:
 /// running, same worker, same token, and not a job of a removed
 /// incarnation of the worker that the sweeper has not reached yet.
-async fn owned_record(tx: &Tx, ks: &Keyspace, fence: &Fence) -> Result<Outcome<Record>, StoreError> {
+async fn owned_record(tx: &Tx, ks: &Keyspace, fence: &Fence) -> Result<OpResult<Record>, StoreError> {
     let Some(rec) = read_record(tx, ks, &fence.job_type, &fence.job_id, false).await? else {
         return Ok(Err(Error::NotFound));
     };
@@ -138,7 +138,7 @@ async fn owned_record(tx: &Tx, ks: &Keyspace, fence: &Fence) -> Result<Outcome<R
 
 /// Replaces the info of a job the handle holds. If a cancel was requested
 /// the job becomes canceled instead (and leaves the worker): `Canceled`.
-pub async fn update(tx: &Tx, ks: &Keyspace, fence: &Fence, info: &[u8]) -> Result<Outcome<JobHandle>, StoreError> {
+pub async fn update(tx: &Tx, ks: &Keyspace, fence: &Fence, info: &[u8]) -> Result<OpResult<JobHandle>, StoreError> {
     if let Err(e) = check_job_key(ks, &fence.job_type, &fence.job_id) {
         return Ok(Err(e));
     }
@@ -160,7 +160,7 @@ pub async fn update(tx: &Tx, ks: &Keyspace, fence: &Fence, info: &[u8]) -> Resul
 }
 
 /// Ends the run the handle holds as `end` says (finish, fail, release).
-pub async fn end(tx: &Tx, ks: &Keyspace, fence: &Fence, end: RunEnd) -> Result<Outcome<Job>, StoreError> {
+pub async fn end(tx: &Tx, ks: &Keyspace, fence: &Fence, end: RunEnd) -> Result<OpResult<Job>, StoreError> {
     if let Err(e) = check_job_key(ks, &fence.job_type, &fence.job_id) {
         return Ok(Err(e));
     }
@@ -197,7 +197,7 @@ pub async fn end(tx: &Tx, ks: &Keyspace, fence: &Fence, end: RunEnd) -> Result<O
 }
 
 /// Finishes a job the handle holds (also one with a cancel request).
-pub async fn finish(tx: &Tx, ks: &Keyspace, fence: &Fence, result: &[u8]) -> Result<Outcome<Job>, StoreError> {
+pub async fn finish(tx: &Tx, ks: &Keyspace, fence: &Fence, result: &[u8]) -> Result<OpResult<Job>, StoreError> {
     end(tx, ks, fence, RunEnd::Finished(result.to_vec())).await
 }
 
@@ -207,7 +207,7 @@ pub async fn finish(tx: &Tx, ks: &Keyspace, fence: &Fence, result: &[u8]) -> Res
 /// request (its worker's next update cancels it; a resubmission waiting
 /// for the run's end is dropped), an ended one not at all (`Ok`, nothing
 /// written). Returns the job as it now is.
-pub async fn cancel(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<Outcome<Job>, StoreError> {
+pub async fn cancel(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<OpResult<Job>, StoreError> {
     if let Err(e) = check_job_key(ks, job_type, id) {
         return Ok(Err(e));
     }
@@ -233,13 +233,13 @@ pub async fn cancel(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Resul
 
 /// Removes a job in any state; a running one's worker is then refused
 /// (`not_found`).
-pub async fn remove(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<Outcome<()>, StoreError> {
+pub async fn remove(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<OpResult<()>, StoreError> {
     remove_if(tx, ks, job_type, id, None).await
 }
 
 /// [`remove`]; with `if_vs`, only if the job's `vs` is still that
 /// (`Changed` otherwise; an absent job is `NotFound`).
-pub async fn remove_if(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<Outcome<()>, StoreError> {
+pub async fn remove_if(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<OpResult<()>, StoreError> {
     if let Err(e) = check_job_key(ks, job_type, id) {
         return Ok(Err(e));
     }

@@ -63,7 +63,7 @@ pub use run_end::{Retry, RunEnd};
 use crate::error::Error;
 
 /// An expected outcome of an operation (see the module comment).
-pub type Outcome<T> = Result<T, Error>;
+pub type OpResult<T> = Result<T, Error>;
 
 /// Most bytes (keys and values written) that one batch of requeues or
 /// accepts may write: a fifth of FoundationDB's 10 MB, so that the

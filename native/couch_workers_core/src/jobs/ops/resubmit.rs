@@ -1,6 +1,6 @@
 //! `resubmit`: add the job, or run it again.
 
-use super::Outcome;
+use super::OpResult;
 use super::helpers::{check_index_keys, read_record};
 use super::lifecycle::add_job;
 use super::run_end::{apply_opts, apply_resubmit};
@@ -13,7 +13,7 @@ use crate::store::{StoreError, Tx, MAX_VALUE_SIZE};
 
 /// The record, if `if_vs` (when given) still matches it: `Changed` when
 /// the job changed since or is gone.
-async fn read_if(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<Outcome<Option<Record>>, StoreError> {
+async fn read_if(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<OpResult<Option<Record>>, StoreError> {
     let rec = read_record(tx, ks, job_type, id, false).await?;
     match (if_vs, &rec) {
         (Some(vs), Some(r)) if r.vs != *vs => Ok(Err(Error::Changed)),
@@ -37,7 +37,7 @@ pub async fn resubmit(
     opts: &JobOpts,
     if_vs: Option<&JobVs>,
     now: u64,
-) -> Result<Outcome<()>, StoreError> {
+) -> Result<OpResult<()>, StoreError> {
     let rec = match read_if(tx, ks, job_type, id, if_vs).await? {
         Ok(rec) => rec,
         Err(e) => return Ok(Err(e)),
