@@ -2,17 +2,17 @@
 //! add, the worker's update and end of a run, and anyone's cancel, remove,
 //! reads and pause.
 
-
-use couch_workers_core::jobs::{AddManyError, JobSpec, JobState};
+use couch_workers_core::jobs::{JobSpec, JobState};
 use couch_workers_core::store::MAX_TRANSACTION_SIZE;
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
+use super::spawn_call;
 use super::args::{check_ref, fence_arg, json_arg, opts_arg, retry_arg, vs_arg};
-use super::terms::{already_exists_answer, core_error, counts_answer, handle_answer, job_answer, page_answer, types_answer};
+use super::terms::{counts_answer, handle_answer, job_answer, ok_answer, page_answer, types_answer};
 use crate::atoms;
 use crate::json::{budgeted_nif, Sched};
-use crate::reply::{self, Replier};
+use crate::reply;
 use crate::term::bytes_arg;
 
 /// Most jobs in one `job_add_many` (the core's limit: one user version
@@ -40,14 +40,7 @@ fn add<'a>(
     let Some(opts) = opts else {
         return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
     };
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.add_with(&job_type, &id, &info, &opts).await {
-            Ok(()) => reply::ok(),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.add_with(&job_type, &id, &info, &opts).await }, ok_answer)
 }
 
 /// Runs on a dirty scheduler: a batch converts up to 10 MB of terms to
@@ -85,15 +78,7 @@ fn job_add_many<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, list:
         }
         jobs.push(JobSpec { id: id.to_vec(), info, opts });
     }
-    let (service, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match service.add_many_with(&job_type, &jobs).await {
-            Ok(()) => reply::ok(),
-            Err(AddManyError::AlreadyExists(ids)) => already_exists_answer(ids),
-            Err(AddManyError::Error(e)) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |service| async move { service.add_many_with(&job_type, &jobs).await }, ok_answer)
 }
 
 // ---- the worker's side: update, finish --------------------------------------
@@ -110,14 +95,7 @@ fn update<'a>(
     check_ref(reference)?;
     let fence = fence_arg(handle)?;
     let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.update(&fence, &info).await {
-            Ok(handle) => handle_answer(handle),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.update(&fence, &info).await }, handle_answer)
 }
 
 budgeted_nif!(job_finish, job_finish_dirty, finish(reference, handle, result));
@@ -132,19 +110,10 @@ fn finish<'a>(
     check_ref(reference)?;
     let fence = fence_arg(handle)?;
     let result = try_json!(json_arg(env, result, sched, atoms::invalid_result()));
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.finish(&fence, &result).await {
-            Ok(()) => reply::ok(),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.finish(&fence, &result).await }, ok_answer)
 }
 
 budgeted_nif!(job_fail, job_fail_dirty, fail(reference, handle, error, retry));
-
-
 
 fn fail<'a>(
     env: Env<'a>,
@@ -158,14 +127,7 @@ fn fail<'a>(
     let fence = fence_arg(handle)?;
     let retry = retry_arg(retry)?;
     let error = try_json!(json_arg(env, error, sched, atoms::invalid_info()));
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.fail(&fence, &error, retry).await {
-            Ok(()) => reply::ok(),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.fail(&fence, &error, retry).await }, ok_answer)
 }
 
 budgeted_nif!(job_release, job_release_dirty, release(reference, handle, info, opts));
@@ -192,14 +154,7 @@ fn release<'a>(
     let Some(opts) = opts else {
         return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
     };
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.release(&fence, &opts, info.as_deref()).await {
-            Ok(()) => reply::ok(),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.release(&fence, &opts, info.as_deref()).await }, ok_answer)
 }
 
 budgeted_nif!(job_resubmit, job_resubmit_dirty, resubmit(reference, job_type, id, info, opts, if_vs));
@@ -226,14 +181,12 @@ fn resubmit<'a>(
     let Some(opts) = opts else {
         return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
     };
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.resubmit(&job_type, &id, &info, &opts, if_vs.as_ref()).await {
-            Ok(()) => reply::ok(),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(
+        env,
+        reference,
+        move |jobs| async move { jobs.resubmit(&job_type, &id, &info, &opts, if_vs.as_ref()).await },
+        ok_answer,
+    )
 }
 
 // ---- anyone's side: cancel, remove, get, count --------------------------------
@@ -244,41 +197,20 @@ fn job_remove_if<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: 
     let job_type = bytes_arg(job_type)?.to_vec();
     let id = bytes_arg(id)?.to_vec();
     let vs = vs_arg(vs)?;
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.remove_if(&job_type, &id, vs.as_ref()).await {
-            Ok(()) => reply::ok(),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.remove_if(&job_type, &id, vs.as_ref()).await }, ok_answer)
 }
 
 #[rustler::nif]
 fn job_counts<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) -> NifResult<Term<'a>> {
     check_ref(reference)?;
     let job_type = bytes_arg(job_type)?.to_vec();
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.counts(&job_type).await {
-            Ok(counts) => counts_answer(counts),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.counts(&job_type).await }, counts_answer)
 }
 
 #[rustler::nif]
 fn job_types<'a>(env: Env<'a>, reference: Term<'a>) -> NifResult<Term<'a>> {
     check_ref(reference)?;
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.job_types().await {
-            Ok(types) => types_answer(types),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.job_types().await }, types_answer)
 }
 
 /// `job_list(Ref, Type, States, Limit, After)`: `States` `all` or a
@@ -316,14 +248,12 @@ fn job_list<'a>(
         return Err(Error::BadArg);
     }
     let after = if after.is_binary() { Some(bytes_arg(after)?.to_vec()) } else if vs_arg(after)?.is_none() { None } else { return Err(Error::BadArg) };
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.list(&job_type, states.as_deref(), limit, after.as_deref()).await {
-            Ok((page, cont)) => page_answer(page, cont),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(
+        env,
+        reference,
+        move |jobs| async move { jobs.list(&job_type, states.as_deref(), limit, after.as_deref()).await },
+        |(page, cont)| page_answer(page, cont),
+    )
 }
 
 #[rustler::nif]
@@ -331,30 +261,15 @@ fn job_set_paused<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, pau
     check_ref(reference)?;
     let job_type = bytes_arg(job_type)?.to_vec();
     let paused: bool = paused.decode()?;
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.set_paused(&job_type, paused).await {
-            Ok(()) => reply::ok(),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.set_paused(&job_type, paused).await }, ok_answer)
 }
-
 
 #[rustler::nif]
 fn job_cancel<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
     check_ref(reference)?;
     let job_type = bytes_arg(job_type)?.to_vec();
     let id = bytes_arg(id)?.to_vec();
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.cancel(&job_type, &id).await {
-            Ok(()) => reply::ok(),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.cancel(&job_type, &id).await }, ok_answer)
 }
 
 #[rustler::nif]
@@ -362,14 +277,7 @@ fn job_remove<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Ter
     check_ref(reference)?;
     let job_type = bytes_arg(job_type)?.to_vec();
     let id = bytes_arg(id)?.to_vec();
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.remove(&job_type, &id).await {
-            Ok(()) => reply::ok(),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.remove(&job_type, &id).await }, ok_answer)
 }
 
 #[rustler::nif]
@@ -377,26 +285,12 @@ fn job_get<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'
     check_ref(reference)?;
     let job_type = bytes_arg(job_type)?.to_vec();
     let id = bytes_arg(id)?.to_vec();
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.get(&job_type, &id).await {
-            Ok(job) => job_answer(job),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.get(&job_type, &id).await }, job_answer)
 }
 
 #[rustler::nif]
 fn job_pending_count<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) -> NifResult<Term<'a>> {
     check_ref(reference)?;
     let job_type = bytes_arg(job_type)?.to_vec();
-    let (jobs, rt) = try_service!(env);
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.pending_count(&job_type).await {
-            Ok(n) => reply::ok_with(n),
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.pending_count(&job_type).await }, reply::ok_with)
 }

@@ -41,9 +41,14 @@
 //! | `accept.rs` | `job_accept/4`, `job_accept_abandon/1`: the waiter resource and its one answer |
 //! | `subscribe.rs` | `job_subscribe/5`, `job_unsubscribe/1`: the subscription resource and its notifier |
 
-use couch_workers_core::jobs::JobService;
-use rustler::{Env, Term};
+use std::future::Future;
 
+use couch_workers_core::jobs::{AddManyError, JobService};
+use couch_workers_core::Error as CoreError;
+use rustler::{Encoder, Env, NifResult, Term};
+
+use crate::atoms;
+use crate::reply::{self, Answer, Replier};
 use crate::runtime;
 use crate::term::error_tuple;
 
@@ -54,6 +59,56 @@ fn service<'a>(env: Env<'a>) -> Result<(JobService, tokio::runtime::Handle), Ter
         Ok(node) => Ok((node.jobs().clone(), node.runtime().clone())),
         Err(e) => Err(error_tuple(env, e.name())),
     }
+}
+
+/// An error a job-service call can end with, as the `{error, ...}` of its
+/// reply.
+trait ErrorAnswer {
+    fn into_answer(self) -> Answer;
+}
+
+impl ErrorAnswer for CoreError {
+    fn into_answer(self) -> Answer {
+        terms::core_error(&self)
+    }
+}
+
+impl ErrorAnswer for AddManyError {
+    fn into_answer(self) -> Answer {
+        match self {
+            AddManyError::AlreadyExists(ids) => terms::already_exists_answer(ids),
+            AddManyError::Error(e) => terms::core_error(&e),
+        }
+    }
+}
+
+/// The shape of every job NIF that is one call into the job service:
+/// `call` runs on the runtime, and its result becomes the one `{Ref,
+/// Result}` reply (`answer` of its value, or its error); the NIF itself
+/// answers `ok` at once, or `{error, not_started}` when no node runs. The
+/// NIF checks its arguments first, so a refused call starts nothing.
+fn spawn_call<'a, T, E, Fut>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    call: impl FnOnce(JobService) -> Fut,
+    answer: impl FnOnce(T) -> Answer + Send + 'static,
+) -> NifResult<Term<'a>>
+where
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+    E: ErrorAnswer,
+{
+    let (jobs, rt) = match service(env) {
+        Ok(s) => s,
+        Err(answer) => return Ok(answer),
+    };
+    let work = call(jobs);
+    reply::spawn(&rt, Replier::new(env, reference), async move {
+        match work.await {
+            Ok(value) => answer(value),
+            Err(e) => e.into_answer(),
+        }
+    });
+    Ok(atoms::ok().encode(env))
 }
 
 macro_rules! try_service {

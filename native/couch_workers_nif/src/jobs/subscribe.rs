@@ -9,9 +9,10 @@ use couch_workers_core::log::{Event, Level};
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 
 use super::args::check_ref;
-use super::terms::{core_error, job_to_term};
+use super::terms::job_to_term;
+use super::spawn_call;
 use crate::atoms;
-use crate::reply::{self, Answer, Replier};
+use crate::reply::Answer;
 use crate::runtime;
 use crate::stats::{self, LiveResource};
 use crate::term::bytes_arg;
@@ -80,7 +81,6 @@ fn job_subscribe<'a>(
     let job_type = bytes_arg(job_type)?.to_vec();
     let id = bytes_arg(id)?.to_vec();
     let pid: LocalPid = pid.decode().map_err(|_| Error::BadArg)?;
-    let (jobs, rt) = try_service!(env);
     let notifier = Arc::new(Notifier { pid, owner: env.pid(), tag: sub_ref.to_binary().as_slice().to_vec() });
     let on_event = Box::new(move |event: JobEvent| {
         // Called on a runtime thread, under the watcher's lock: send and
@@ -96,16 +96,10 @@ fn job_subscribe<'a>(
             crate::log::emit(Event::new(Level::Error, "job_notify_failed"));
         }
     });
-    reply::spawn(&rt, Replier::new(env, reference), async move {
-        match jobs.subscribe(&job_type, &id, on_event).await {
-            Ok((job, sub)) => {
-                let res = ResourceArc::new(SubscriptionResource { sub, _live: LiveResource::new(&stats::JOB_SUBSCRIPTIONS) });
-                subscribed_answer(res, job)
-            }
-            Err(e) => core_error(&e),
-        }
-    });
-    Ok(atoms::ok().encode(env))
+    spawn_call(env, reference, move |jobs| async move { jobs.subscribe(&job_type, &id, on_event).await }, |(job, sub)| {
+        let res = ResourceArc::new(SubscriptionResource { sub, _live: LiveResource::new(&stats::JOB_SUBSCRIPTIONS) });
+        subscribed_answer(res, job)
+    })
 }
 
 #[rustler::nif]

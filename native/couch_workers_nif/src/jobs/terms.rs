@@ -60,6 +60,11 @@ pub fn job_to_term<'a>(env: Env<'a>, job: &Job, token: Option<&AcceptToken>) -> 
     Term::map_from_term_arrays(env, &keys, &values).unwrap_or_else(|_| rustler::types::map::map_new(env))
 }
 
+/// `ok`.
+pub(super) fn ok_answer(_: ()) -> Answer {
+    reply::ok()
+}
+
 pub(super) fn handle_answer(handle: JobHandle) -> Answer {
     Box::new(move |env| (atoms::ok(), job_to_term(env, &handle.job, Some(&handle.token))).encode(env))
 }
