@@ -845,8 +845,6 @@ fn job_pending_count<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) 
 struct Notifier {
     /// The subscriber.
     pid: LocalPid,
-    /// The process that made the subscription (told when it ends).
-    owner: LocalPid,
     /// The subscription's reference in the external term format (terms do
     /// not outlive their environment).
     tag: Vec<u8>,
@@ -868,8 +866,13 @@ impl Notifier {
             JobEvent::Removed => {
                 let _ = env
                     .send_and_clear(&self.pid, |env| (atoms::couch_workers_job(), self.tag(env), atoms::removed()).encode(env));
-                let _ =
-                    env.send_and_clear(&self.owner, |env| (atoms::couch_workers_job_ended(), self.tag(env)).encode(env));
+                // To the server registered now, not the one that
+                // subscribed: it may have crashed and been restarted
+                // since, taking this subscription over.
+                if let Some(server) = env.run(|env| env.whereis_pid(atoms::couch_workers_jobs_subs())) {
+                    let _ =
+                        env.send_and_clear(&server, |env| (atoms::couch_workers_job_ended(), self.tag(env)).encode(env));
+                }
             }
         }
     }
@@ -890,7 +893,7 @@ fn job_subscribe<'a>(
     let id = bytes_arg(id)?.to_vec();
     let pid: LocalPid = pid.decode().map_err(|_| Error::BadArg)?;
     let (jobs, rt) = try_service!(env);
-    let notifier = Arc::new(Notifier { pid, owner: env.pid(), tag: sub_ref.to_binary().as_slice().to_vec() });
+    let notifier = Arc::new(Notifier { pid, tag: sub_ref.to_binary().as_slice().to_vec() });
     let on_event = Box::new(move |event: JobEvent| {
         // Called on a runtime thread, under the watcher's lock: send and
         // return. A panic must not take the watcher down.
