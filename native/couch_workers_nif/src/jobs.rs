@@ -72,7 +72,7 @@ use crate::atoms;
 use crate::json::{self, budgeted_nif, json_bytes_to_term, Sched};
 use crate::reply::{self, Answer, Replier};
 use crate::runtime;
-use crate::stats::{self, Live};
+use crate::stats::{self, LiveResource};
 use crate::term::{atom, binary, bytes_arg, error_tuple};
 use crate::workers::RegistrationResource;
 
@@ -89,7 +89,7 @@ const ABANDONED: u8 = 2;
 /// What the caller of `job_accept/4` holds while it waits.
 pub struct WaiterResource {
     state: Arc<AtomicU8>,
-    _live: Live,
+    _live: LiveResource,
 }
 
 #[rustler::resource_impl(register = false)]
@@ -106,7 +106,7 @@ impl Drop for WaiterResource {
 /// A live job subscription; dropping it ends the subscription.
 pub struct SubscriptionResource {
     sub: JobSubscription,
-    _live: Live,
+    _live: LiveResource,
 }
 
 #[rustler::resource_impl(register = false)]
@@ -501,7 +501,7 @@ fn job_accept<'a>(
     let timeout_ms: u64 = timeout_ms.decode().map_err(|_| Error::BadArg)?;
     let (jobs, rt) = try_service!(env);
     let state = Arc::new(AtomicU8::new(WAITING));
-    let waiter = ResourceArc::new(WaiterResource { state: state.clone(), _live: Live::new(&stats::ACCEPT_WAITERS) });
+    let waiter = ResourceArc::new(WaiterResource { state: state.clone(), _live: LiveResource::new(&stats::ACCEPT_WAITERS) });
     let replier = AcceptReplier { state, replier: Some(Replier::new(env, reference)) };
     // On the runtime, so that every delivery (also an immediate error)
     // happens off the schedulers.
@@ -911,7 +911,7 @@ fn job_subscribe<'a>(
     reply::spawn(&rt, Replier::new(env, reference), async move {
         match jobs.subscribe(&job_type, &id, on_event).await {
             Ok((job, sub)) => {
-                let res = ResourceArc::new(SubscriptionResource { sub, _live: Live::new(&stats::JOB_SUBSCRIPTIONS) });
+                let res = ResourceArc::new(SubscriptionResource { sub, _live: LiveResource::new(&stats::JOB_SUBSCRIPTIONS) });
                 subscribed_answer(res, job)
             }
             Err(e) => core_error(&e),
