@@ -22,7 +22,8 @@ use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
 use crate::services::watch_limit::WatchLimit;
 use crate::services::{wall_clock_s, Live, TaskCounts};
-use crate::store::{self, run, Db, StoreConfig, TxOptions};
+use crate::jobs::receipt::{self, Receipt};
+use crate::store::{self, run, run_attempts, Db, StoreConfig, StoreError, Tx, TxOptions};
 use crate::workers::{self, WorkerSpec};
 
 /// Tunables, all with defaults an operator need not touch.
@@ -192,10 +193,10 @@ impl Node {
         let incarnation = workers::new_incarnation();
         let ks = &self.ks;
         let (s, inc) = (&spec, &incarnation);
-        run(self.db.as_ref(), self.write_options(), |tx| async move {
-            workers::register(&tx, ks, s, inc, wall_clock_s()).await
-        })
-        .await?;
+        let replaced = self
+            .run_failing_over(|tx| async move { workers::register_replacing(&tx, ks, s, inc, wall_clock_s()).await.map(Some) })
+            .await?;
+        self.log_requeued(&spec.worker_type, &spec.id, replaced, "replaced");
         if self.is_stopped() {
             // `stop` began while the write was in flight: no heartbeat will
             // run, so take the worker out again rather than leave it for a
@@ -252,15 +253,68 @@ impl Node {
 
     async fn remove_worker(&self, worker_type: &[u8], id: &[u8], incarnation: &Incarnation, died: bool) -> Result<(), Error> {
         let ks = &self.ks;
-        run(self.db.as_ref(), self.write_options(), |tx| async move {
-            if died {
-                workers::remove_dead(&tx, ks, worker_type, id, incarnation).await
-            } else {
+        if died {
+            let failed_over = self
+                .run_failing_over(|tx| async move { workers::remove_dead(&tx, ks, worker_type, id, incarnation).await })
+                .await?;
+            self.log_requeued(worker_type, id, failed_over, "owner_exit");
+        } else {
+            // Released, not failed over: an unregister is no death.
+            run(self.db.as_ref(), self.write_options(), |tx| async move {
                 workers::remove(&tx, ks, worker_type, id, incarnation).await
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs a write that may fail jobs over (`Some(n)`: it wrote, and
+    /// moved `n` jobs; `None`: it wrote nothing) and returns `n`, also when
+    /// its commit landed but was answered `commit_unknown_result`: the
+    /// attempt after it finds the write's receipt, with the count, where
+    /// it would find only the write's effect (see `jobs::receipt`).
+    async fn run_failing_over<F, Fut>(&self, mut body: F) -> Result<usize, StoreError>
+    where
+        F: FnMut(Tx) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<usize>, StoreError>>,
+    {
+        let receipt = self.db.commits_may_be_unknown().then(|| Receipt::new(&self.ks));
+        let receipt = receipt.as_ref();
+        let (moved, _) = run_attempts(self.db.as_ref(), self.write_options(), |tx, attempt| {
+            // Not polled when the receipt says the write landed.
+            let work = body(tx.clone());
+            async move {
+                if let Some(r) = receipt.filter(|_| attempt.may_have_committed) {
+                    if let Some(outcome) = r.landed(&tx).await? {
+                        return Ok(receipt::parse_count(&outcome));
+                    }
+                }
+                let moved = work.await?;
+                if let (Some(r), Some(n)) = (receipt, moved) {
+                    r.write(&tx, &receipt::count_outcome(n));
+                }
+                Ok(moved.unwrap_or(0))
             }
         })
         .await?;
-        Ok(())
+        Ok(moved)
+    }
+
+    /// `jobs` running jobs of a registration of this node's failed over
+    /// (`reason`: `owner_exit`, its owner died; `replaced`, a new
+    /// registration of its id took over from one that did not
+    /// unregister): how the metrics' `jobs_requeued` learns of them, as it
+    /// learns of a reap's from `worker_reaped`.
+    fn log_requeued(&self, worker_type: &[u8], id: &[u8], jobs: usize, reason: &str) {
+        if jobs > 0 {
+            self.log.log(
+                Event::new(Level::Notice, "worker_jobs_requeued")
+                    .with("type", worker_type)
+                    .with("id", id)
+                    .with("jobs", jobs)
+                    .with("reason", reason),
+            );
+        }
     }
 
     // ---- membership -----------------------------------------------------

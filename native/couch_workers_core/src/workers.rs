@@ -147,15 +147,30 @@ fn held_by(value: &[u8], incarnation: &Incarnation) -> bool {
 /// `(type, id)` is replaced, and the jobs it was running go back to
 /// pending, since the new incarnation knows nothing of them.
 pub async fn register(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) -> Result<(), StoreError> {
+    register_replacing(tx, ks, spec, incarnation, tstamp).await.map(|_| ())
+}
+
+/// As [`register`]; returns how many running jobs of a replaced
+/// registration it failed over in this transaction (the node counts them
+/// as requeued).
+pub async fn register_replacing(
+    tx: &Tx,
+    ks: &Keyspace,
+    spec: &WorkerSpec,
+    incarnation: &Incarnation,
+    tstamp: i64,
+) -> Result<usize, StoreError> {
     let member_key = ks.member(&spec.worker_type, &spec.id);
+    let mut moved = 0;
     if tx.get(&member_key, false).await?.is_some() {
         // The id's previous registration is gone without unregistering
         // (its node restarted, or another node took the id): a death.
-        jobs::requeue_worker_jobs(tx, ks, &spec.worker_type, &spec.id, jobs::Departure::Lost).await?;
+        moved = jobs::requeue_worker_jobs(tx, ks, &spec.worker_type, &spec.id, jobs::Departure::Lost).await?;
     }
     tx.set(&member_key, &spec.options_json);
     write_health(tx, ks, spec, incarnation, tstamp);
-    record_change(tx, ks, &spec.worker_type, &spec.id, Change::Join).await
+    record_change(tx, ks, &spec.worker_type, &spec.id, Change::Join).await?;
+    Ok(moved)
 }
 
 /// Renews the health record of `incarnation`; reinstates it if the worker
@@ -190,11 +205,19 @@ pub async fn remove(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], incar
 
 /// As [`remove`], for a registration whose owner died (its pid exited):
 /// a death, so its running jobs fail with `worker_lost` (DESIGN.md),
-/// where an unregister releases them.
-pub async fn remove_dead(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], incarnation: &Incarnation) -> Result<bool, StoreError> {
+/// where an unregister releases them. `Some(n)`: removed, `n` running
+/// jobs failed over in this transaction (the node counts them as
+/// requeued); `None`: not removed (as `false` of [`remove`]).
+pub async fn remove_dead(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    id: &[u8],
+    incarnation: &Incarnation,
+) -> Result<Option<usize>, StoreError> {
     match stored_health(tx, ks, worker_type, id).await? {
-        Some(value) if held_by(&value, incarnation) => Ok(remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await?.is_some()),
-        _ => Ok(false),
+        Some(value) if held_by(&value, incarnation) => remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await,
+        _ => Ok(None),
     }
 }
 

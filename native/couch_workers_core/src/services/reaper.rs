@@ -37,7 +37,8 @@ use super::{jittered, sleep_or_cancel, Live};
 use crate::keyspace::{Keyspace, WorkerKey};
 use crate::liveness::{Look, Observer, Restart, Verdict, WorkerId};
 use crate::log::{Event, Level, Logger};
-use crate::store::{run, Db, RangeRequest, StoreError, Tx, TxOptions};
+use crate::jobs::receipt::{self, Receipt};
+use crate::store::{run_attempts, Attempt, Db, RangeRequest, StoreError, Tx, TxOptions};
 use crate::workers;
 
 /// Health records read per scan transaction.
@@ -108,7 +109,7 @@ impl Reaper {
         // transaction alone shows the store writable (it takes SQLite's
         // write lock), and a write would only wake every node's watcher.
         let add_pulse = !self.db.versions_follow_time();
-        self.look(observer, writable, |tx| async move {
+        self.look(observer, writable, |tx, _| async move {
             // A blind atomic add: no read conflict, so concurrent passes of
             // every node's reaper all commit.
             if add_pulse {
@@ -137,11 +138,11 @@ impl Reaper {
     /// version) and shows the transaction to the observer.
     async fn look<T, F, Fut>(&self, observer: &mut Observer, opts: TxOptions, f: F) -> Result<(T, Look), StoreError>
     where
-        F: FnMut(Tx) -> Fut,
+        F: FnMut(Tx, Attempt) -> Fut,
         Fut: Future<Output = Result<(T, u64), StoreError>>,
     {
         let started = Instant::now();
-        let (value, read_version) = run(self.db.as_ref(), opts, f).await?;
+        let ((value, read_version), _) = run_attempts(self.db.as_ref(), opts, f).await?;
         let look = Look { read_version, started, finished: Instant::now() };
         // The bound the look is judged by (a restart resets it).
         let bound = observer.stall_bound();
@@ -168,16 +169,30 @@ impl Reaper {
         let (ks, s) = (&self.ks, suspect);
         let (worker_type, id) = (&s.worker.0, &s.worker.1);
         let opts = self.tx(observer, true);
+        // A reap answered `commit_unknown_result` that landed finds the
+        // worker gone when it runs again: its receipt says it was this
+        // reap, and how many jobs it failed over (see `jobs::receipt`).
+        let receipt = self.db.commits_may_be_unknown().then(|| Receipt::new(ks));
+        let receipt = receipt.as_ref();
         let reaped = self
-            .look(observer, opts, |tx| async move {
+            .look(observer, opts, |tx, attempt| async move {
                 let read_version = tx.read_version().await?;
+                if let Some(r) = receipt.filter(|_| attempt.may_have_committed) {
+                    if let Some(outcome) = r.landed(&tx).await? {
+                        return Ok((Some(receipt::parse_count(&outcome)), read_version));
+                    }
+                }
                 // Waiting for the store (another process's write lock) or
                 // being held up since the last look is a stall: the store
                 // may not have taken the worker's heartbeats meanwhile.
                 if since.elapsed() > bound {
                     return Err(StoreError::TimedOut);
                 }
-                Ok((workers::reap_with_jobs(&tx, ks, worker_type, id, &s.record).await?, read_version))
+                let reaped = workers::reap_with_jobs(&tx, ks, worker_type, id, &s.record).await?;
+                if let (Some(r), Some(jobs)) = (receipt, reaped) {
+                    r.write(&tx, &receipt::count_outcome(jobs));
+                }
+                Ok((reaped, read_version))
             })
             .await;
         observer.forget(&suspect.worker);
@@ -216,7 +231,7 @@ impl Reaper {
             let (begin, end) = (cursor.clone(), all_end.clone());
             let opts = self.tx(observer, false);
             let (first, _) = self
-                .look(observer, opts, |tx| {
+                .look(observer, opts, |tx, _| {
                     let r = RangeRequest::new(begin.clone(), end.clone()).limit(1).snapshot(true);
                     async move { Ok((tx.get_range(&r).await?, tx.read_version().await?)) }
                 })
@@ -248,7 +263,7 @@ impl Reaper {
             let (b, e) = (begin.clone(), end.clone());
             let opts = self.tx(observer, false);
             let (rows, look) = self
-                .look(observer, opts, |tx| {
+                .look(observer, opts, |tx, _| {
                     let r = RangeRequest::new(b.clone(), e.clone()).limit(SCAN_BATCH).snapshot(true);
                     async move { Ok((tx.get_range(&r).await?, tx.read_version().await?)) }
                 })
