@@ -24,7 +24,7 @@ use super::ops::{self, Retry, RunEnd, Take};
 use super::place::wall_ms;
 use super::pruner::run_pruner;
 use super::receipt::{self, Receipt};
-use super::runner::{complete_handle_vs, run_committed, run_once};
+use super::commit::{complete_handle_vs, run_committed, run_once};
 use crate::store::run_attempts;
 use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
 use super::sweeper::run_sweeper;
@@ -64,7 +64,7 @@ pub(crate) struct JobCounts {
 pub(crate) use crate::services::Live;
 
 /// What the service's tasks share.
-pub(crate) struct Shared {
+pub(crate) struct ServiceState {
     pub db: Db,
     pub ks: Keyspace,
     pub log: Logger,
@@ -82,7 +82,7 @@ pub(crate) struct Shared {
     pub watch_limit: Arc<WatchLimit>,
 }
 
-impl Shared {
+impl ServiceState {
     pub fn spawn<F>(&self, task: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
@@ -143,7 +143,7 @@ impl Shared {
     }
 }
 
-impl Shared {
+impl ServiceState {
     /// Moves the type's due scheduled jobs to pending (bounded batches),
     /// by this node's wall clock. Returns the earliest `run_at` left.
     pub(crate) async fn promote(&self, job_type: &[u8]) -> Result<Option<u64>, StoreError> {
@@ -167,7 +167,7 @@ const PROMOTE_BATCH: usize = 500;
 /// The job queue of one node. Cheap to clone.
 #[derive(Clone)]
 pub struct JobService {
-    shared: Arc<Shared>,
+    shared: Arc<ServiceState>,
 }
 
 impl JobService {
@@ -186,7 +186,7 @@ impl JobService {
         runtime: Handle,
     ) -> JobService {
         let watch_limit = Arc::new(WatchLimit::new(log.clone()));
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(ServiceState {
             db,
             ks,
             log,
