@@ -96,7 +96,7 @@ impl Node {
             tasks.clone(),
             Handle::current(),
         );
-        let watch_limit = Arc::new(WatchLimit::new(log.clone()));
+        let watch_limit = jobs.watch_limit();
         let node = Arc::new(Node {
             db,
             ks,
