@@ -162,7 +162,21 @@ pub async fn register(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &I
 /// was removed. Another incarnation's record is left as it is (`Gone`):
 /// renewing it would keep a registration alive that nobody heartbeats.
 pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) -> Result<Heartbeat, StoreError> {
-    match stored_health(tx, ks, &spec.worker_type, &spec.id).await? {
+    let stored = stored_health(tx, ks, &spec.worker_type, &spec.id).await?;
+    renew(tx, ks, spec, incarnation, tstamp, stored).await
+}
+
+/// The heartbeat's decision on the health record `stored` (read for a
+/// write in this transaction), and its write.
+async fn renew(
+    tx: &Tx,
+    ks: &Keyspace,
+    spec: &WorkerSpec,
+    incarnation: &Incarnation,
+    tstamp: i64,
+    stored: Option<Vec<u8>>,
+) -> Result<Heartbeat, StoreError> {
+    match stored {
         Some(value) if held_by(&value, incarnation) => {
             write_health(tx, ks, spec, incarnation, tstamp);
             Ok(Heartbeat::Renewed)
@@ -173,6 +187,38 @@ pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &
             Ok(Heartbeat::Reinstated)
         }
     }
+}
+
+/// One registration to renew in [`heartbeat_many`].
+pub struct Beat<'a> {
+    pub spec: &'a WorkerSpec,
+    pub incarnation: &'a Incarnation,
+}
+
+/// [`heartbeat`] for many registrations in one transaction: their health
+/// records are read together (one round trip on FoundationDB), then each
+/// is judged as [`heartbeat`] judges one. `ended(i)` is asked after the
+/// reads, before anything of `beats[i]` is written: a registration whose
+/// owner ended it meanwhile (its removal may have committed before these
+/// reads, and must not be undone by a reinstatement) is skipped (`None`).
+pub async fn heartbeat_many(
+    tx: &Tx,
+    ks: &Keyspace,
+    beats: &[Beat<'_>],
+    tstamp: i64,
+    ended: impl Fn(usize) -> bool,
+) -> Result<Vec<Option<Heartbeat>>, StoreError> {
+    let keys: Vec<Vec<u8>> = beats.iter().map(|b| ks.health(&b.spec.worker_type, &b.spec.id)).collect();
+    let stored = futures::future::try_join_all(keys.iter().map(|k| tx.get(k, false))).await?;
+    let mut outcomes = Vec::with_capacity(beats.len());
+    for (i, (beat, value)) in beats.iter().zip(stored).enumerate() {
+        if ended(i) {
+            outcomes.push(None);
+            continue;
+        }
+        outcomes.push(Some(renew(tx, ks, beat.spec, beat.incarnation, tstamp, value).await?));
+    }
+    Ok(outcomes)
 }
 
 /// Removes the worker if `incarnation` still holds it, and sends its
