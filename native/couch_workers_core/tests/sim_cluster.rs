@@ -126,7 +126,7 @@ async fn worker_loop(
             }
             Err(Error::NotFound) => {} // no job within the timeout
             // Out of retries after an unknown commit: the job it may have
-            // taken goes back to pending (`Shared::reclaim`).
+            // taken goes back to pending (`ServiceState::reclaim`).
             Err(Error::Store(StoreError::CommitUnknown)) => tally.lock().unwrap().unknown_accepts += 1,
             Err(_) if node.is_stopped() => return,
             Err(e) => panic!("accept by {:?}: {e}", String::from_utf8_lossy(&id)),

@@ -72,7 +72,7 @@ use crate::atoms;
 use crate::json::{self, budgeted_nif, json_bytes_to_term, Sched};
 use crate::reply::{self, Answer, Replier};
 use crate::runtime;
-use crate::stats::{self, Live};
+use crate::stats::{self, LiveResource};
 use crate::term::{atom, binary, bytes_arg, error_tuple};
 use crate::workers::RegistrationResource;
 
@@ -89,7 +89,7 @@ const ABANDONED: u8 = 2;
 /// What the caller of `job_accept/4` holds while it waits.
 pub struct WaiterResource {
     state: Arc<AtomicU8>,
-    _live: Live,
+    _live: LiveResource,
 }
 
 #[rustler::resource_impl(register = false)]
@@ -106,7 +106,7 @@ impl Drop for WaiterResource {
 /// A live job subscription; dropping it ends the subscription.
 pub struct SubscriptionResource {
     sub: JobSubscription,
-    _live: Live,
+    _live: LiveResource,
 }
 
 #[rustler::resource_impl(register = false)]
@@ -501,7 +501,7 @@ fn job_accept<'a>(
     let timeout_ms: u64 = timeout_ms.decode().map_err(|_| Error::BadArg)?;
     let (jobs, rt) = try_service!(env);
     let state = Arc::new(AtomicU8::new(WAITING));
-    let waiter = ResourceArc::new(WaiterResource { state: state.clone(), _live: Live::new(&stats::ACCEPT_WAITERS) });
+    let waiter = ResourceArc::new(WaiterResource { state: state.clone(), _live: LiveResource::new(&stats::ACCEPT_WAITERS) });
     let replier = AcceptReplier { state, replier: Some(Replier::new(env, reference)) };
     // On the runtime, so that every delivery (also an immediate error)
     // happens off the schedulers.
@@ -845,8 +845,6 @@ fn job_pending_count<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) 
 struct Notifier {
     /// The subscriber.
     pid: LocalPid,
-    /// The process that made the subscription (told when it ends).
-    owner: LocalPid,
     /// The subscription's reference in the external term format (terms do
     /// not outlive their environment).
     tag: Vec<u8>,
@@ -868,8 +866,13 @@ impl Notifier {
             JobEvent::Removed => {
                 let _ = env
                     .send_and_clear(&self.pid, |env| (atoms::couch_workers_job(), self.tag(env), atoms::removed()).encode(env));
-                let _ =
-                    env.send_and_clear(&self.owner, |env| (atoms::couch_workers_job_ended(), self.tag(env)).encode(env));
+                // To the server registered now, not the one that
+                // subscribed: it may have crashed and been restarted
+                // since, taking this subscription over.
+                if let Some(server) = env.run(|env| env.whereis_pid(atoms::couch_workers_jobs_subs())) {
+                    let _ =
+                        env.send_and_clear(&server, |env| (atoms::couch_workers_job_ended(), self.tag(env)).encode(env));
+                }
             }
         }
     }
@@ -890,7 +893,7 @@ fn job_subscribe<'a>(
     let id = bytes_arg(id)?.to_vec();
     let pid: LocalPid = pid.decode().map_err(|_| Error::BadArg)?;
     let (jobs, rt) = try_service!(env);
-    let notifier = Arc::new(Notifier { pid, owner: env.pid(), tag: sub_ref.to_binary().as_slice().to_vec() });
+    let notifier = Arc::new(Notifier { pid, tag: sub_ref.to_binary().as_slice().to_vec() });
     let on_event = Box::new(move |event: JobEvent| {
         // Called on a runtime thread, under the watcher's lock: send and
         // return. A panic must not take the watcher down.
@@ -908,7 +911,7 @@ fn job_subscribe<'a>(
     reply::spawn(&rt, Replier::new(env, reference), async move {
         match jobs.subscribe(&job_type, &id, on_event).await {
             Ok((job, sub)) => {
-                let res = ResourceArc::new(SubscriptionResource { sub, _live: Live::new(&stats::JOB_SUBSCRIPTIONS) });
+                let res = ResourceArc::new(SubscriptionResource { sub, _live: LiveResource::new(&stats::JOB_SUBSCRIPTIONS) });
                 subscribed_answer(res, job)
             }
             Err(e) => core_error(&e),

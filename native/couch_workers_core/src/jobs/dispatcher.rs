@@ -64,8 +64,8 @@ use tokio_util::sync::CancellationToken;
 use super::job::{AcceptToken, JobHandle};
 use super::ops::{self, Take};
 use super::place::wall_ms;
-use super::runner::{complete_handle_vs, run_committed};
-use super::service::{Live, Shared};
+use super::commit::{complete_handle_vs, run_committed};
+use super::service::{Live, ServiceState};
 use crate::error::Error;
 use crate::keyspace::Incarnation;
 use crate::log::{Event, Level};
@@ -146,7 +146,7 @@ struct Entry {
 
 impl Dispatchers {
     /// Hands `waiter` to the type's dispatcher, starting one if none runs.
-    pub fn submit(&self, shared: &Arc<Shared>, job_type: &[u8], waiter: Waiter) {
+    pub fn submit(&self, shared: &Arc<ServiceState>, job_type: &[u8], waiter: Waiter) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let waiter = match map.get(job_type) {
             Some(entry) => match entry.sender.send(waiter) {
@@ -192,7 +192,7 @@ async fn wait_armed(watch: &mut Option<Watch>) -> Result<(), StoreError> {
 }
 
 struct Dispatcher {
-    shared: Arc<Shared>,
+    shared: Arc<ServiceState>,
     job_type: Vec<u8>,
     id: u64,
     receiver: mpsc::UnboundedReceiver<Waiter>,
@@ -461,7 +461,7 @@ impl Dispatcher {
     }
 }
 
-impl Shared {
+impl ServiceState {
     /// An accept round failed after an attempt that may have committed:
     /// gives back, in a task of its own, the jobs it may have taken under
     /// `taken`'s tokens (nobody holds those handles), retrying with

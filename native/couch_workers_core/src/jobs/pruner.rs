@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::ops;
 use super::receipt;
 use super::place::wall_ms;
-use super::service::{Live, Shared};
+use super::service::{Live, ServiceState};
 use crate::log::{Event, Level};
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError};
@@ -32,7 +32,7 @@ pub(crate) const PRUNE_BATCH: usize = 100;
 /// Longest sleep between looks at the expiry index.
 const MAX_SLEEP: Duration = Duration::from_millis(1000);
 
-pub(crate) async fn run_pruner(shared: Arc<Shared>, cancel: CancellationToken, live: Live) {
+pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationToken, live: Live) {
     let _live = live;
     let mut failures: u32 = 0;
     let mut receipts_cleared: Option<i64> = None;

@@ -24,7 +24,7 @@ use super::ops::{self, Retry, RunEnd, Take};
 use super::place::wall_ms;
 use super::pruner::run_pruner;
 use super::receipt::{self, Receipt};
-use super::runner::{complete_handle_vs, run_committed, run_once};
+use super::commit::{complete_handle_vs, run_committed, run_once};
 use crate::store::run_attempts;
 use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
 use super::sweeper::run_sweeper;
@@ -63,7 +63,7 @@ pub(crate) struct JobCounts {
 pub(crate) use crate::services::Live;
 
 /// What the service's tasks share.
-pub(crate) struct Shared {
+pub(crate) struct ServiceState {
     pub db: Db,
     pub ks: Keyspace,
     pub log: Logger,
@@ -78,7 +78,7 @@ pub(crate) struct Shared {
     pub watchers: Watchers,
 }
 
-impl Shared {
+impl ServiceState {
     pub fn spawn<F>(&self, task: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
@@ -139,7 +139,7 @@ impl Shared {
     }
 }
 
-impl Shared {
+impl ServiceState {
     /// Moves the type's due scheduled jobs to pending (bounded batches),
     /// by this node's wall clock. Returns the earliest `run_at` left.
     pub(crate) async fn promote(&self, job_type: &[u8]) -> Result<Option<u64>, StoreError> {
@@ -163,7 +163,7 @@ const PROMOTE_BATCH: usize = 500;
 /// The job queue of one node. Cheap to clone.
 #[derive(Clone)]
 pub struct JobService {
-    shared: Arc<Shared>,
+    shared: Arc<ServiceState>,
 }
 
 impl JobService {
@@ -181,7 +181,7 @@ impl JobService {
         tasks: TaskTracker,
         runtime: Handle,
     ) -> JobService {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(ServiceState {
             db,
             ks,
             log,

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::job::{Job, JobEvent, JobVs};
 use super::ops;
-use super::service::{Live, Shared};
+use super::service::{Live, ServiceState};
 use crate::error::Error;
 use crate::log::{Event, Level};
 use crate::services::sleep_or_cancel;
@@ -70,7 +70,7 @@ struct Subscriber {
 /// A live subscription; dropping it (or [`JobSubscription::cancel`])
 /// ends it.
 pub struct JobSubscription {
-    shared: Weak<Shared>,
+    shared: Weak<ServiceState>,
     watcher: Arc<JobWatcher>,
     id: u64,
 }
@@ -107,7 +107,7 @@ impl Watchers {
     /// Subscribes to a job read as `current`; returns the job the
     /// subscriber starts from (`current`, or a newer one the watcher has)
     /// and its subscription.
-    pub fn subscribe(&self, shared: &Arc<Shared>, current: Job, on_event: OnJobEvent) -> (Job, JobSubscription) {
+    pub fn subscribe(&self, shared: &Arc<ServiceState>, current: Job, on_event: OnJobEvent) -> (Job, JobSubscription) {
         let key = (current.job_type.clone(), current.id.clone());
         let id = self.next_sub.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut map = self.lock();
@@ -148,7 +148,7 @@ impl Watchers {
 }
 
 /// The watcher task of one job.
-async fn watch_job(shared: Weak<Shared>, watcher: Arc<JobWatcher>) {
+async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
     let Some(live) = shared.upgrade().map(|s| Live::new(&s.counts.job_watchers)) else { return };
     let _live = live;
     let mut failures: u32 = 0;
@@ -231,7 +231,7 @@ async fn watch_job(shared: Weak<Shared>, watcher: Arc<JobWatcher>) {
 
 /// Reads the current job for `subscribe`: `not_found` if it does not
 /// exist.
-pub(crate) async fn read_current(shared: &Shared, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {
+pub(crate) async fn read_current(shared: &ServiceState, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {
     ops::check_job_key(&shared.ks, job_type, id)?;
     let ks = &shared.ks;
     run(shared.db.as_ref(), shared.read, |tx| async move { ops::get(&tx, ks, job_type, id).await })

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ops::{self, SweepCursor, SweepStep};
-use super::service::{Live, Shared};
+use super::service::{Live, ServiceState};
 use crate::log::{Event, Level};
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError};
@@ -27,7 +27,7 @@ const PERIOD: Duration = Duration::from_secs(10);
 
 /// `live` is taken by the spawner, so the sweeper counts from the moment it
 /// is spawned (a `stats()` right after start sees it).
-pub(crate) async fn run_sweeper(shared: std::sync::Arc<Shared>, cancel: CancellationToken, live: Live) {
+pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: CancellationToken, live: Live) {
     let _live = live;
     let mut failures: u32 = 0;
     loop {
@@ -97,7 +97,7 @@ pub(crate) async fn run_sweeper(shared: std::sync::Arc<Shared>, cancel: Cancella
 }
 
 /// Works one marker off; returns how many jobs moved.
-async fn sweep_one(shared: &Shared, cancel: &CancellationToken, worker_type: &[u8], worker: &[u8]) -> Result<usize, StoreError> {
+async fn sweep_one(shared: &ServiceState, cancel: &CancellationToken, worker_type: &[u8], worker: &[u8]) -> Result<usize, StoreError> {
     let mut cursor: Option<SweepCursor> = None;
     let mut moved = 0;
     loop {
