@@ -126,6 +126,13 @@ fn parse_change(value: &[u8]) -> Option<Change> {
     }
 }
 
+/// Bumps `health_vs`, which reapers watch: a health record changed in
+/// this transaction. A blind versionstamped set, so that heartbeats of
+/// every node never conflict on it.
+fn mark_health_written(tx: &Tx, ks: &Keyspace) {
+    tx.set_versionstamped_value(&ks.health_vs(), &Keyspace::vs_placeholder_value());
+}
+
 fn write_health(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) {
     let timeout = i64::try_from(spec.timeout_s).unwrap_or(i64::MAX);
     let value = Keyspace::health_value(tstamp, timeout, incarnation);
@@ -155,6 +162,7 @@ pub async fn register(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &I
     }
     tx.set(&member_key, &spec.options_json);
     write_health(tx, ks, spec, incarnation, tstamp);
+    mark_health_written(tx, ks);
     record_change(tx, ks, &spec.worker_type, &spec.id, Change::Join).await
 }
 
@@ -163,7 +171,11 @@ pub async fn register(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &I
 /// renewing it would keep a registration alive that nobody heartbeats.
 pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) -> Result<Heartbeat, StoreError> {
     let stored = stored_health(tx, ks, &spec.worker_type, &spec.id).await?;
-    renew(tx, ks, spec, incarnation, tstamp, stored).await
+    let outcome = renew(tx, ks, spec, incarnation, tstamp, stored).await?;
+    if outcome == Heartbeat::Renewed {
+        mark_health_written(tx, ks);
+    }
+    Ok(outcome)
 }
 
 /// The heartbeat's decision on the health record `stored` (read for a
@@ -217,6 +229,10 @@ pub async fn heartbeat_many(
             continue;
         }
         outcomes.push(Some(renew(tx, ks, beat.spec, beat.incarnation, tstamp, value).await?));
+    }
+    // A reinstatement marked it already; once is enough either way.
+    if outcomes.contains(&Some(Heartbeat::Renewed)) {
+        mark_health_written(tx, ks);
     }
     Ok(outcomes)
 }
