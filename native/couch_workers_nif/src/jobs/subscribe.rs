@@ -37,8 +37,6 @@ fn subscribed_answer(res: ResourceArc<SubscriptionResource>, job: Job) -> Answer
 struct Notifier {
     /// The subscriber.
     pid: LocalPid,
-    /// The process that made the subscription (told when it ends).
-    owner: LocalPid,
     /// The subscription's reference in the external term format (terms do
     /// not outlive their environment).
     tag: Vec<u8>,
@@ -60,8 +58,13 @@ impl Notifier {
             JobEvent::Removed => {
                 let _ = env
                     .send_and_clear(&self.pid, |env| (atoms::couch_workers_job(), self.tag(env), atoms::removed()).encode(env));
-                let _ =
-                    env.send_and_clear(&self.owner, |env| (atoms::couch_workers_job_ended(), self.tag(env)).encode(env));
+                // To the server registered now, not the one that
+                // subscribed: it may have crashed and been restarted
+                // since, taking this subscription over.
+                if let Some(server) = env.run(|env| env.whereis_pid(atoms::couch_workers_jobs_subs())) {
+                    let _ =
+                        env.send_and_clear(&server, |env| (atoms::couch_workers_job_ended(), self.tag(env)).encode(env));
+                }
             }
         }
     }
@@ -81,7 +84,7 @@ fn job_subscribe<'a>(
     let job_type = bytes_arg(job_type)?.to_vec();
     let id = bytes_arg(id)?.to_vec();
     let pid: LocalPid = pid.decode().map_err(|_| Error::BadArg)?;
-    let notifier = Arc::new(Notifier { pid, owner: env.pid(), tag: sub_ref.to_binary().as_slice().to_vec() });
+    let notifier = Arc::new(Notifier { pid, tag: sub_ref.to_binary().as_slice().to_vec() });
     let on_event = Box::new(move |event: JobEvent| {
         // Called on a runtime thread, under the watcher's lock: send and
         // return. A panic must not take the watcher down.
