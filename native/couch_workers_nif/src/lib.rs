@@ -6,6 +6,10 @@
 //! process with exactly one `{Ref, Result}` message (see `reply.rs`).
 //! All logic worth a unit test lives in `couch_workers_core`.
 //!
+//! The protocol (every NIF's arguments, immediate answers and messages) is
+//! described once, in the `@doc` of `src/couch_workers_nif.erl`, the stubs
+//! Erlang calls; the modules here document only what that list does not.
+//!
 //! A NIF never holds a normal scheduler long (1 ms at most). The NIFs
 //! that convert a caller's map to JSON (up to 100 KB of terms) do so on
 //! the calling scheduler only within a budget of terms, and answer
