@@ -101,6 +101,26 @@ pub(super) fn vs_arg(term: Term) -> NifResult<Option<JobVs>> {
     Ok(Some(JobVs::try_from(bytes_arg(term)?).map_err(|_| Error::BadArg)?))
 }
 
+/// The job a per-job NIF names, `(Type, Id)`: binaries (else `badarg`),
+/// checked after the NIF's reference, as every NIF checks it first.
+pub(super) fn job_args(reference: Term, job_type: Term, id: Term) -> NifResult<(Vec<u8>, Vec<u8>)> {
+    check_ref(reference)?;
+    Ok((bytes_arg(job_type)?.to_vec(), bytes_arg(id)?.to_vec()))
+}
+
+/// The `Type` of a per-type NIF, after its reference.
+pub(super) fn type_args(reference: Term, job_type: Term) -> NifResult<Vec<u8>> {
+    check_ref(reference)?;
+    Ok(bytes_arg(job_type)?.to_vec())
+}
+
+/// The handle of a worker-side NIF (update, finish, fail, release), after
+/// its reference.
+pub(super) fn handle_args(reference: Term, handle: Term) -> NifResult<Fence> {
+    check_ref(reference)?;
+    fence_arg(handle)
+}
+
 pub(super) fn check_ref(reference: Term) -> NifResult<()> {
     if reference.is_ref() {
         Ok(())

@@ -8,7 +8,7 @@ use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
 use super::spawn_call;
-use super::args::{check_ref, fence_arg, json_arg, opts_arg, retry_arg, vs_arg};
+use super::args::{check_ref, handle_args, job_args, json_arg, opts_arg, retry_arg, type_args, vs_arg};
 use super::terms::{counts_answer, handle_answer, job_answer, ok_answer, page_answer, types_answer};
 use crate::atoms;
 use crate::json::{budgeted_nif, Sched};
@@ -32,9 +32,7 @@ fn add<'a>(
     opts: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
-    let id = bytes_arg(id)?.to_vec();
+    let (job_type, id) = job_args(reference, job_type, id)?;
     let opts = opts_arg(opts)?;
     let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
     let Some(opts) = opts else {
@@ -47,8 +45,7 @@ fn add<'a>(
 /// JSON.
 #[rustler::nif(schedule = "DirtyCpu")]
 fn job_add_many<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, list: Term<'a>) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
+    let job_type = type_args(reference, job_type)?;
     let len = list.list_length()?;
     if len > MAX_ADD_MANY {
         return Ok((atoms::error(), atoms::transaction_too_large()).encode(env));
@@ -92,8 +89,7 @@ fn update<'a>(
     info: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let fence = fence_arg(handle)?;
+    let fence = handle_args(reference, handle)?;
     let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
     spawn_call(env, reference, move |jobs| async move { jobs.update(&fence, &info).await }, handle_answer)
 }
@@ -107,8 +103,7 @@ fn finish<'a>(
     result: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let fence = fence_arg(handle)?;
+    let fence = handle_args(reference, handle)?;
     let result = try_json!(json_arg(env, result, sched, atoms::invalid_result()));
     spawn_call(env, reference, move |jobs| async move { jobs.finish(&fence, &result).await }, ok_answer)
 }
@@ -123,8 +118,7 @@ fn fail<'a>(
     retry: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let fence = fence_arg(handle)?;
+    let fence = handle_args(reference, handle)?;
     let retry = retry_arg(retry)?;
     let error = try_json!(json_arg(env, error, sched, atoms::invalid_info()));
     spawn_call(env, reference, move |jobs| async move { jobs.fail(&fence, &error, retry).await }, ok_answer)
@@ -140,8 +134,7 @@ fn release<'a>(
     opts: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let fence = fence_arg(handle)?;
+    let fence = handle_args(reference, handle)?;
     let opts = opts_arg(opts)?;
     // `undefined` (keep the info) or a map.
     let info = if info.is_map() {
@@ -172,9 +165,7 @@ fn resubmit<'a>(
     if_vs: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
-    let id = bytes_arg(id)?.to_vec();
+    let (job_type, id) = job_args(reference, job_type, id)?;
     let opts = opts_arg(opts)?;
     let if_vs = vs_arg(if_vs)?;
     let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
@@ -193,17 +184,14 @@ fn resubmit<'a>(
 
 #[rustler::nif]
 fn job_remove_if<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>, vs: Term<'a>) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
-    let id = bytes_arg(id)?.to_vec();
+    let (job_type, id) = job_args(reference, job_type, id)?;
     let vs = vs_arg(vs)?;
     spawn_call(env, reference, move |jobs| async move { jobs.remove_if(&job_type, &id, vs.as_ref()).await }, ok_answer)
 }
 
 #[rustler::nif]
 fn job_counts<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
+    let job_type = type_args(reference, job_type)?;
     spawn_call(env, reference, move |jobs| async move { jobs.counts(&job_type).await }, counts_answer)
 }
 
@@ -225,8 +213,7 @@ fn job_list<'a>(
     limit: Term<'a>,
     after: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
+    let job_type = type_args(reference, job_type)?;
     let states: Option<Vec<JobState>> = if states.is_list() {
         let mut out = Vec::new();
         for s in states.into_list_iterator()? {
@@ -258,39 +245,31 @@ fn job_list<'a>(
 
 #[rustler::nif]
 fn job_set_paused<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, paused: Term<'a>) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
+    let job_type = type_args(reference, job_type)?;
     let paused: bool = paused.decode()?;
     spawn_call(env, reference, move |jobs| async move { jobs.set_paused(&job_type, paused).await }, ok_answer)
 }
 
 #[rustler::nif]
 fn job_cancel<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
-    let id = bytes_arg(id)?.to_vec();
+    let (job_type, id) = job_args(reference, job_type, id)?;
     spawn_call(env, reference, move |jobs| async move { jobs.cancel(&job_type, &id).await }, ok_answer)
 }
 
 #[rustler::nif]
 fn job_remove<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
-    let id = bytes_arg(id)?.to_vec();
+    let (job_type, id) = job_args(reference, job_type, id)?;
     spawn_call(env, reference, move |jobs| async move { jobs.remove(&job_type, &id).await }, ok_answer)
 }
 
 #[rustler::nif]
 fn job_get<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
-    let id = bytes_arg(id)?.to_vec();
+    let (job_type, id) = job_args(reference, job_type, id)?;
     spawn_call(env, reference, move |jobs| async move { jobs.get(&job_type, &id).await }, job_answer)
 }
 
 #[rustler::nif]
 fn job_pending_count<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
+    let job_type = type_args(reference, job_type)?;
     spawn_call(env, reference, move |jobs| async move { jobs.pending_count(&job_type).await }, reply::ok_with)
 }

@@ -8,14 +8,13 @@ use couch_workers_core::jobs::{Job, JobEvent, JobSubscription};
 use couch_workers_core::log::{Event, Level};
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 
-use super::args::check_ref;
+use super::args::{check_ref, job_args};
 use super::terms::job_to_term;
 use super::spawn_call;
 use crate::atoms;
 use crate::reply::Answer;
 use crate::runtime;
 use crate::stats::{self, LiveResource};
-use crate::term::bytes_arg;
 
 /// A live job subscription; dropping it ends the subscription.
 pub struct SubscriptionResource {
@@ -79,10 +78,8 @@ fn job_subscribe<'a>(
     pid: Term<'a>,
     sub_ref: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    check_ref(reference)?;
     check_ref(sub_ref)?;
-    let job_type = bytes_arg(job_type)?.to_vec();
-    let id = bytes_arg(id)?.to_vec();
+    let (job_type, id) = job_args(reference, job_type, id)?;
     let pid: LocalPid = pid.decode().map_err(|_| Error::BadArg)?;
     let notifier = Arc::new(Notifier { pid, tag: sub_ref.to_binary().as_slice().to_vec() });
     let on_event = Box::new(move |event: JobEvent| {
