@@ -179,6 +179,10 @@ cont({?MODULE, _Type, Last}) when is_binary(Last) -> {ok, Last};
 cont(_) -> error.
 
 %% Waits on a subscription of its own: the job's changes are pushed.
+%% Changes that commit close together can reach it as one (the watcher
+%% reads the job as it is when it looks), so a state held only between
+%% two of them is not seen as such; the record still shows that it was
+%% held (`passed/3'), and the wait answers then, with the job as it is.
 -spec wait(binary(), binary(), [atom()], timeout()) -> {ok, map()} | {error, term()}.
 wait(Type, Id, States, Timeout) when is_binary(Type), is_binary(Id), is_list(States) ->
     ValidTimeout = Timeout =:= infinity orelse (is_integer(Timeout) andalso Timeout >= 0),
@@ -210,24 +214,51 @@ wait(_Type, _Id, _States, _Timeout) ->
 
 wait_loop(Sub, #{state := State} = Job, States, Deadline) ->
     case lists:member(State, States) of
-        true ->
-            {ok, Job};
-        false ->
-            After =
-                case Deadline of
-                    infinity -> infinity;
-                    _ -> min(max(0, Deadline - now_ms()), ?MAX_AFTER)
-                end,
-            receive
-                {couch_workers_job, Sub, removed} -> {error, not_found};
-                {couch_workers_job, Sub, Next} -> wait_loop(Sub, Next, States, Deadline)
-            after After ->
-                case Deadline =/= infinity andalso now_ms() >= Deadline of
-                    true -> {error, timeout};
-                    false -> wait_loop(Sub, Job, States, Deadline)
-                end
-            end
+        true -> {ok, Job};
+        false -> wait_next(Sub, Job, States, Deadline)
     end.
+
+wait_next(Sub, Job, States, Deadline) ->
+    After =
+        case Deadline of
+            infinity -> infinity;
+            _ -> min(max(0, Deadline - now_ms()), ?MAX_AFTER)
+        end,
+    receive
+        {couch_workers_job, Sub, removed} ->
+            {error, not_found};
+        {couch_workers_job, Sub, Next} ->
+            case passed(Job, Next, States) of
+                true -> {ok, Next};
+                false -> wait_loop(Sub, Next, States, Deadline)
+            end
+    after After ->
+        case Deadline =/= infinity andalso now_ms() >= Deadline of
+            true -> {error, timeout};
+            false -> wait_next(Sub, Job, States, Deadline)
+        end
+    end.
+
+%% Whether the job went through `running' or `pending', when `States'
+%% has them, between two looks at it (`Prev', then `Next', in neither of
+%% which it is in `States'), as its record shows. `attempts' grows only by
+%% an accept: a larger count means it was accepted since, so it was
+%% `running', and `pending' (or a due scheduled job, which reads as
+%% pending) just before. A job that is `finished' or `failed' now, in a
+%% record changed since a look that saw it neither running nor in that
+%% same end (a resubmit ran it again, resetting `attempts'), was accepted
+%% since too: only a run ends so. What the record cannot show: a run
+%% followed by a resubmit between the two looks that leaves the job
+%% queued again (`attempts' reset), and an ended state left that fast (a
+%% wait on `finished' misses a job finished and resubmitted between two
+%% looks; couch_jobs' wait misses it too).
+passed(#{attempts := A0, state := S0, vs := V0}, #{attempts := A1, state := S1, vs := V1}, States) ->
+    Accepted =
+        A1 > A0 orelse
+            ((S1 =:= finished orelse S1 =:= failed) andalso V1 =/= V0 andalso S0 =/= running),
+    Accepted andalso (lists:member(running, States) orelse lists:member(pending, States));
+passed(_Prev, _Next, _States) ->
+    false.
 
 -spec pause(binary()) -> ok | {error, term()}.
 pause(Type) when is_binary(Type) ->

@@ -21,6 +21,7 @@ listing_test_() ->
         ?TDEF_FE(list_pages_while_others_write, 30),
         ?TDEF_FE(subscribe_wait_multiple),
         ?TDEF_FE(wait_timeout_and_removed),
+        ?TDEF_FE(wait_sees_a_state_held_between_close_changes, 60),
         ?TDEF_FE(accept_infinity_waits_for_a_job),
         ?TDEF_FE(keep_prunes_ended_jobs, 30),
         ?TDEF_FE(job_keep_s_is_the_default_keep, 30),
@@ -189,6 +190,39 @@ subscribe_wait_multiple(#{type := T, worker := W}) ->
         {waited, R} -> ?assertMatch({ok, #{state := finished, result := #{<<"r">> := 1}}}, R)
     after 5000 -> error(no_wait_answer)
     end.
+
+%% A job accepted and finished back to back (its `running' held for
+%% microseconds, so its subscription can see one change from `pending'
+%% to `finished'): a wait for `running' that began before still answers
+%% `{ok, Job}' at once, the job as it is when the waiter learns it passed
+%% through `running' (its state says where it went). So does a wait for
+%% `pending' on a job that went from `scheduled' through `pending' to a
+%% finished run. 20 rounds each: every one answers, none times out.
+wait_sees_a_state_held_between_close_changes(#{type := T, worker := W}) ->
+    Self = self(),
+    Round = fun(I, Wanted, Opts) ->
+        Id = integer_to_binary(I),
+        ok = couch_workers:job_add(T, Id, #{}, Opts),
+        Waiter = spawn_link(fun() -> Self ! {waited, self(), couch_workers:job_wait(T, Id, Wanted, 20000)} end),
+        %% The waiter's subscription is in place before the changes.
+        couch_workers_test_util:wait_for(fun() -> ets:match(couch_workers_jobs_subs, {'_', Waiter, '_'}) =/= [] end, 10000),
+        {ok, J} = couch_workers:job_accept(W, #{timeout => 10000}),
+        ok = couch_workers:job_finish(J, #{}),
+        receive
+            {waited, Waiter, R} ->
+                {ok, #{id := Id, state := Got}} = R,
+                %% Where it was wanted, or where it went from there.
+                ?assert(lists:member(Got, Wanted ++ [running, finished])),
+                Got
+        after 15000 -> error({no_wait_answer, I, Wanted})
+        end
+    end,
+    Running = [Round(I, [running], #{}) || I <- lists:seq(1, 20)],
+    Pending = [Round(I, [pending], #{delay => 50}) || I <- lists:seq(21, 40)],
+    %% (How many rounds the subscription saw as one change, for the record.)
+    ?debugFmt("running seen ~p/20, pending seen via a later state ~p/20", [
+        length([S || S <- Running, S =:= running]), length([S || S <- Pending, S =/= pending])
+    ]).
 
 wait_timeout_and_removed(#{type := T}) ->
     Before = couch_workers_test_util:counts(),

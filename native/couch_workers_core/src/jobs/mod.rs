@@ -76,6 +76,7 @@ pub mod dispatcher;
 pub mod job;
 pub mod ops;
 pub(crate) mod place;
+mod promoter;
 mod pruner;
 pub mod receipt;
 pub mod record;

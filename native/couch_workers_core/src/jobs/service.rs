@@ -22,6 +22,7 @@ use super::dispatcher::{AcceptReply, Dispatchers, Waiter};
 use super::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState, JobVs, NewJob};
 use super::ops::{self, Retry, RunEnd, Take};
 use super::place::wall_ms;
+use super::promoter::run_promoter;
 use super::pruner::run_pruner;
 use super::receipt::{self, Receipt};
 use super::commit::{complete_handle_vs, run_committed, run_once};
@@ -59,6 +60,7 @@ pub(crate) struct JobCounts {
     pub job_watchers: Arc<AtomicUsize>,
     pub sweepers: Arc<AtomicUsize>,
     pub pruners: Arc<AtomicUsize>,
+    pub promoters: Arc<AtomicUsize>,
 }
 
 pub(crate) use crate::services::Live;
@@ -204,6 +206,8 @@ impl JobService {
         shared.spawn(run_sweeper(shared.clone(), shared.cancel.child_token(), live));
         let live = Live::new(&shared.counts.pruners);
         shared.spawn(run_pruner(shared.clone(), shared.cancel.child_token(), live));
+        let live = Live::new(&shared.counts.promoters);
+        shared.spawn(run_promoter(shared.clone(), shared.cancel.child_token(), live));
         JobService { shared }
     }
 

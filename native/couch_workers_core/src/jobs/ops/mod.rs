@@ -54,7 +54,7 @@ pub use helpers::check_job_key;
 pub use lifecycle::{add, add_job, add_many, add_many_jobs, cancel, end, finish, remove, remove_if, update, MAX_ADD_MANY};
 pub use pause::set_paused;
 pub use prune::{next_expiry, prune, Pruned};
-pub use query::{counts, get, job_types, list, pending_count};
+pub use query::{counts, get, job_types, list, next_run_at, pending_count};
 pub use reclaim::{give_back, reclaim};
 pub use requeue::{orphans, requeue_worker_jobs, sweep_orphan, Departure, SweepCursor, SweepStep, REQUEUE_MAX_JOBS};
 pub use resubmit::resubmit;

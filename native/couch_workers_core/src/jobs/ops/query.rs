@@ -13,20 +13,30 @@ pub async fn get(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<O
     Ok(read_record(tx, ks, job_type, id, false).await?.map(|rec| rec.to_job(job_type, id, now)))
 }
 
-/// How many of the type's scheduled jobs are due by `now`: they count as
-/// pending. Reads only their keys; the dispatchers keep this near zero by
-/// moving due jobs to pending while acceptors wait.
-async fn due_scheduled(tx: &Tx, ks: &Keyspace, job_type: &[u8], now: u64) -> Result<u64, StoreError> {
+/// The ids of the type's scheduled jobs that are due by `now`: they count
+/// and list as pending. Reads only their keys; the dispatchers (for the
+/// types acceptors wait for) and every node's promoter (for all) keep
+/// them few by moving due jobs to pending in the store, within about a
+/// second of their `run_at` (`jobs::promoter`).
+async fn due_scheduled(tx: &Tx, ks: &Keyspace, job_type: &[u8], now: u64) -> Result<Vec<Vec<u8>>, StoreError> {
     let (begin, _) = ks.scheduled_range(job_type);
     let end = ks.scheduled_after(job_type, key_i64(now));
-    Ok(tx.get_range(&RangeRequest::new(begin, end).snapshot(true)).await?.len() as u64)
+    let rows = tx.get_range(&RangeRequest::new(begin, end).snapshot(true)).await?;
+    Ok(rows.iter().filter_map(|(k, _)| ks.parse_scheduled(job_type, k)).map(|(_, id)| id).collect())
+}
+
+/// The earliest `run_at` of the type's scheduled jobs (one key read).
+pub async fn next_run_at(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<Option<u64>, StoreError> {
+    let (begin, end) = ks.scheduled_range(job_type);
+    let rows = tx.get_range(&RangeRequest::new(begin, end).limit(1).snapshot(true)).await?;
+    Ok(rows.first().and_then(|(k, _)| ks.parse_scheduled(job_type, k)).map(|(at, _)| u64::try_from(at).unwrap_or(0)))
 }
 
 /// The exact number of jobs of a type that can be accepted now (pending,
 /// and scheduled ones that are due): a counter and the due keys.
 pub async fn pending_count(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<u64, StoreError> {
     let raw = tx.get(&ks.pending_count(job_type), false).await?;
-    Ok(place::read_counter(raw) + due_scheduled(tx, ks, job_type, place::wall_ms()).await?)
+    Ok(place::read_counter(raw) + due_scheduled(tx, ks, job_type, place::wall_ms()).await?.len() as u64)
 }
 
 /// The exact number of the type's jobs in each state, in
@@ -39,7 +49,7 @@ pub async fn counts(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<[u64; 6],
     for (slot, raw) in out.iter_mut().zip(raw) {
         *slot = place::read_counter(raw);
     }
-    let due = due_scheduled(tx, ks, job_type, place::wall_ms()).await?.min(out[0]);
+    let due = (due_scheduled(tx, ks, job_type, place::wall_ms()).await?.len() as u64).min(out[0]);
     out[0] -= due;
     out[1] += due;
     Ok(out)
@@ -59,8 +69,10 @@ pub async fn job_types(tx: &Tx, ks: &Keyspace) -> Result<Vec<Vec<u8>>, StoreErro
 /// One page of the type's jobs in id order, after `after` (exclusive):
 /// every job, from the records, or only those in `states`, from each
 /// state's index (a page reads at most `limit` keys per state asked for).
-/// The second value is the id to continue after, `None` when no job
-/// follows.
+/// A job is listed in the state it reads as (`Record::to_job`): a
+/// scheduled job that is due is pending, found through the due keys not
+/// yet promoted (see `due_scheduled`), and not scheduled. The second
+/// value is the id to continue after, `None` when no job follows.
 pub async fn list(
     tx: &Tx,
     ks: &Keyspace,
@@ -99,6 +111,10 @@ pub async fn list(
         let rows = tx.get_range(&RangeRequest::new(begin, end).limit(limit).snapshot(true)).await?;
         maybe_more |= rows.len() == limit;
         ids.extend(rows.iter().filter_map(|(k, _)| ks.parse_by_state(job_type, name, k)));
+        if *state == JobState::Pending {
+            let due = due_scheduled(tx, ks, job_type, now).await?;
+            ids.extend(due.into_iter().filter(|id| after.is_none_or(|a| id.as_slice() > a)));
+        }
     }
     ids.sort();
     ids.dedup();
@@ -109,7 +125,11 @@ pub async fn list(
     let mut jobs = Vec::with_capacity(ids.len());
     for (id, v) in ids.iter().zip(values) {
         if let Some(rec) = v.and_then(|v| Record::decode(&v).ok()) {
-            jobs.push(rec.to_job(job_type, id, now));
+            let job = rec.to_job(job_type, id, now);
+            // A due job read through the scheduled index is pending now.
+            if states.contains(&job.state) {
+                jobs.push(job);
+            }
         }
     }
     let cont = if maybe_more { ids.last().cloned() } else { None };
