@@ -91,7 +91,7 @@
 %%
 %% This list is the one description of the NIF protocol; argument shapes
 %% and the accept and subscription state machines are in the NIF crate's
-%% `jobs.rs'.
+%% `jobs/' (`args.rs', `accept.rs', `subscribe.rs').
 %%
 %% The library is loaded once, from `priv/libcouch_workers_nif.so' of the app. It
 %% has no upgrade callback, so loading this module again fails instead of

@@ -60,7 +60,7 @@ pub fn cursor(last_id: &[u8]) -> String {
 
 fn parse_cursor(value: &str) -> Result<Vec<u8>, String> {
     let bad = || format!("--after {value:?} is not a cursor (the hex a page printed)");
-    if value.is_empty() || value.len() % 2 != 0 || !value.is_ascii() {
+    if value.is_empty() || !value.len().is_multiple_of(2) || !value.is_ascii() {
         return Err(bad());
     }
     (0..value.len()).step_by(2).map(|i| u8::from_str_radix(&value[i..i + 2], 16).map_err(|_| bad())).collect()

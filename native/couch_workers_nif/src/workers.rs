@@ -71,7 +71,7 @@ impl Resource for RegistrationResource {}
 
 impl RegistrationResource {
     /// The core's registration: what an accept for it names (its worker
-    /// id and incarnation, see `jobs.rs`).
+    /// id and incarnation, see `jobs/accept.rs`).
     pub fn registration(&self) -> &Registration {
         &self.reg
     }

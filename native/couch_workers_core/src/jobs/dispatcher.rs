@@ -248,6 +248,14 @@ impl Dispatcher {
                 continue;
             }
             if need_round {
+                // Acceptors tend to come together (the members of one
+                // group commit get their outcome at once, and each then
+                // accepts again): let the tasks already woken run first,
+                // so that one round serves them all instead of one each.
+                tokio::task::yield_now().await;
+                while let Ok(w) = self.receiver.try_recv() {
+                    self.push(w);
+                }
                 match self.round().await {
                     Ok((more, w)) => {
                         failures = 0;
