@@ -52,7 +52,19 @@ fn decode_config<'a>(env: Env<'a>, term: Term<'a>) -> Result<Config, Term<'a>> {
                 let cluster_file = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
                 StoreConfig::Fdb { cluster_file }
             }
-            _ => return Err(badconfig(env, atoms::store())),
+            _ => match t.decode::<(rustler::Atom, Term, Term)>() {
+                // The EUnit suites' FoundationDB store (StoreConfig::FdbTest).
+                Ok((kind, path, name)) if kind == atoms::fdb_test() => {
+                    let cluster_file = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
+                    let name = bytes_arg(name)
+                        .ok()
+                        .filter(|n| !n.is_empty())
+                        .and_then(|n| String::from_utf8(n.to_vec()).ok())
+                        .ok_or_else(|| badconfig(env, atoms::store()))?;
+                    StoreConfig::FdbTest { cluster_file, name }
+                }
+                _ => return Err(badconfig(env, atoms::store())),
+            },
         },
     };
     let threads = positive(term, atoms::runtime_threads(), DEFAULT_THREADS as u64)
