@@ -9,7 +9,7 @@
 
 -export([main/1]).
 
--define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2t0", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "H1"]).
+-define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2t0", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "H1", "J3x"]).
 %% Extra workloads, run only when named with --only.
 -define(EXTRA, ["sqlite_shapes"]).
 -define(CHILD_TIMEOUT_MS, 30 * 60 * 1000).
@@ -168,6 +168,8 @@ sizes("M4core", true, _) -> #{sizes => [100, 1000], changes => 10};
 sizes("M4core", false, _) -> #{sizes => [100, 10000], changes => 20};
 sizes("I1", true, _) -> #{seconds => 3};
 sizes("I1", false, _) -> #{seconds => 60};
+sizes("J3x", true, _) -> #{jobs => 100, interval_ms => 10};
+sizes("J3x", false, _) -> #{jobs => 500, interval_ms => 10};
 sizes("H1", true, _) -> #{workers => 1000, seconds => 6};
 sizes("H1", false, _) -> #{workers => 10000, seconds => 20}.
 

@@ -15,7 +15,8 @@
 //! over a thousand, not with its workers; workers with different timeouts
 //! each keep their own period.
 //!
-//! A failed renewal is logged and retried sooner (a sixth of the period);
+//! A failed renewal is logged (one `heartbeat_failed` per worker, as the
+//! per-type metrics count them) and retried sooner (a sixth of the period);
 //! it never gives up while the registration lives. A chunk that fails for
 //! a reason that may be one worker's (too large) is retried one worker per
 //! transaction, so one worker cannot hold back the others. A registration
@@ -261,7 +262,7 @@ impl HeartbeatService {
 
     /// Applies the outcomes of a committed renewal that began at `started`.
     fn settle(&self, chunk: &[Due], outcomes: Vec<Option<Heartbeat>>, started: Instant) {
-        let mut recovered = 0u64;
+        let mut recovered = Vec::new();
         let mut events = Vec::new();
         {
             let mut entries = self.heartbeats.lock();
@@ -274,7 +275,7 @@ impl HeartbeatService {
                     None => {}
                     Some(Heartbeat::Renewed) | Some(Heartbeat::Reinstated) => {
                         if entry.failures > 0 {
-                            recovered += 1;
+                            recovered.push((d.spec.clone(), entry.failures));
                         }
                         entry.failures = 0;
                         entry.open = started + p / 2;
@@ -290,38 +291,44 @@ impl HeartbeatService {
                 }
             }
         }
-        if recovered > 0 {
-            self.log.log(Event::new(Level::Notice, "heartbeat_recovered").with("workers", recovered));
+        for (spec, failures) in recovered {
+            self.log.log(worker_event(Level::Notice, "heartbeat_recovered", &spec).with("failures", u64::from(failures)));
         }
         // Outside the lock: a listener may call back into the node.
         for (sink, event, what, spec) in events {
-            self.log.log(Event::new(Level::Warning, what).with("type", &spec.worker_type).with("id", &spec.id));
+            self.log.log(worker_event(Level::Warning, what, &spec));
             sink.emit(event);
         }
     }
 
-    /// A renewal of `chunk` failed: retry each sooner, and say so once.
+    /// A renewal of `chunk` failed: retry each sooner. Each worker's
+    /// failure is its own event, as the per-type metrics and telemetry
+    /// (`[couch_workers, heartbeat, failed]`) count them.
     fn failed(&self, chunk: &[Due], e: &StoreError) {
         let now = Instant::now();
-        let mut most = 0u32;
+        let mut failed = Vec::with_capacity(chunk.len());
         {
             let mut entries = self.heartbeats.lock();
             for d in chunk {
                 let Some(entry) = entries.get_mut(&d.incarnation) else { continue };
                 entry.in_flight = false;
                 entry.failures += 1;
-                most = most.max(entry.failures);
                 entry.due = now + jittered(period(entry.spec.timeout_s) / 6, 0.5);
                 entry.open = entry.due;
+                failed.push((d.spec.clone(), entry.failures));
             }
         }
-        let mut event = Event::new(Level::Warning, "heartbeat_failed")
-            .with("reason", e.to_string())
-            .with("failures", u64::from(most))
-            .with("workers", chunk.len());
-        if let [one] = chunk {
-            event = event.with("type", &one.spec.worker_type).with("id", &one.spec.id);
+        let reason = e.to_string();
+        for (spec, failures) in failed {
+            self.log.log(
+                worker_event(Level::Warning, "heartbeat_failed", &spec)
+                    .with("reason", reason.clone())
+                    .with("failures", u64::from(failures)),
+            );
         }
-        self.log.log(event);
     }
+}
+
+fn worker_event(level: Level, what: &'static str, spec: &WorkerSpec) -> Event {
+    Event::new(level, what).with("type", &spec.worker_type).with("id", &spec.id)
 }
