@@ -9,6 +9,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 
+# A clean-clone run writes about 5.5 GB (cargo targets, _build, the
+# integration trees); a full disk fails it halfway with a linker's bus
+# error, so say it first.
+free_kb=$(df -Pk . | awk 'NR == 2 { print $4 }')
+echo "==> disk: $((free_kb / 1048576)) GB free here (a whole run writes about 5.5 GB)"
+if [ "$free_kb" -lt $((6 * 1048576)) ]; then
+  echo "==> WARNING: under 6 GB free: the run may fail with 'No space left on device'" >&2
+fi
+
 echo "==> cargo test (core crate: store conformance, key space, liveness, jobs)"
 cargo test -p couch_workers_core
 echo "==> cargo test (command line: argument parsing), and its release build (bin/couch-workers, used by its EUnit suite)"

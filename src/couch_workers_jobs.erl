@@ -1,6 +1,6 @@
 %% @doc The job queue of couch_workers: the calls behind the `job_*'
-%% functions of `couch_workers', and the server that owns job
-%% subscriptions.
+%% functions of `couch_workers'. Job subscriptions are kept by their own
+%% server, `couch_workers_jobs_subs'.
 %%
 %% Calls that touch the store run in the caller's process: it calls the
 %% NIF with a fresh reference and waits for `{Ref, Result}' (as erlfdb's
@@ -16,17 +16,7 @@
 %% loudly): either nothing was delivered (and nothing will be: a job taken
 %% later goes back to pending) or the answer is already on its way and is
 %% received. No job is ever left running for a caller that gave up.
-%%
-%% Subscriptions: the NIF sends `{couch_workers_job, Ref, Job}' (and
-%% finally `{couch_workers_job, Ref, removed}') straight to the
-%% subscriber; this server keeps the NIF subscription handles and monitors
-%% the subscribers, so that an exit ends their subscriptions. After
-%% `removed' the NIF tells this server `{couch_workers_job_ended, Ref}'.
-%% If this server crashes, its handles are garbage collected, which ends
-%% their subscriptions in the core.
 -module(couch_workers_jobs).
-
--behaviour(gen_server).
 
 -export([
     add/4,
@@ -51,8 +41,6 @@
     pause/1,
     resume/1
 ]).
--export([start_link/0]).
--export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -61,24 +49,6 @@
 %% Accept timeouts are capped here (about 292 million years).
 -define(MAX_TIMEOUT, (1 bsl 63)).
 -define(STATES, [scheduled, pending, running, finished, canceled, failed]).
-
--record(sub, {
-    pid :: pid(),
-    mon :: reference(),
-    %% the NIF's subscription handle
-    res :: reference()
-}).
-
--record(st, {
-    %% subscription ref => #sub{}
-    subs = #{} :: #{reference() => #sub{}},
-    %% monitor => subscription ref
-    mons = #{} :: #{reference() => reference()},
-    %% NIF ref => {From, subscription ref, Pid}, while a subscribe is in flight
-    pending = #{} :: #{reference() => {gen_server:from(), reference(), pid()}},
-    %% subscriptions that ended (job removed) before their subscribe was answered
-    ended = #{} :: #{reference() => true}
-}).
 
 %% ---- API: the calls ---------------------------------------------------------
 
@@ -329,29 +299,14 @@ pending_count(_Type) ->
 %% ---- API: subscriptions -----------------------------------------------------
 
 -spec subscribe(binary(), binary(), pid()) -> {ok, reference(), map()} | {error, term()}.
-subscribe(Type, Id, Pid) when is_binary(Type), is_binary(Id), is_pid(Pid), node(Pid) =:= node() ->
-    case call({subscribe, Type, Id, Pid}) of
-        {error, badarg} -> erlang:error(badarg);
-        Result -> Result
-    end;
-subscribe(_Type, _Id, _Pid) ->
-    erlang:error(badarg).
+subscribe(Type, Id, Pid) ->
+    couch_workers_jobs_subs:subscribe(Type, Id, Pid).
 
 -spec unsubscribe(term()) -> ok.
-unsubscribe(Ref) when is_reference(Ref) ->
-    _ = couch_workers_app:call_answered(?MODULE, {unsubscribe, Ref}),
-    flush(Ref);
-unsubscribe(_Ref) ->
-    ok.
-
--spec start_link() -> {ok, pid()} | ignore | {error, term()}.
-start_link() ->
-    gen_server:start_link({local, ?MODULE}, ?MODULE, [], []).
+unsubscribe(Ref) ->
+    couch_workers_jobs_subs:unsubscribe(Ref).
 
 %% ---- internal: calls ----------------------------------------------------------
-
-%% Calls an asynchronous NIF with a fresh reference and waits for its
-%% one answer.
 
 %% `timeout' (atom or binary key): ms, a non-negative integer or
 %% `infinity', default 0.
@@ -514,128 +469,6 @@ abandon_accept(Ref, Waiter, Type, Id) ->
 now_ms() ->
     erlang:monotonic_time(millisecond).
 
-flush(Ref) ->
-    receive
-        {couch_workers_job, Ref, _} -> flush(Ref)
-    after 0 -> ok
-    end.
-
 %% Ids and types in log events, cut to a readable length.
 short(<<Head:64/binary, _, _/binary>>) -> <<Head/binary, "...">>;
 short(Bin) -> Bin.
-
-call(Msg) ->
-    couch_workers_app:call(?MODULE, Msg).
-
-%% ---- gen_server -------------------------------------------------------------
-
--spec init([]) -> {ok, #st{}}.
-init([]) ->
-    process_flag(trap_exit, true),
-    {ok, #st{}}.
-
--spec handle_call(term(), gen_server:from(), #st{}) -> {reply, term(), #st{}} | {noreply, #st{}}.
-handle_call({subscribe, Type, Id, Pid}, From, St) ->
-    NifRef = make_ref(),
-    SubRef = make_ref(),
-    try couch_workers_nif:job_subscribe(NifRef, Type, Id, Pid, SubRef) of
-        ok ->
-            {noreply, St#st{pending = maps:put(NifRef, {From, SubRef, Pid}, St#st.pending)}};
-        {error, _} = Error ->
-            {reply, Error, St}
-    catch
-        error:badarg -> {reply, {error, badarg}, St}
-    end;
-handle_call({unsubscribe, SubRef}, _From, St) ->
-    case maps:find(SubRef, St#st.subs) of
-        {ok, #sub{res = Res}} ->
-            %% After this returns the NIF sends nothing more for SubRef.
-            ok = couch_workers_nif:job_unsubscribe(Res),
-            {reply, ok, drop_sub(SubRef, St)};
-        error ->
-            {reply, ok, St}
-    end;
-handle_call(Msg, _From, St) ->
-    ?LOG_WARNING(#{what => unknown_call, server => ?MODULE, msg => Msg}),
-    {reply, {error, {bad_call, Msg}}, St}.
-
--spec handle_cast(term(), #st{}) -> {noreply, #st{}}.
-handle_cast(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_cast, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
-
--spec handle_info(term(), #st{}) -> {noreply, #st{}}.
-handle_info({NifRef, Result}, St) when is_reference(NifRef) ->
-    case maps:take(NifRef, St#st.pending) of
-        {{From, SubRef, Pid}, Pending} ->
-            {noreply, subscribed(From, SubRef, Pid, Result, St#st{pending = Pending})};
-        error ->
-            %% A reply for a subscribe this server no longer knows (it was
-            %% restarted): the handle in it is garbage collected, which
-            %% ends that subscription.
-            ?LOG_NOTICE(#{what => unexpected_nif_reply, server => ?MODULE}),
-            {noreply, St}
-    end;
-handle_info({couch_workers_job_ended, SubRef}, St) ->
-    case maps:is_key(SubRef, St#st.subs) of
-        true ->
-            {noreply, drop_sub(SubRef, St)};
-        false ->
-            InFlight = lists:any(fun({_, S, _}) -> S =:= SubRef end, maps:values(St#st.pending)),
-            case InFlight of
-                true -> {noreply, St#st{ended = maps:put(SubRef, true, St#st.ended)}};
-                false -> {noreply, St}
-            end
-    end;
-handle_info({'DOWN', Mon, process, _Pid, _Reason}, St) ->
-    case maps:find(Mon, St#st.mons) of
-        {ok, SubRef} ->
-            #sub{res = Res} = maps:get(SubRef, St#st.subs),
-            ok = couch_workers_nif:job_unsubscribe(Res),
-            {noreply, drop_sub(SubRef, St)};
-        error ->
-            {noreply, St}
-    end;
-handle_info({'EXIT', _Pid, _Reason}, St) ->
-    %% Trapped only so that terminate/2 runs on shutdown.
-    {noreply, St};
-handle_info(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_info, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
-
--spec terminate(term(), #st{}) -> ok.
-terminate(_Reason, St) ->
-    maps:foreach(fun(_SubRef, #sub{res = Res}) -> couch_workers_nif:job_unsubscribe(Res) end, St#st.subs),
-    ok.
-
-%% ---- internal: subscriptions ------------------------------------------------
-
-subscribed(From, SubRef, Pid, {ok, Res, Job}, St) ->
-    gen_server:reply(From, {ok, SubRef, Job}),
-    case maps:take(SubRef, St#st.ended) of
-        {true, Ended} ->
-            %% Removed already (Pid got `removed'): nothing to keep.
-            St#st{ended = Ended};
-        error ->
-            Mon = erlang:monitor(process, Pid),
-            St#st{
-                subs = maps:put(SubRef, #sub{pid = Pid, mon = Mon, res = Res}, St#st.subs),
-                mons = maps:put(Mon, SubRef, St#st.mons)
-            }
-    end;
-subscribed(From, SubRef, _Pid, {error, _} = Error, St) ->
-    gen_server:reply(From, Error),
-    St#st{ended = maps:remove(SubRef, St#st.ended)};
-subscribed(From, SubRef, _Pid, Other, St) ->
-    ?LOG_ERROR(#{what => job_subscribe_bad_reply, server => ?MODULE, reply => Other}),
-    gen_server:reply(From, {error, Other}),
-    St#st{ended = maps:remove(SubRef, St#st.ended)}.
-
-drop_sub(SubRef, St) ->
-    case maps:take(SubRef, St#st.subs) of
-        {#sub{mon = Mon}, Subs} ->
-            erlang:demonitor(Mon, [flush]),
-            St#st{subs = Subs, mons = maps:remove(Mon, St#st.mons)};
-        error ->
-            St
-    end.

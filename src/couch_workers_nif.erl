@@ -75,7 +75,7 @@
 %% job_pending_count(Ref, Type)               -> ok | {error, _}  then {Ref, {ok, N} | {error, Name}}
 %% job_subscribe(Ref, Type, Id, Pid, SubRef)  -> ok | {error, _}  then {Ref, {ok, Subscription, Job} | {error, Name}}
 %%     then {couch_workers_job, SubRef, Job | removed} to Pid, and
-%%     {couch_workers_job_ended, SubRef} to the caller after `removed'
+%%     {couch_workers_job_ended, SubRef} after `removed' to the process registered as couch_workers_jobs_subs when it is sent
 %% job_unsubscribe(Subscription)              -> ok      (nothing of it is sent after this returns)
 %%
 %% ops_worker_types(Ref)                      -> ok | {error, _}  then {Ref, {ok, [Type]} | {error, Name}}
@@ -91,7 +91,7 @@
 %%
 %% This list is the one description of the NIF protocol; argument shapes
 %% and the accept and subscription state machines are in the NIF crate's
-%% `jobs.rs'.
+%% `jobs/' (`args.rs', `accept.rs', `subscribe.rs').
 %%
 %% The library is loaded once, from `priv/libcouch_workers_nif.so' of the app. It
 %% has no upgrade callback, so loading this module again fails instead of

@@ -13,8 +13,10 @@
 %% failed over and pruned happen inside the core's job code, on whichever
 %% node's reaper, sweeper or pruner did it: the core says how many in its
 %% log events (`worker_reaped' carries `jobs', the running jobs the reap
-%% failed over; `orphaned_jobs_requeued' and `jobs_pruned' carry `type'
-%% and `count'), and `log_event/2' counts them.
+%% failed over; `worker_jobs_requeued' the running jobs of a registration
+%% of this node that failed over because its owner exited or a new
+%% registration of its id replaced it; `orphaned_jobs_requeued' and
+%% `jobs_pruned' carry `type' and `count'), and `log_event/2' counts them.
 %%
 %% `job_fail/3' answers `ok' whether the job was retried or ended failed;
 %% which of the two is read from the handle and the options by the rule
@@ -139,6 +141,8 @@ log_event(worker_reaped, #{type := Type, id := Id} = Fields) ->
     requeued(Type, Id, maps:get(jobs, Fields, 0), reaped);
 log_event(orphaned_jobs_requeued, #{type := Type, worker := Worker, count := N}) ->
     requeued(Type, Worker, N, swept);
+log_event(worker_jobs_requeued, #{type := Type, id := Id, jobs := N, reason := Reason}) ->
+    requeued(Type, Id, N, requeue_reason(Reason));
 log_event(jobs_pruned, #{type := Type, count := N}) when is_integer(N), N > 0 ->
     couch_workers_metrics:count(jobs_pruned, Type, N),
     couch_workers_telemetry:execute(
@@ -155,8 +159,9 @@ log_event(_What, _Fields) ->
     ok.
 
 %% `N' running jobs of worker `Worker' failed over (workers of type T run
-%% jobs of type T): by a reap, or by the sweeper after a removal that left
-%% more than one transaction's share.
+%% jobs of type T): by a reap, by the sweeper after a removal that left
+%% more than one transaction's share, on its owner's exit, or by a new
+%% registration of its id.
 requeued(Type, Worker, N, How) when is_integer(N), N > 0 ->
     couch_workers_metrics:count(jobs_requeued, Type, N),
     couch_workers_telemetry:execute(
@@ -166,6 +171,10 @@ requeued(Type, Worker, N, How) when is_integer(N), N > 0 ->
     );
 requeued(_Type, _Worker, _N, _How) ->
     ok.
+
+requeue_reason(<<"owner_exit">>) -> owner_exit;
+requeue_reason(<<"replaced">>) -> replaced;
+requeue_reason(Other) -> Other.
 
 us(Native) ->
     erlang:convert_time_unit(Native, native, microsecond).

@@ -1,15 +1,15 @@
 %% @doc The couch_workers supervisor.
 %%
 %% Order matters: the events process starts first and stops last, so that
-%% log events of the others are forwarded; `couch_workers_jobs' stops
-%% first (its job subscriptions end), then `couch_workers_local',
+%% log events of the others are forwarded; `couch_workers_jobs_subs'
+%% stops first (its job subscriptions end), then `couch_workers_local',
 %% unregistering its workers while the node runs (the application stops
 %% the node after the tree, in `couch_workers_app:stop/1').
 %%
-%% The supervisor owns the ETS tables of `couch_workers_local' and
-%% `couch_workers_global' (`couch_workers_tables'): a crash of either
-%% server keeps them, and its restart restores every registration and
-%% subscription from them.
+%% The supervisor owns the ETS tables of `couch_workers_local',
+%% `couch_workers_global' and `couch_workers_jobs_subs'
+%% (`couch_workers_tables'): a crash of any of them keeps its tables, and
+%% its restart restores every registration and subscription from them.
 -module(couch_workers_sup).
 
 -behaviour(supervisor).
@@ -33,7 +33,7 @@ init([]) ->
         %% Unregistering every worker takes a store transaction each.
         worker(couch_workers_local, 30000),
         %% Job subscriptions (stops first: its subscriptions end).
-        worker(couch_workers_jobs, 5000),
+        worker(couch_workers_jobs_subs, 5000),
         %% The status page (app env `http'; `ignore' when unset). Last:
         %% it reads through the others, and stops first.
         worker(couch_workers_http, 5000)

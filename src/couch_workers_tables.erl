@@ -12,6 +12,7 @@
 %% | `couch_workers_local'          | `couch_workers_local'   | `{{Type, Id}, Ref}', `{Ref, Type, Id, Pid, Registration, MonRef}' |
 %% | `couch_workers_membership'     | `couch_workers_global'  | `{Type, VS, Workers}': the cached membership |
 %% | `couch_workers_membership_subs'| `couch_workers_global' (and its callback processes: the last VS they took) | `{Ref, Type, Pid, Module, SeenVS}' |
+%% | `couch_workers_jobs_subs'      | `couch_workers_jobs_subs' | `{SubRef, Pid, Handle}': a job subscription and its NIF handle (the row keeps the handle alive) |
 -module(couch_workers_tables).
 
 -export([create/0]).
@@ -22,4 +23,5 @@ create() ->
     couch_workers_local = ets:new(couch_workers_local, Read),
     couch_workers_membership = ets:new(couch_workers_membership, Read),
     couch_workers_membership_subs = ets:new(couch_workers_membership_subs, [named_table, public, set]),
+    couch_workers_jobs_subs = ets:new(couch_workers_jobs_subs, [named_table, public, set]),
     ok.

@@ -21,6 +21,7 @@ cli_test_() ->
                     {timeout, 120, {"retry: a failed job back to pending, seen by the node", ?_test(retry(Dir))}},
                     {timeout, 120, {"pause and resume, seen by the node's acceptors", ?_test(pause_resume(Dir))}},
                     {timeout, 120, {"jobs --state: from each state's index, past 10,000 jobs of other states", ?_test(jobs_by_state(Dir))}},
+                    {timeout, 120, {"jobs pages: --after the printed cursor, --all", ?_test(jobs_pages(Dir))}},
                     {timeout, 120, {"errors: exit 1 and a reason", ?_test(errors(Dir))}}
                 ]
             end
@@ -168,12 +169,74 @@ jobs_by_state(Dir) ->
     ?assertMatch({match, _}, re:run(Failed, <<"\"id\":\"z1\",\"state\":\"failed\".*\"error\":\\{\"reason\":\"bad\"\\}">>)),
     %% Pages in id order say when more follow.
     {0, Two, _} = cli(Dir, ["jobs", T, "--state", "pending", "--limit", "2"]),
-    ?assertMatch({match, _}, re:run(Two, <<"a00001 +pending.*\\n.*a00002 +pending.*\\n\\n\\(the first 2 in id order: more follow\\)\\n$">>, [dotall])),
+    ?assertMatch({match, _}, re:run(Two, <<"a00001 +pending.*\\n.*a00002 +pending.*\\n\\n\\(more follow: --after 613030303032\\)\\n$">>, [dotall])),
     {0, Both, _} = cli(Dir, ["--json", "jobs", T, "--state", "failed", "--state", "pending", "--limit", "1000"]),
-    ?assertEqual(1000, length(binary:split(Both, <<"\n">>, [global, trim_all]))),
+    %% 1000 jobs, then the next page's cursor
+    ?assertEqual(1001, length(binary:split(Both, <<"\n">>, [global, trim_all]))),
+    ?assertMatch({match, _}, re:run(Both, <<"\n\\{\"next\":\"613031303030\"\\}\n$">>)),
     ?assertEqual(nomatch, binary:match(Both, <<"\"z1\"">>)),
     ok = couch_workers:job_remove(T, <<"z1">>),
     ok = couch_workers:worker_unregister(W).
+
+jobs_pages(Dir) ->
+    T = unique_type("cli_page"),
+    %% Ids of any bytes (a zero byte, one that is not UTF-8) page too.
+    Ids = lists:sort([iolist_to_binary(io_lib:format("j~2..0b", [I])) || I <- lists:seq(1, 23)] ++ [<<"j05", 0, 255>>]),
+    ok = couch_workers:job_add_many(T, [{Id, #{}, #{}} || Id <- Ids]),
+    %% Page by page, each starting after the cursor the last one printed:
+    %% every job once, in id order, and the last page prints no cursor.
+    Pages = pages(Dir, T, ["--limit", "5"], []),
+    ?assertEqual([5, 5, 5, 5, 4], [length(P) || P <- Pages]),
+    ?assertEqual(Ids, lists:append(Pages)),
+    %% --all: every page in one command, the same jobs, no cursor printed.
+    {0, All, _} = cli(Dir, ["--json", "jobs", T, "--all", "--limit", "7"]),
+    ?assertEqual({Ids, none}, ids_and_next(All)),
+    {0, AllPending, _} = cli(Dir, ["--json", "jobs", T, "--all", "--state", "pending", "--limit", "2"]),
+    ?assertEqual({Ids, none}, ids_and_next(AllPending)),
+    %% Past the last id: an empty page, not an error.
+    {0, Past, _} = cli(Dir, ["--json", "jobs", T, "--after", "ff"]),
+    ?assertEqual(<<>>, Past),
+    {1, _, E1} = cli(Dir, ["jobs", T, "--after", "xyz"]),
+    ?assertMatch({match, _}, re:run(E1, "is not a cursor")),
+    {1, _, E2} = cli(Dir, ["jobs", T, "--after", "00", "--all"]),
+    ?assertMatch({match, _}, re:run(E2, "not together")),
+    [ok = couch_workers:job_remove(T, Id) || Id <- Ids].
+
+%% Every page of `jobs T Args' as lists of ids, following the cursors.
+pages(Dir, T, Args, Acc) ->
+    After = case Acc of
+        [] -> [];
+        [{_, Cursor} | _] -> ["--after", Cursor]
+    end,
+    {0, Out, _} = cli(Dir, ["--json", "jobs", T | Args ++ After]),
+    case ids_and_next(Out) of
+        {Page, none} -> [P || {P, _} <- lists:reverse([{Page, none} | Acc])];
+        {Page, Next} -> pages(Dir, T, Args, [{Page, Next} | Acc])
+    end.
+
+%% The ids of a `--json jobs' output (ids decoded from the JSON strings
+%% the command prints: U+FFFD for a byte that is not UTF-8, restored here
+%% from the test's own ids) and its cursor, `none' when it printed none.
+ids_and_next(Out) ->
+    Lines = binary:split(Out, <<"\n">>, [global, trim_all]),
+    lists:foldr(
+        fun(Line, {Ids, Next}) ->
+            case re:run(Line, <<"^\\{\"next\":\"([0-9a-f]+)\"\\}$">>, [{capture, all_but_first, binary}]) of
+                {match, [Cursor]} ->
+                    none = Next,
+                    {Ids, binary_to_list(Cursor)};
+                nomatch ->
+                    {match, [Id]} = re:run(Line, <<"\"id\":\"([^\"]*)\"">>, [{capture, all_but_first, binary}]),
+                    {[restore_id(Id) | Ids], Next}
+            end
+        end,
+        {[], none},
+        Lines
+    ).
+
+%% The one id the command cannot print as it is (JSON: \u0000 and U+FFFD).
+restore_id(<<"j05\\u0000", 16#ef, 16#bf, 16#bd>>) -> <<"j05", 0, 255>>;
+restore_id(Id) -> Id.
 
 %% ---- running it ------------------------------------------------------------
 

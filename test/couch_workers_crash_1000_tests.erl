@@ -17,7 +17,7 @@
 %%
 %% The peer's workers run 550, 250, 150 and 50 jobs. The first holds more
 %% than one transaction may requeue (`REQUEUE_MAX_JOBS' = 500 in
-%% `jobs/ops.rs'): the reaper's transaction that removes it moves 500 and
+%% `jobs/ops/requeue.rs'): the reaper's transaction that removes it moves 500 and
 %% leaves an orphan marker, and a sweeper (one per node, woken at once by
 %% a store watch on `orphans_vs', `jobs/sweeper.rs') moves the other 50.
 %% So both failover paths are in the 1,000, and both must meet the same

@@ -403,7 +403,7 @@ nothing_written_and_app_running(#{type := T}) ->
     catch couch_workers:job_finish(#{}, #{}),
     assert_nothing_written(T),
     #{running := true} = couch_workers:stats(),
-    [?assert(is_pid(whereis(S))) || S <- [couch_workers_jobs, couch_workers_local, couch_workers_global]],
+    [?assert(is_pid(whereis(S))) || S <- [couch_workers_jobs_subs, couch_workers_local, couch_workers_global]],
     %% And it works.
     W = register_worker(T, <<"w1">>),
     ok = couch_workers:job_add(T, <<"id">>, #{}, #{}),

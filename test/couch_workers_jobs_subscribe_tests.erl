@@ -29,7 +29,8 @@ subscribe_test_() ->
         ?TDEF_FE(unsubscribe_flushes_and_stops),
         ?TDEF_FE(unsubscribe_unknown_is_ok),
         ?TDEF_FE(subscriber_exit_ends_subscription),
-        ?TDEF_FE(killed_jobs_server_restarts),
+        ?TDEF_FE(killed_jobs_server_restores_subscriptions),
+        ?TDEF_FE(killed_jobs_server_monitors_again),
         ?TDEF_FE(unknown_messages_are_logged_not_fatal)
     ]).
 
@@ -231,32 +232,68 @@ subscriber_exit_ends_subscription(#{type := T}) ->
     {ok, _S3, _} = couch_workers:job_subscribe(T, <<"j1">>, Dead),
     settled_stats(#{job_subscriptions => 0, job_watchers => 0}).
 
-killed_jobs_server_restarts(#{type := T}) ->
+%% A crash of the subscription server keeps every subscription: the
+%% next change is delivered, unsubscribe works, and the end (`removed')
+%% still reaches the restarted server, which drops its row.
+killed_jobs_server_restores_subscriptions(#{type := T}) ->
     ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
-    {ok, S, _} = couch_workers:job_subscribe(T, <<"j1">>, self()),
-    settled_stats(#{job_subscriptions => 1, job_watchers => 1}),
-    Old = whereis(couch_workers_jobs),
-    exit(Old, kill),
-    New = wait_restarted(couch_workers_jobs, Old),
-    ?assertNotEqual(Old, New),
-    %% Its handles were garbage: those subscriptions ended.
-    settled_stats(#{job_subscriptions => 0, job_watchers => 0}),
+    ok = couch_workers:job_add(T, <<"j2">>, #{}, #{}),
+    {ok, S1, _} = couch_workers:job_subscribe(T, <<"j1">>, self()),
+    {ok, S2, _} = couch_workers:job_subscribe(T, <<"j2">>, self()),
+    settled_stats(#{job_subscriptions => 2, job_watchers => 2}),
+    New = kill_jobs_server(),
+    %% The handles were kept (in the supervisor's table): nothing ended.
+    settled_stats(#{job_subscriptions => 2, job_watchers => 2}),
     ok = couch_workers:job_cancel(T, <<"j1">>),
-    no_job_msg(S, 200),
-    %% The new server works.
-    {ok, S2, #{state := canceled}} = couch_workers:job_subscribe(T, <<"j1">>, self()),
+    ?assertMatch(#{state := canceled}, recv_job(S1, 5000)),
+    %% Unsubscribe after the restart: nothing more arrives.
+    ok = couch_workers:job_unsubscribe(S1),
     ok = couch_workers:job_remove(T, <<"j1">>),
-    ?assertEqual(removed, recv_job(S2, 5000)).
+    no_job_msg(S1, 200),
+    settled_stats(#{job_subscriptions => 1, job_watchers => 1}),
+    ?assertEqual(1, ets:info(couch_workers_jobs_subs, size)),
+    %% The end of S2 reaches the new server, which forgets S2.
+    ok = couch_workers:job_remove(T, <<"j2">>),
+    ?assertEqual(removed, recv_job(S2, 5000)),
+    couch_workers_test_util:wait_for(fun() -> ets:info(couch_workers_jobs_subs, size) =:= 0 end, 5000),
+    settled_stats(#{job_subscriptions => 0, job_watchers => 0}),
+    ?assertEqual(New, whereis(couch_workers_jobs_subs)),
+    ?assertEqual(0, map_size(element(2, sys:get_state(couch_workers_jobs_subs)))).
+
+%% Subscribers are monitored again after the crash: one that exits
+%% afterwards, or while no server ran, has its subscription ended.
+killed_jobs_server_monitors_again(#{type := T}) ->
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    Self = self(),
+    Sub = fun() ->
+        spawn(fun() ->
+            {ok, _, _} = couch_workers:job_subscribe(T, <<"j1">>, self()),
+            Self ! {subscribed, self()},
+            receive stop -> ok end
+        end)
+    end,
+    [P1, P2] = [Sub(), Sub()],
+    [receive {subscribed, P} -> ok after 10000 -> error(no_subscribe) end || P <- [P1, P2]],
+    settled_stats(#{job_subscriptions => 2, job_watchers => 1}),
+    Old = whereis(couch_workers_jobs_subs),
+    exit(Old, kill),
+    %% P1 dies before the server is back (or just after: both are DOWN).
+    exit(P1, kill),
+    _ = wait_restarted(couch_workers_jobs_subs, Old),
+    settled_stats(#{job_subscriptions => 1, job_watchers => 1}),
+    exit(P2, kill),
+    settled_stats(#{job_subscriptions => 0, job_watchers => 0}),
+    ?assertEqual(0, ets:info(couch_workers_jobs_subs, size)).
 
 unknown_messages_are_logged_not_fatal(#{type := T}) ->
-    Pid = whereis(couch_workers_jobs),
-    ?assertEqual({error, {bad_call, bogus}}, gen_server:call(couch_workers_jobs, bogus)),
-    gen_server:cast(couch_workers_jobs, bogus),
+    Pid = whereis(couch_workers_jobs_subs),
+    ?assertEqual({error, {bad_call, bogus}}, gen_server:call(couch_workers_jobs_subs, bogus)),
+    gen_server:cast(couch_workers_jobs_subs, bogus),
     Pid ! bogus,
     Pid ! {make_ref(), {ok, late}},
     Pid ! {couch_workers_job_ended, make_ref()},
-    _ = sys:get_state(couch_workers_jobs),
-    ?assertEqual(Pid, whereis(couch_workers_jobs)),
+    _ = sys:get_state(couch_workers_jobs_subs),
+    ?assertEqual(Pid, whereis(couch_workers_jobs_subs)),
     ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
     {ok, S, _} = couch_workers:job_subscribe(T, <<"j1">>, self()),
     ok = couch_workers:job_unsubscribe(S).
@@ -297,6 +334,13 @@ wait_dead(Pid) ->
     receive
         {'DOWN', Mon, process, Pid, _} -> ok
     end.
+
+kill_jobs_server() ->
+    Old = whereis(couch_workers_jobs_subs),
+    exit(Old, kill),
+    New = wait_restarted(couch_workers_jobs_subs, Old),
+    ?assertNotEqual(Old, New),
+    New.
 
 wait_restarted(Name, Old) ->
     couch_workers_test_util:wait_for(

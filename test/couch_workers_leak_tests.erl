@@ -174,8 +174,8 @@ check_back(What, #{counts := C0, tables := Tab0, processes := P0, memory := M0, 
     ?assert(M1 - M0 < ?MEMORY_BOUND).
 
 tables() ->
-    [{Tab, ets:info(Tab, size)} || Tab <- [couch_workers_local, couch_workers_membership, couch_workers_membership_subs]] ++
-        [{Server, state_size(Server)} || Server <- [couch_workers_local, couch_workers_global, couch_workers_jobs]].
+    [{Tab, ets:info(Tab, size)} || Tab <- [couch_workers_local, couch_workers_membership, couch_workers_membership_subs, couch_workers_jobs_subs]] ++
+        [{Server, state_size(Server)} || Server <- [couch_workers_local, couch_workers_global, couch_workers_jobs_subs]].
 
 %% The servers' state, flattened: its size must come back too (a map that
 %% only grows would show here).

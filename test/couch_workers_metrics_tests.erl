@@ -23,6 +23,7 @@ metrics_test_() ->
                 [
                     {"job and worker counters move by exactly what was done", ?_test(counters_are_exact())},
                     {"failed calls count nothing", ?_test(failed_calls_count_nothing())},
+                    {"an owner's exit counts its running jobs as requeued, an unregister does not", ?_test(owner_exit_counts_requeued())},
                     {"fail (retried, failed), release, resubmit and remove/3 count exactly", ?_test(job_ends_count_exactly())},
                     {"jobs past their keep count as pruned once", ?_test(prunes_count())},
                     {"store counters move with the store's work", ?_test(store_counters_move())},
@@ -42,7 +43,8 @@ reap_test_() ->
         "mreap",
         [
             ?TDEF_FE(a_reap_of_a_killed_peers_worker_counts_once, 60),
-            ?TDEF_FE(a_reap_counts_the_running_jobs_it_failed_over, 60)
+            ?TDEF_FE(a_reap_counts_the_running_jobs_it_failed_over, 60),
+            ?TDEF_FE(a_replaced_registration_counts_its_running_jobs, 60)
         ]
     ).
 
@@ -113,6 +115,29 @@ counters_are_exact() ->
     Owner ! stop,
     wait_for(fun() -> maps:get(workers_unregistered, type_metrics(T)) =:= 2 end, 5000),
     ?assertEqual(2, maps:get(workers_registered, type_metrics(T))).
+
+%% Two jobs running for a worker whose owner exits: they fail over (a
+%% death spends the attempt) and count as requeued, exactly two; a job
+%% running for a worker that unregisters is released, not failed over,
+%% and counts nothing.
+owner_exit_counts_requeued() ->
+    T = unique_type("mexit"),
+    ok = couch_workers:job_add_many(T, [{<<"j1">>, #{}, #{}}, {<<"j2">>, #{}, #{}}, {<<"j3">>, #{}, #{}}]),
+    Unreg = couch_workers:worker_register(T, <<"w0">>, #{}, self()),
+    {ok, _} = couch_workers:job_accept(Unreg, #{}),
+    ok = couch_workers:worker_unregister(Unreg),
+    ?assertMatch(#{pending := 3, running := 0}, couch_workers:job_counts(T)),
+    Owner = spawn(fun() -> receive stop -> ok end end),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, Owner),
+    {ok, _} = couch_workers:job_accept(W, #{}),
+    {ok, _} = couch_workers:job_accept(W, #{}),
+    ?assertEqual(0, maps:get(jobs_requeued, type_metrics(T))),
+    Owner ! stop,
+    wait_for(fun() -> maps:get(workers_unregistered, type_metrics(T)) =:= 2 end, 5000),
+    wait_for(fun() -> maps:get(jobs_requeued, type_metrics(T)) =:= 2 end, 5000),
+    ?assertMatch(#{pending := 3, running := 0}, couch_workers:job_counts(T)),
+    timer:sleep(300),
+    ?assertEqual(2, maps:get(jobs_requeued, type_metrics(T))).
 
 failed_calls_count_nothing() ->
     T = unique_type("mfail"),
@@ -259,6 +284,23 @@ a_reap_counts_the_running_jobs_it_failed_over(#{peer := Peer, type := T} = Ctx) 
     ?assertEqual(1, maps:get(workers_reaped, type_metrics(T))),
     timer:sleep(500),
     ?assertEqual(2, maps:get(jobs_requeued, type_metrics(T))).
+
+%% The peer's worker runs two jobs; this node registers the same id,
+%% replacing it: the two jobs fail over in that registration's
+%% transaction, and this node, which ran it, counts them (the peer never
+%% unregistered: nothing is released).
+a_replaced_registration_counts_its_running_jobs(#{peer := Peer, type := T}) ->
+    ok = couch_workers:job_add_many(T, [{<<"j1">>, #{}, #{}}, {<<"j2">>, #{}, #{}}]),
+    ok = peer:call(Peer, ?MODULE, peer_worker_running, [T, <<"b1">>, 2], ?PEER_TIMEOUT),
+    ?assertMatch(#{running := 2}, couch_workers:job_counts(T)),
+    W = couch_workers:worker_register(T, <<"b1">>, #{}, self()),
+    ?assert(is_reference(W)),
+    ?assertMatch(#{running := 0, pending := 2}, couch_workers:job_counts(T)),
+    wait_for(fun() -> (catch maps:get(jobs_requeued, type_metrics(T))) =:= 2 end, 5000),
+    timer:sleep(300),
+    ?assertEqual(2, maps:get(jobs_requeued, type_metrics(T))),
+    ?assertEqual(0, maps:get(workers_reaped, type_metrics(T))),
+    ok = couch_workers:worker_unregister(W).
 
 quantiles_within_a_bucket() ->
     rand:seed(exsss, {1, 2, 3}),

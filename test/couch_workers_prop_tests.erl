@@ -89,7 +89,7 @@
 -define(N_INFOS, 5).
 -define(KEY_LIMIT, 10000).
 -define(VALUE_LIMIT, 100000).
--define(SERVERS, [couch_workers_sup, couch_workers_events, couch_workers_global, couch_workers_local, couch_workers_jobs]).
+-define(SERVERS, [couch_workers_sup, couch_workers_events, couch_workers_global, couch_workers_local, couch_workers_jobs_subs]).
 -define(STATS_TAB, couch_workers_prop_stats).
 
 -define(BAD, [

@@ -245,7 +245,7 @@ unsubscribes_wait_for_a_server_slower_than_the_call_timeout(_) ->
     JobSub = spawn_link(fun() -> unsubscriber(Self, job, T) end),
     [receive {subscribed, P} -> ok after 10000 -> error(no_subscribe) end || P <- [MemberSub, JobSub]],
     Global = whereis(couch_workers_global),
-    Jobs = whereis(couch_workers_jobs),
+    Jobs = whereis(couch_workers_jobs_subs),
     ok = sys:suspend(Global),
     ok = sys:suspend(Jobs),
     Resumed =

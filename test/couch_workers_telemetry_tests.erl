@@ -117,7 +117,21 @@ failover_events() ->
     ok = couch_workers_observe:log_event(orphaned_jobs_requeued, #{type => T, worker => <<"b3">>, count => 700}),
     ?assertMatch({#{count := 700}, #{type := T, worker := <<"b3">>, reason := swept}}, recv([couch_workers, job, requeued])),
     ?assertEqual([], drain()),
-    ?assertMatch(#{jobs_requeued := 703, workers_reaped := 2}, maps:get(T, maps:get(types, couch_workers:metrics()))).
+    ?assertMatch(#{jobs_requeued := 703, workers_reaped := 2}, maps:get(T, maps:get(types, couch_workers:metrics()))),
+    %% A real one: the owner of a worker running a job exits.
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    Owner = spawn(fun() -> receive stop -> ok end end),
+    W = couch_workers:worker_register(T, <<"b4">>, #{}, Owner),
+    {ok, _} = couch_workers:job_accept(W, #{}),
+    Owner ! stop,
+    ?assertMatch(
+        {#{system_time := _, count := 1}, #{type := T, worker := <<"b4">>, reason := owner_exit}},
+        recv([couch_workers, job, requeued])
+    ),
+    ?assertMatch(#{jobs_requeued := 704}, maps:get(T, maps:get(types, couch_workers:metrics()))),
+    %% (The worker's own events, which the test after this one must not see.)
+    _ = recv([couch_workers, worker, unregistered]),
+    [_, _, _] = [E || {telemetry, [couch_workers, _, A], _, _} = E <- drain(), lists:member(A, [added, registered, accepted])].
 
 no_events_when_absent() ->
     unload_stand_in(),

@@ -168,7 +168,7 @@ recv_callback(Module, Timeout) ->
 gc_servers() ->
     [
         erlang:garbage_collect(P)
-     || Name <- [couch_workers_local, couch_workers_global, couch_workers_jobs], P <- [whereis(Name)], is_pid(P)
+     || Name <- [couch_workers_local, couch_workers_global, couch_workers_jobs_subs], P <- [whereis(Name)], is_pid(P)
     ],
     erlang:garbage_collect(),
     ok.

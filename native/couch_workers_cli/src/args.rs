@@ -9,7 +9,9 @@ usage: couch-workers [--store embedded:DIR | fdb:CLUSTER_FILE] [--json] COMMAND
 commands:
   status                                   worker types and job types at a glance
   workers [TYPE]                           registered workers (all types, or TYPE)
-  jobs TYPE [--state S]... [--limit N]     jobs of TYPE in id order (N: 1..1000, default 100)
+  jobs TYPE [--state S]... [--limit N] [--after CURSOR | --all]
+                                           jobs of TYPE in id order, N a page (1..1000, default 100);
+                                           a page that has more prints its CURSOR; --all reads every page
   job TYPE ID                              one job
   cancel TYPE ID | remove TYPE ID          act on one job
   retry TYPE ID                            a failed job back to pending (attempts 0)
@@ -30,13 +32,38 @@ pub enum Store {
 pub enum Command {
     Status,
     Workers(Option<Vec<u8>>),
-    Jobs { job_type: Vec<u8>, states: Vec<String>, limit: usize },
+    Jobs { job_type: Vec<u8>, states: Vec<String>, limit: usize, page: Page },
     Job(Vec<u8>, Vec<u8>),
     Cancel(Vec<u8>, Vec<u8>),
     Remove(Vec<u8>, Vec<u8>),
     Retry(Vec<u8>, Vec<u8>),
     Pause(Vec<u8>),
     Resume(Vec<u8>),
+}
+
+/// Which pages of `jobs` to print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Page {
+    /// The first page.
+    First,
+    /// The page after the job id that a cursor names.
+    After(Vec<u8>),
+    /// Every page, one read transaction each.
+    All,
+}
+
+/// A page's cursor: the hex of the last job id it holds (ids are bytes,
+/// which a terminal or a shell may not carry intact).
+pub fn cursor(last_id: &[u8]) -> String {
+    last_id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_cursor(value: &str) -> Result<Vec<u8>, String> {
+    let bad = || format!("--after {value:?} is not a cursor (the hex a page printed)");
+    if value.is_empty() || !value.len().is_multiple_of(2) || !value.is_ascii() {
+        return Err(bad());
+    }
+    (0..value.len()).step_by(2).map(|i| u8::from_str_radix(&value[i..i + 2], 16).map_err(|_| bad())).collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +80,7 @@ pub fn parse(args: Vec<OsString>) -> Result<Options, String> {
     let mut json = false;
     let mut states = Vec::new();
     let mut limit: Option<usize> = None;
+    let mut page: Option<Page> = None;
     let mut words: Vec<Vec<u8>> = Vec::new();
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -74,6 +102,15 @@ pub fn parse(args: Vec<OsString>) -> Result<Options, String> {
                 }
                 limit = Some(n);
             }
+            b"--after" | b"--all" => {
+                if page.is_some() {
+                    return Err("--after and --all go once, and not together".into());
+                }
+                page = Some(match arg.as_bytes() {
+                    b"--all" => Page::All,
+                    _ => Page::After(parse_cursor(&it.next().ok_or("--after needs a value")?.to_string_lossy())?),
+                });
+            }
             b"--help" | b"-h" => return Err(String::new()),
             a if a.starts_with(b"--") => return Err(format!("unknown option {:?}", arg)),
             _ => words.push(arg.into_vec()),
@@ -81,14 +118,19 @@ pub fn parse(args: Vec<OsString>) -> Result<Options, String> {
     }
     let (name, rest) = words.split_first().ok_or("no command given")?;
     let name = String::from_utf8_lossy(name).into_owned();
-    if (!states.is_empty() || limit.is_some()) && name != "jobs" {
-        return Err("--state and --limit go with the jobs command only".into());
+    if (!states.is_empty() || limit.is_some() || page.is_some()) && name != "jobs" {
+        return Err("--state, --limit, --after and --all go with the jobs command only".into());
     }
     let command = match (name.as_str(), rest) {
         ("status", []) => Command::Status,
         ("workers", []) => Command::Workers(None),
         ("workers", [t]) => Command::Workers(Some(t.clone())),
-        ("jobs", [t]) => Command::Jobs { job_type: t.clone(), states, limit: limit.unwrap_or(100) },
+        ("jobs", [t]) => Command::Jobs {
+            job_type: t.clone(),
+            states,
+            limit: limit.unwrap_or(100),
+            page: page.unwrap_or(Page::First),
+        },
         ("job", [t, id]) => Command::Job(t.clone(), id.clone()),
         ("cancel", [t, id]) => Command::Cancel(t.clone(), id.clone()),
         ("remove", [t, id]) => Command::Remove(t.clone(), id.clone()),
@@ -134,7 +176,18 @@ mod tests {
         let o = p(&["--store", "embedded:/d", "--json", "jobs", "t", "--state", "pending", "--limit", "5"]).unwrap();
         assert_eq!(o.store, Store::Embedded("/d".into()));
         assert!(o.json);
-        assert_eq!(o.command, Command::Jobs { job_type: b"t".to_vec(), states: vec!["pending".into()], limit: 5 });
+        assert_eq!(
+            o.command,
+            Command::Jobs { job_type: b"t".to_vec(), states: vec!["pending".into()], limit: 5, page: Page::First }
+        );
+        let after = |args: &[&str]| match p(args).unwrap().command {
+            Command::Jobs { page, .. } => page,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(after(&["jobs", "t", "--after", "6A00ff"]), Page::After(vec![0x6a, 0, 0xff]));
+        assert_eq!(after(&["jobs", "t", "--all", "--limit", "3"]), Page::All);
+        assert_eq!(cursor(&[0x6a, 0, 0xff]), "6a00ff");
+        assert_eq!(parse_cursor(&cursor(b"any \xff id")).unwrap(), b"any \xff id");
         assert_eq!(p(&["status"]).unwrap().store, Store::Embedded("couch_workers_data".into()));
         assert_eq!(p(&["--store", "fdb:/etc/fdb.cluster", "workers"]).unwrap().store, Store::Fdb("/etc/fdb.cluster".into()));
         assert_eq!(p(&["cancel", "t", "j"]).unwrap().command, Command::Cancel(b"t".to_vec(), b"j".to_vec()));
@@ -152,6 +205,14 @@ mod tests {
             &["jobs", "t", "--limit", "1001"],
             &["jobs", "t", "--limit", "x"],
             &["workers", "--limit", "3"],
+            &["workers", "--all"],
+            &["jobs", "t", "--after"],
+            &["jobs", "t", "--after", ""],
+            &["jobs", "t", "--after", "abc"],
+            &["jobs", "t", "--after", "zz"],
+            &["jobs", "t", "--after", "é0"],
+            &["jobs", "t", "--after", "00", "--all"],
+            &["jobs", "t", "--all", "--all"],
             &["--store", "mysql:/x", "status"],
             &["--store", "embedded:", "status"],
             &["--store"],

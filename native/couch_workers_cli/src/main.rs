@@ -32,7 +32,7 @@ use couch_workers_core::store::{self, run, Db, StoreConfig, TxOptions};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use args::{Command, Options, Store};
+use args::{Command, Options, Page, Store};
 use output::Out;
 
 fn main() -> ExitCode {
@@ -131,25 +131,7 @@ async fn command(cmd: &Command, db: &Db, ks: &Keyspace, out: &mut Out) -> Result
             }
             Ok(())
         }
-        Command::Jobs { job_type, states, limit } => {
-            let t = job_type.as_slice();
-            // Through each state's index: a page costs its own jobs, not
-            // the type's jobs in other states.
-            let states: Vec<JobState> = states.iter().filter_map(|s| JobState::from_name(s.as_bytes())).collect();
-            let only = (!states.is_empty()).then_some(states.as_slice());
-            let (jobs, cont) = read(db, |tx| async move { ops::list(&tx, ks, t, only, *limit, None).await }).await?;
-            if jobs.is_empty() && cont.is_none() && total_jobs(db, ks, t).await? == 0 {
-                return Err(format!("no jobs of type {:?}", show(t)));
-            }
-            out.jobs_header();
-            for j in &jobs {
-                out.job(j);
-            }
-            if cont.is_some() {
-                out.note(&format!("(the first {limit} in id order: more follow)"));
-            }
-            Ok(())
-        }
+        Command::Jobs { job_type, states, limit, page } => jobs(db, ks, out, job_type, states, *limit, page).await,
         Command::Job(t, id) => {
             let service = job_service(db, ks);
             let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
@@ -203,6 +185,50 @@ async fn command(cmd: &Command, db: &Db, ks: &Keyspace, out: &mut Out) -> Result
             })?;
             out.paused(t, pause, paused);
             Ok(())
+        }
+    }
+}
+
+/// The `jobs` command: one page, or every page (`--all`), each page one
+/// read transaction (as `job_list/2` pages: a job that does not change
+/// meanwhile is printed once, and none is skipped).
+async fn jobs(
+    db: &Db,
+    ks: &Keyspace,
+    out: &mut Out,
+    t: &[u8],
+    states: &[String],
+    limit: usize,
+    page: &Page,
+) -> Result<(), String> {
+    // Through each state's index: a page costs its own jobs, not the
+    // type's jobs in other states.
+    let states: Vec<JobState> = states.iter().filter_map(|s| JobState::from_name(s.as_bytes())).collect();
+    let only = (!states.is_empty()).then_some(states.as_slice());
+    let mut after: Option<Vec<u8>> = match page {
+        Page::After(id) => Some(id.clone()),
+        Page::First | Page::All => None,
+    };
+    out.jobs_header();
+    let mut first = true;
+    loop {
+        let from = after.as_deref();
+        let (jobs, cont) = read(db, |tx| async move { ops::list(&tx, ks, t, only, limit, from).await }).await?;
+        // Only a first page can tell that the type has no jobs at all.
+        if first && from.is_none() && jobs.is_empty() && cont.is_none() && total_jobs(db, ks, t).await? == 0 {
+            return Err(format!("no jobs of type {:?}", show(t)));
+        }
+        first = false;
+        for j in &jobs {
+            out.job(j);
+        }
+        match cont {
+            Some(last) if *page == Page::All => after = Some(last),
+            Some(last) => {
+                out.next_page(&args::cursor(&last));
+                return Ok(());
+            }
+            None => return Ok(()),
         }
     }
 }

@@ -51,6 +51,16 @@ impl Out {
         }
     }
 
+    /// After a page that has more: the cursor of the next (`--after`). A
+    /// JSON line of its own, `{"next":CURSOR}`, with `--json`.
+    pub fn next_page(&mut self, cursor: &str) {
+        if self.json {
+            self.lines.push(json!({ "next": cursor }).to_string());
+        } else {
+            self.note(&format!("(more follow: --after {cursor})"));
+        }
+    }
+
     pub fn workers_header(&mut self) {
         self.header(vec!["TYPE", "ID", "TIMEOUT", "HEARTBEAT AGE", "RUNNING", "OPTIONS"]);
     }

@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
@@ -16,13 +16,14 @@ use tokio_util::task::TaskTracker;
 use crate::error::Error;
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Event, Level, Logger};
-use crate::services::heartbeat::HeartbeatTask;
+use crate::services::heartbeat::{HeartbeatService, Heartbeats};
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
 use crate::services::watch_limit::WatchLimit;
 use crate::services::{wall_clock_s, Live, TaskCounts};
-use crate::store::{self, run, Db, StoreConfig, TxOptions};
+use crate::jobs::receipt::{self, Receipt};
+use crate::store::{self, run, run_attempts, Db, StoreConfig, StoreError, Tx, TxOptions};
 use crate::workers::{self, WorkerSpec};
 
 /// Tunables, all with defaults an operator need not touch.
@@ -65,6 +66,8 @@ pub struct Node {
     jobs: crate::jobs::JobService,
     /// The store handle's watch-limit episode, shared by the watchers.
     watch_limit: Arc<WatchLimit>,
+    /// The registrations the heartbeat service renews.
+    heartbeats: Arc<Heartbeats>,
 }
 
 impl Node {
@@ -95,7 +98,7 @@ impl Node {
             tasks.clone(),
             Handle::current(),
         );
-        let watch_limit = Arc::new(WatchLimit::new(log.clone()));
+        let watch_limit = jobs.watch_limit();
         let node = Arc::new(Node {
             db,
             ks,
@@ -107,7 +110,17 @@ impl Node {
             counts: Arc::new(TaskCounts::default()),
             jobs,
             watch_limit,
+            heartbeats: Arc::new(Heartbeats::default()),
         });
+        let service = HeartbeatService {
+            db: node.db.clone(),
+            ks: node.ks.clone(),
+            log: node.log.clone(),
+            cancel: node.shutdown.child_token(),
+            tx_options: node.write_options(),
+            heartbeats: node.heartbeats.clone(),
+        };
+        node.tasks.spawn_on(service.run(), &node.runtime);
         let reaper = Reaper {
             db: node.db.clone(),
             ks: node.ks.clone(),
@@ -126,6 +139,8 @@ impl Node {
         self.shutdown.cancel();
         self.tasks.close();
         self.tasks.wait().await;
+        // A registration added while `stop` began has no service left.
+        self.heartbeats.clear();
         self.db.close();
         self.log.log(Event::new(Level::Notice, "store_closed").with("store", self.db.kind()));
     }
@@ -163,6 +178,12 @@ impl Node {
         }
     }
 
+    /// Heartbeat transaction runs this node began (for the H1 benchmark and
+    /// the tests that count them).
+    pub fn heartbeat_transactions(&self) -> u64 {
+        self.heartbeats.transactions()
+    }
+
     pub fn read_options(&self) -> TxOptions {
         TxOptions { writes: false, timeout: self.settings.tx_timeout, retry_limit: self.settings.tx_retry_limit }
     }
@@ -181,7 +202,8 @@ impl Node {
 
     // ---- workers --------------------------------------------------------
 
-    /// Registers a worker, as a new incarnation, and starts its heartbeat.
+    /// Registers a worker, as a new incarnation, and hands it to the
+    /// node's heartbeat service.
     /// The worker stays registered while the returned handle lives, unless
     /// a later registration of the same id (on any node) replaces it.
     pub async fn register_worker(self: &Arc<Self>, spec: WorkerSpec) -> Result<Registration, Error> {
@@ -192,10 +214,11 @@ impl Node {
         let incarnation = workers::new_incarnation();
         let ks = &self.ks;
         let (s, inc) = (&spec, &incarnation);
-        run(self.db.as_ref(), self.write_options(), |tx| async move {
-            workers::register(&tx, ks, s, inc, wall_clock_s()).await
-        })
-        .await?;
+        let written = Instant::now();
+        let replaced = self
+            .run_failing_over(|tx| async move { workers::register_replacing(&tx, ks, s, inc, wall_clock_s()).await.map(Some) })
+            .await?;
+        self.log_requeued(&spec.worker_type, &spec.id, replaced, "replaced");
         if self.is_stopped() {
             // `stop` began while the write was in flight: no heartbeat will
             // run, so take the worker out again rather than leave it for a
@@ -206,18 +229,8 @@ impl Node {
         let spec = Arc::new(spec);
         let cancel = self.shutdown.child_token();
         let events = Arc::new(OwnerEvents::default());
-        let task = HeartbeatTask {
-            db: self.db.clone(),
-            ks: self.ks.clone(),
-            spec: spec.clone(),
-            incarnation,
-            log: self.log.clone(),
-            cancel: cancel.clone(),
-            tx_options: self.write_options(),
-            events: events.clone(),
-        };
         let live = Live::new(&self.counts.heartbeats);
-        self.spawn(task.run(live));
+        self.heartbeats.add(spec.clone(), incarnation, cancel.clone(), events.clone(), written, live);
         Ok(Registration { node: Arc::downgrade(self), spec, incarnation, cancel, removed: AtomicBool::new(false), events })
     }
 
@@ -238,7 +251,10 @@ impl Node {
     }
 
     async fn end_registration(&self, reg: &Registration, died: bool) -> Result<(), Error> {
+        // Cancelled first: a renewal that reads the record after the
+        // removal below sees the cancel and does not reinstate it.
         reg.cancel.cancel();
+        self.heartbeats.remove(&reg.incarnation);
         if reg.removed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
@@ -252,15 +268,68 @@ impl Node {
 
     async fn remove_worker(&self, worker_type: &[u8], id: &[u8], incarnation: &Incarnation, died: bool) -> Result<(), Error> {
         let ks = &self.ks;
-        run(self.db.as_ref(), self.write_options(), |tx| async move {
-            if died {
-                workers::remove_dead(&tx, ks, worker_type, id, incarnation).await
-            } else {
+        if died {
+            let failed_over = self
+                .run_failing_over(|tx| async move { workers::remove_dead(&tx, ks, worker_type, id, incarnation).await })
+                .await?;
+            self.log_requeued(worker_type, id, failed_over, "owner_exit");
+        } else {
+            // Released, not failed over: an unregister is no death.
+            run(self.db.as_ref(), self.write_options(), |tx| async move {
                 workers::remove(&tx, ks, worker_type, id, incarnation).await
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs a write that may fail jobs over (`Some(n)`: it wrote, and
+    /// moved `n` jobs; `None`: it wrote nothing) and returns `n`, also when
+    /// its commit landed but was answered `commit_unknown_result`: the
+    /// attempt after it finds the write's receipt, with the count, where
+    /// it would find only the write's effect (see `jobs::receipt`).
+    async fn run_failing_over<F, Fut>(&self, mut body: F) -> Result<usize, StoreError>
+    where
+        F: FnMut(Tx) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<usize>, StoreError>>,
+    {
+        let receipt = self.db.commits_may_be_unknown().then(|| Receipt::new(&self.ks));
+        let receipt = receipt.as_ref();
+        let (moved, _) = run_attempts(self.db.as_ref(), self.write_options(), |tx, attempt| {
+            // Not polled when the receipt says the write landed.
+            let work = body(tx.clone());
+            async move {
+                if let Some(r) = receipt.filter(|_| attempt.may_have_committed) {
+                    if let Some(outcome) = r.landed(&tx).await? {
+                        return Ok(receipt::parse_count(&outcome));
+                    }
+                }
+                let moved = work.await?;
+                if let (Some(r), Some(n)) = (receipt, moved) {
+                    r.write(&tx, &receipt::count_outcome(n));
+                }
+                Ok(moved.unwrap_or(0))
             }
         })
         .await?;
-        Ok(())
+        Ok(moved)
+    }
+
+    /// `jobs` running jobs of a registration of this node's failed over
+    /// (`reason`: `owner_exit`, its owner died; `replaced`, a new
+    /// registration of its id took over from one that did not
+    /// unregister): how the metrics' `jobs_requeued` learns of them, as it
+    /// learns of a reap's from `worker_reaped`.
+    fn log_requeued(&self, worker_type: &[u8], id: &[u8], jobs: usize, reason: &str) {
+        if jobs > 0 {
+            self.log.log(
+                Event::new(Level::Notice, "worker_jobs_requeued")
+                    .with("type", worker_type)
+                    .with("id", id)
+                    .with("jobs", jobs)
+                    .with("reason", reason),
+            );
+        }
     }
 
     // ---- membership -----------------------------------------------------
@@ -364,6 +433,7 @@ impl Drop for Registration {
             return;
         }
         let Some(node) = self.node.upgrade() else { return };
+        node.heartbeats.remove(&self.incarnation);
         if node.is_stopped() {
             return;
         }

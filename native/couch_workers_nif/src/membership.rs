@@ -43,12 +43,12 @@ use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, Reso
 use crate::atoms;
 use crate::json::json_bytes_to_term;
 use crate::runtime;
-use crate::stats::{self, Live};
+use crate::stats::{self, LiveResource};
 use crate::term::{binary, bytes_arg, error_tuple};
 
 pub struct WatchResource {
     watch: MembershipWatch,
-    _live: Live,
+    _live: LiveResource,
 }
 
 #[rustler::resource_impl(register = false)]
@@ -140,7 +140,7 @@ fn membership_watch<'a>(env: Env<'a>, worker_type: Term<'a>, tag: Term<'a>) -> N
     });
     match node.watch_membership_updates(worker_type, on_update) {
         Ok(watch) => {
-            let res = ResourceArc::new(WatchResource { watch, _live: Live::new(&stats::WATCHES) });
+            let res = ResourceArc::new(WatchResource { watch, _live: LiveResource::new(&stats::WATCHES) });
             Ok((atoms::ok(), res).encode(env))
         }
         Err(e) => Ok(error_tuple(env, e.name())),

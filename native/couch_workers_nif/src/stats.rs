@@ -3,27 +3,27 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Live registration resources (`worker_register/4`).
+/// LiveResource registration resources (`worker_register/4`).
 pub static REGISTRATIONS: AtomicUsize = AtomicUsize::new(0);
-/// Live membership watch resources (`membership_watch/2`).
+/// LiveResource membership watch resources (`membership_watch/2`).
 pub static WATCHES: AtomicUsize = AtomicUsize::new(0);
-/// Live job subscription resources (`job_subscribe/5`).
+/// LiveResource job subscription resources (`job_subscribe/5`).
 pub static JOB_SUBSCRIPTIONS: AtomicUsize = AtomicUsize::new(0);
-/// Live accept waiter resources (`job_accept/4`): held by callers of
+/// LiveResource accept waiter resources (`job_accept/4`): held by callers of
 /// `job_accept/2` while they wait.
 pub static ACCEPT_WAITERS: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts one live thing while it exists.
-pub struct Live(&'static AtomicUsize);
+pub struct LiveResource(&'static AtomicUsize);
 
-impl Live {
-    pub fn new(counter: &'static AtomicUsize) -> Live {
+impl LiveResource {
+    pub fn new(counter: &'static AtomicUsize) -> LiveResource {
         counter.fetch_add(1, Ordering::SeqCst);
-        Live(counter)
+        LiveResource(counter)
     }
 }
 
-impl Drop for Live {
+impl Drop for LiveResource {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }

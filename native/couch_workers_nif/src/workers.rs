@@ -52,7 +52,7 @@ use crate::atoms;
 use crate::json::{self, budgeted_nif, Sched};
 use crate::reply::{self, Replier};
 use crate::runtime;
-use crate::stats::{self, Live};
+use crate::stats::{self, LiveResource};
 use crate::term::{bytes_arg, error_tuple};
 
 /// Health timeout when the options name none, seconds.
@@ -63,7 +63,7 @@ pub struct RegistrationResource {
     /// leftover handle must not touch the new node.
     node: Weak<Node>,
     reg: Registration,
-    _live: Live,
+    _live: LiveResource,
 }
 
 #[rustler::resource_impl(register = false)]
@@ -71,7 +71,7 @@ impl Resource for RegistrationResource {}
 
 impl RegistrationResource {
     /// The core's registration: what an accept for it names (its worker
-    /// id and incarnation, see `jobs.rs`).
+    /// id and incarnation, see `jobs/accept.rs`).
     pub fn registration(&self) -> &Registration {
         &self.reg
     }
@@ -141,7 +141,7 @@ fn register<'a>(
             Ok(reg) => reply::ok_with(ResourceArc::new(RegistrationResource {
                 node: Arc::downgrade(&node),
                 reg,
-                _live: Live::new(&stats::REGISTRATIONS),
+                _live: LiveResource::new(&stats::REGISTRATIONS),
             })),
             Err(e) => reply::error(e.name()),
         }

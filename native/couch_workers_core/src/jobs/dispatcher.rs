@@ -34,6 +34,10 @@
 //! * while the type is paused (a flag every round reads), rounds take
 //!   nothing and the watch stays armed: `job_resume/1` bumps `jobs_vs`,
 //!   which wakes every node's dispatcher at once;
+//! * at the handle's watch limit (`too_many_watches`) the dispatcher
+//!   polls instead, with the growing pause of `services::watch_limit`
+//!   (not a write round every 50 ms); arriving waiters are still served
+//!   at once;
 //! * a waiter whose deadline passes gets `not_found`; an accept with
 //!   timeout 0 never comes here (one transaction, no dispatcher);
 //! * when no waiter is left the dispatcher exits (it is started again on
@@ -64,11 +68,12 @@ use tokio_util::sync::CancellationToken;
 use super::job::{AcceptToken, JobHandle};
 use super::ops::{self, Take};
 use super::place::wall_ms;
-use super::runner::{complete_handle_vs, run_committed};
-use super::service::{Live, Shared};
+use super::commit::{complete_handle_vs, run_committed};
+use super::service::{Live, ServiceState};
 use crate::error::Error;
 use crate::keyspace::Incarnation;
 use crate::log::{Event, Level};
+use crate::services::watch_limit::is_too_many_watches;
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError, Watch};
 
@@ -146,7 +151,7 @@ struct Entry {
 
 impl Dispatchers {
     /// Hands `waiter` to the type's dispatcher, starting one if none runs.
-    pub fn submit(&self, shared: &Arc<Shared>, job_type: &[u8], waiter: Waiter) {
+    pub fn submit(&self, shared: &Arc<ServiceState>, job_type: &[u8], waiter: Waiter) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let waiter = match map.get(job_type) {
             Some(entry) => match entry.sender.send(waiter) {
@@ -192,7 +197,7 @@ async fn wait_armed(watch: &mut Option<Watch>) -> Result<(), StoreError> {
 }
 
 struct Dispatcher {
-    shared: Arc<Shared>,
+    shared: Arc<ServiceState>,
     job_type: Vec<u8>,
     id: u64,
     receiver: mpsc::UnboundedReceiver<Waiter>,
@@ -222,6 +227,10 @@ impl Dispatcher {
         let mut watch: Option<Watch> = None;
         let mut need_round = true;
         let mut failures: u32 = 0;
+        // Consecutive watches refused at the handle's limit, and the
+        // earliest round that may try to arm one again.
+        let mut at_limit: u32 = 0;
+        let mut rearm_at: Option<Instant> = None;
         loop {
             if self.cancel.is_cancelled() {
                 self.close();
@@ -277,6 +286,7 @@ impl Dispatcher {
             }
             let now = Instant::now();
             let wake = self.waiters.iter().map(|w| w.deadline).min().unwrap_or(now).min(now + PRUNE_INTERVAL);
+            let wake = rearm_at.map_or(wake, |t| wake.min(t));
             let timer = match self.next_due {
                 Some(at) if !self.paused => instant_of(at),
                 _ => now + Duration::from_secs(86_400),
@@ -302,8 +312,25 @@ impl Dispatcher {
                 }
                 Wake::Watch(fired) => {
                     need_round = true;
-                    if let Err(e) = fired {
-                        if !matches!(e, StoreError::Closed) {
+                    match fired {
+                        Ok(()) => {
+                            if at_limit > 0 {
+                                at_limit = 0;
+                                rearm_at = None;
+                                self.shared.watch_limit.cleared();
+                            }
+                        }
+                        Err(StoreError::Closed) => {}
+                        Err(e) if is_too_many_watches(&e) => {
+                            // The handle's limit: rather than a write round
+                            // every 50 ms, poll with a growing pause (the
+                            // node logs the episode once). Waiters that
+                            // arrive are still served at once.
+                            at_limit += 1;
+                            rearm_at = Some(Instant::now() + self.shared.watch_limit.reached(at_limit));
+                            need_round = false;
+                        }
+                        Err(_) => {
                             // A failed watch: pause, then a round re-arms it.
                             let _ = sleep_or_cancel(Duration::from_millis(50), &self.cancel).await;
                         }
@@ -311,9 +338,16 @@ impl Dispatcher {
                 }
             }
             // Waiters but no watch (the last round found none left, then
-            // one came back): a round arms one.
+            // one came back, or the pause at the watch limit is over): a
+            // round arms one.
             if watch.is_none() {
-                need_round = true;
+                match rearm_at {
+                    Some(t) if Instant::now() < t => {}
+                    _ => {
+                        rearm_at = None;
+                        need_round = true;
+                    }
+                }
             }
         }
     }
@@ -469,7 +503,7 @@ impl Dispatcher {
     }
 }
 
-impl Shared {
+impl ServiceState {
     /// An accept round failed after an attempt that may have committed:
     /// gives back, in a task of its own, the jobs it may have taken under
     /// `taken`'s tokens (nobody holds those handles), retrying with

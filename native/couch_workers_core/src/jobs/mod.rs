@@ -56,16 +56,22 @@
 //!
 //! * [`record`]: the stored values and their format versions;
 //! * [`ops`]: the transactional operations over `&Tx` (the only code that
-//!   writes job keys);
+//!   writes job keys), one module per seam: `lifecycle` (add, update, end,
+//!   cancel, remove), `accept`, `reclaim`, `resubmit`, `requeue` (failover
+//!   and the orphan sweep), `query`, `pause`, `prune`;
 //! * [`dispatcher`]: the per-(node, type) accept dispatcher (no thundering
 //!   herd: one watch per node and type, one transaction per round);
 //! * [`subscription`]: job watchers shared per (node, job);
 //! * `place.rs`: the keys and counters of each state (the one writer);
+//! * `commit.rs`: a job write run to its commit: the once-only run of an
+//!   `Ok(())` write (add, resubmit, remove: its receipt) and the commit's
+//!   versionstamp in the answer;
 //! * [`sweeper`]: finishes the failover of workers removed with more
 //!   running jobs than one transaction may move;
 //! * `pruner.rs`: removes ended jobs past their `keep`;
 //! * [`service`]: the node-level API the NIF calls.
 
+mod commit;
 pub mod dispatcher;
 pub mod job;
 pub mod ops;
@@ -73,7 +79,6 @@ pub(crate) mod place;
 mod pruner;
 pub mod receipt;
 pub mod record;
-mod runner;
 pub mod service;
 pub mod subscription;
 mod sweeper;

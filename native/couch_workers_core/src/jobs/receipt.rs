@@ -11,7 +11,9 @@
 //! transaction. An attempt that follows one which may have committed
 //! (`Attempt::may_have_committed`) reads the receipt first: present, the
 //! earlier attempt landed, and the call answers as that attempt would
-//! have, writing nothing more.
+//! have, writing nothing more. Reaps and the node's removals and
+//! replacements of workers set one too, holding how many jobs they failed
+//! over ([`count_outcome`]): their retry finds the worker gone either way.
 //!
 //! Only on stores whose commits may answer `commit_unknown_result`
 //! (`Database::commits_may_be_unknown`: FoundationDB, `sim`, the faulty
@@ -35,6 +37,17 @@ pub const KEEP_MINUTES: i64 = 10;
 pub const DONE: &[u8] = b"done";
 /// An update that found a cancel request and wrote the cancellation.
 pub const CANCELED: &[u8] = b"canceled";
+
+/// A landed write that moved `n` jobs (a reap, an owner's exit, a
+/// replacing registration): what it failed over, for the node's metrics.
+pub fn count_outcome(n: usize) -> [u8; 8] {
+    u64::try_from(n).unwrap_or(u64::MAX).to_be_bytes()
+}
+
+/// The count of a [`count_outcome`] (0 for any other outcome).
+pub fn parse_count(outcome: &[u8]) -> usize {
+    <[u8; 8]>::try_from(outcome).map_or(0, |b| usize::try_from(u64::from_be_bytes(b)).unwrap_or(usize::MAX))
+}
 
 /// The current Unix minute of this node's wall clock.
 pub fn minute_now() -> i64 {

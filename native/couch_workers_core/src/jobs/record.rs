@@ -36,7 +36,7 @@
 //! Active value, at `("couch_workers", "active", WorkerType, Worker, JobId)`,
 //! format 1: `(1, AcceptVS)`, the tuple versionstamp of the accept that
 //! made the job running (also written with `set_versionstamped_value`).
-//! Orphan sweeps compare it with a removal's versionstamp (see `ops.rs`).
+//! Orphan sweeps compare it with a removal's versionstamp (see `ops/requeue.rs`).
 //!
 //! Orphan marker, at `("couch_workers", "orphans", WorkerType, Worker)`:
 //! `(RemovalVS,)`, the tuple versionstamp of the commit that removed the

@@ -24,13 +24,14 @@ use super::ops::{self, Retry, RunEnd, Take};
 use super::place::wall_ms;
 use super::pruner::run_pruner;
 use super::receipt::{self, Receipt};
-use super::runner::{complete_handle_vs, run_committed, run_once};
+use super::commit::{complete_handle_vs, run_committed, run_once};
 use crate::store::run_attempts;
 use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
 use super::sweeper::run_sweeper;
 use crate::error::{check_key, Error};
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::Logger;
+use crate::services::watch_limit::WatchLimit;
 use crate::store::{run, Db, StoreError, TxOptions};
 
 /// Most rounds an accept with timeout 0 runs when a round cleared stale
@@ -63,7 +64,7 @@ pub(crate) struct JobCounts {
 pub(crate) use crate::services::Live;
 
 /// What the service's tasks share.
-pub(crate) struct Shared {
+pub(crate) struct ServiceState {
     pub db: Db,
     pub ks: Keyspace,
     pub log: Logger,
@@ -76,9 +77,12 @@ pub(crate) struct Shared {
     pub counts: JobCounts,
     pub dispatchers: Dispatchers,
     pub watchers: Watchers,
+    /// The database handle's watch-limit episode, shared with the node's
+    /// membership watchers: the limit is the handle's.
+    pub watch_limit: Arc<WatchLimit>,
 }
 
-impl Shared {
+impl ServiceState {
     pub fn spawn<F>(&self, task: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
@@ -139,7 +143,7 @@ impl Shared {
     }
 }
 
-impl Shared {
+impl ServiceState {
     /// Moves the type's due scheduled jobs to pending (bounded batches),
     /// by this node's wall clock. Returns the earliest `run_at` left.
     pub(crate) async fn promote(&self, job_type: &[u8]) -> Result<Option<u64>, StoreError> {
@@ -163,7 +167,7 @@ const PROMOTE_BATCH: usize = 500;
 /// The job queue of one node. Cheap to clone.
 #[derive(Clone)]
 pub struct JobService {
-    shared: Arc<Shared>,
+    shared: Arc<ServiceState>,
 }
 
 impl JobService {
@@ -181,7 +185,8 @@ impl JobService {
         tasks: TaskTracker,
         runtime: Handle,
     ) -> JobService {
-        let shared = Arc::new(Shared {
+        let watch_limit = Arc::new(WatchLimit::new(log.clone()));
+        let shared = Arc::new(ServiceState {
             db,
             ks,
             log,
@@ -193,12 +198,19 @@ impl JobService {
             counts: JobCounts::default(),
             dispatchers: Dispatchers::default(),
             watchers: Watchers::default(),
+            watch_limit,
         });
         let live = Live::new(&shared.counts.sweepers);
         shared.spawn(run_sweeper(shared.clone(), shared.cancel.child_token(), live));
         let live = Live::new(&shared.counts.pruners);
         shared.spawn(run_pruner(shared.clone(), shared.cancel.child_token(), live));
         JobService { shared }
+    }
+
+    /// The watch-limit episode of the service's database handle (the
+    /// node's membership watchers share it).
+    pub(crate) fn watch_limit(&self) -> Arc<WatchLimit> {
+        self.shared.watch_limit.clone()
     }
 
     pub fn stats(&self) -> JobStats {

@@ -1,0 +1,91 @@
+//! `resubmit`: add the job, or run it again.
+
+use super::OpResult;
+use super::helpers::{check_index_keys, read_record};
+use super::lifecycle::add_job;
+use super::run_end::{apply_opts, apply_resubmit};
+use crate::jobs::job::{JobOpts, JobSpec, JobState, JobVs, Schedule};
+use crate::jobs::place::{earliest_scheduled, place, queue_state, unplace, write_record, Queued};
+use crate::jobs::record::{Record, Resubmit};
+use crate::error::Error;
+use crate::keyspace::Keyspace;
+use crate::store::{StoreError, Tx, MAX_VALUE_SIZE};
+
+/// The record, if `if_vs` (when given) still matches it: `Changed` when
+/// the job changed since or is gone.
+async fn read_if(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<OpResult<Option<Record>>, StoreError> {
+    let rec = read_record(tx, ks, job_type, id, false).await?;
+    match (if_vs, &rec) {
+        (Some(vs), Some(r)) if r.vs != *vs => Ok(Err(Error::Changed)),
+        (Some(_), None) => Ok(Err(Error::Changed)),
+        _ => Ok(Ok(rec)),
+    }
+}
+
+/// Adds the job, or runs it again (DESIGN.md `job_resubmit/4`): absent,
+/// it is added; queued, its info and the given options replace the job's
+/// and it stays queued once; running, the resubmission waits in the
+/// record for the run's end; ended, it is queued again with attempts 0
+/// and no error. With `if_vs`, only if the job exists with that `vs`.
+#[allow(clippy::too_many_arguments)]
+pub async fn resubmit(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+    info: &[u8],
+    opts: &JobOpts,
+    if_vs: Option<&JobVs>,
+    now: u64,
+) -> Result<OpResult<()>, StoreError> {
+    let rec = match read_if(tx, ks, job_type, id, if_vs).await? {
+        Ok(rec) => rec,
+        Err(e) => return Ok(Err(e)),
+    };
+    let Some(mut rec) = rec else {
+        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
+        return add_job(tx, ks, job_type, &job, now).await;
+    };
+    if let Err(e) = check_index_keys(ks, job_type, id, opts.priority.unwrap_or(rec.priority)) {
+        return Ok(Err(e));
+    }
+    let before = earliest_scheduled(tx, ks, job_type).await?;
+    let mut queued = Queued::default();
+    match rec.state {
+        JobState::Running => {
+            rec.resubmit = Some(Resubmit { info: info.to_vec(), opts: *opts });
+            if rec.stored_len() > MAX_VALUE_SIZE {
+                return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
+            }
+            write_record(tx, ks, job_type, id, &mut rec, 0);
+        }
+        JobState::Scheduled | JobState::Pending => {
+            let mut next = rec.clone();
+            next.info = info.to_vec();
+            apply_opts(&mut next, opts);
+            let schedule = match opts.schedule {
+                Some(s) => Some(s),
+                None => next.run_at.filter(|_| next.state == JobState::Scheduled).map(Schedule::RunAt),
+            };
+            queue_state(&mut next, schedule, now);
+            if next.stored_len() > MAX_VALUE_SIZE {
+                return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
+            }
+            unplace(tx, ks, job_type, id, &rec);
+            place(tx, ks, job_type, id, &mut next, 0, now);
+            queued.note(&next);
+        }
+        JobState::Finished | JobState::Canceled | JobState::Failed => {
+            let mut next = rec.clone();
+            apply_resubmit(&mut next, Resubmit { info: info.to_vec(), opts: *opts }, now);
+            if next.stored_len() > MAX_VALUE_SIZE {
+                return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
+            }
+            unplace(tx, ks, job_type, id, &rec);
+            place(tx, ks, job_type, id, &mut next, 0, now);
+            queued.note(&next);
+        }
+    }
+    queued.wake(tx, ks, job_type, before);
+    Ok(Ok(()))
+}

@@ -1,0 +1,242 @@
+//! Writes that fail jobs over answer for their own landed commit: a reap,
+//! an owner's exit (`worker_died`) and a registration that replaces
+//! another, when their commit landed but was answered
+//! `commit_unknown_result`, still log what they did (`worker_reaped`,
+//! `worker_jobs_requeued`, with the jobs they failed over), which is how a
+//! node's metrics count reaps and requeued jobs. Before their receipts,
+//! the retry found the worker already gone (its own doing) and logged
+//! nothing.
+//!
+//! On the `sim` store, behind a wrapper that scripts one
+//! `UnknownCommitted` fault for the first commit that clears a given
+//! worker's health key: that is exactly the write under test, whatever
+//! else the node commits meanwhile (the reaper's pulse, the pruner).
+
+mod faults_common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use couch_workers_core::keyspace::Keyspace;
+use couch_workers_core::log::{Event, Value};
+use couch_workers_core::store::sim::{CommitFault, SimOptions, SimStore};
+use couch_workers_core::store::{
+    run, CommitInfo, Database, Db, KeyValue, RangeRequest, StoreError, Transaction, Tx, TxOptions, Watch,
+};
+use couch_workers_core::workers::{self, WorkerSpec};
+use couch_workers_core::{Node, Settings};
+use faults_common::CaptureLog;
+
+const T: &[u8] = b"t";
+
+/// The sim store, scripting `UnknownCommitted` for the first commit that
+/// clears `key` once armed.
+struct FaultOnClear {
+    sim: Arc<SimStore>,
+    key: Vec<u8>,
+    armed: AtomicBool,
+}
+
+struct Watching {
+    inner: Tx,
+    db: Arc<FaultOnClear>,
+    clears_key: AtomicBool,
+}
+
+#[async_trait]
+impl Transaction for Watching {
+    async fn get(&self, key: &[u8], snapshot: bool) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(key, snapshot).await
+    }
+    async fn get_range(&self, range: &RangeRequest) -> Result<Vec<KeyValue>, StoreError> {
+        self.inner.get_range(range).await
+    }
+    async fn read_version(&self) -> Result<u64, StoreError> {
+        self.inner.read_version().await
+    }
+    fn set(&self, key: &[u8], value: &[u8]) {
+        self.inner.set(key, value)
+    }
+    fn clear(&self, key: &[u8]) {
+        if key == self.db.key.as_slice() {
+            self.clears_key.store(true, Ordering::SeqCst);
+        }
+        self.inner.clear(key)
+    }
+    fn clear_range(&self, begin: &[u8], end: &[u8]) {
+        self.inner.clear_range(begin, end)
+    }
+    fn atomic_add(&self, key: &[u8], delta: i64) {
+        self.inner.atomic_add(key, delta)
+    }
+    fn atomic_byte_max(&self, key: &[u8], value: &[u8]) {
+        self.inner.atomic_byte_max(key, value)
+    }
+    fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
+        self.inner.set_versionstamped_key(key, value)
+    }
+    fn set_versionstamped_value(&self, key: &[u8], value: &[u8]) {
+        self.inner.set_versionstamped_value(key, value)
+    }
+    fn add_read_conflict_key(&self, key: &[u8]) {
+        self.inner.add_read_conflict_key(key)
+    }
+    fn watch(&self, key: &[u8]) -> Watch {
+        self.inner.watch(key)
+    }
+    async fn commit(&self) -> Result<CommitInfo, StoreError> {
+        if self.clears_key.load(Ordering::SeqCst) && self.db.armed.swap(false, Ordering::SeqCst) {
+            self.db.sim.inject_commit_fault(CommitFault::UnknownCommitted);
+        }
+        self.inner.commit().await
+    }
+    async fn on_error(&self, err: StoreError) -> Result<(), StoreError> {
+        self.clears_key.store(false, Ordering::SeqCst);
+        self.inner.on_error(err).await
+    }
+}
+
+struct Wrapped(Arc<FaultOnClear>);
+
+#[async_trait]
+impl Database for Wrapped {
+    async fn create_transaction(&self, opts: &TxOptions) -> Result<Tx, StoreError> {
+        let inner = self.0.sim.create_transaction(opts).await?;
+        Ok(Arc::new(Watching { inner, db: self.0.clone(), clears_key: AtomicBool::new(false) }))
+    }
+    fn prefix(&self) -> Vec<u8> {
+        self.0.sim.prefix()
+    }
+    fn kind(&self) -> &'static str {
+        self.0.sim.kind()
+    }
+    fn durability(&self) -> String {
+        self.0.sim.durability()
+    }
+    fn versions_follow_time(&self) -> bool {
+        self.0.sim.versions_follow_time()
+    }
+    fn commits_may_be_unknown(&self) -> bool {
+        true
+    }
+    fn close(&self) {
+        self.0.sim.close()
+    }
+}
+
+struct Setup {
+    sim: Arc<SimStore>,
+    fault: Arc<FaultOnClear>,
+    node: Arc<Node>,
+    log: Arc<CaptureLog>,
+}
+
+/// A node on the wrapped sim store whose fault waits for a clear of
+/// worker `id`'s health key.
+fn setup(seed: u64, id: &[u8]) -> Setup {
+    let sim = SimStore::new(SimOptions::new(seed));
+    let key = Keyspace::new(&sim.prefix()).health(T, id);
+    let fault = Arc::new(FaultOnClear { sim: sim.clone(), key, armed: AtomicBool::new(false) });
+    let log = CaptureLog::new();
+    let settings = Settings { reaper_max_interval: Duration::from_millis(200), ..Settings::default() };
+    let node = Node::with_db(Arc::new(Wrapped(fault.clone())) as Db, settings, log.clone());
+    Setup { sim, fault, node, log }
+}
+
+impl Setup {
+    fn arm(&self) -> u64 {
+        self.fault.armed.store(true, Ordering::SeqCst);
+        self.sim.stats().unknown_committed
+    }
+
+    /// The fault was used, by the write under test.
+    fn fired(&self, before: u64) {
+        assert!(!self.fault.armed.load(Ordering::SeqCst), "the clear was committed");
+        assert_eq!(self.sim.stats().unknown_committed, before + 1, "one landed commit answered commit_unknown");
+    }
+
+    async fn add_running(&self, worker: &[u8], ids: &[&str]) {
+        let jobs = self.node.jobs();
+        for id in ids {
+            jobs.add(T, id.as_bytes(), b"{}", 0).await.expect("add");
+            let h = jobs.accept(T, worker, Duration::ZERO).await.expect("accept");
+            assert_eq!(h.job.worker.as_deref(), Some(worker));
+        }
+    }
+
+    async fn pending(&self) -> u64 {
+        self.node.jobs().pending_count(T).await.expect("pending count")
+    }
+}
+
+fn int(event: &Event, key: &str) -> Option<i64> {
+    event.fields.iter().find_map(|(k, v)| match v {
+        Value::Int(i) if *k == key => Some(*i),
+        _ => None,
+    })
+}
+
+fn spec(id: &[u8], timeout_s: u64) -> WorkerSpec {
+    WorkerSpec { worker_type: T.to_vec(), id: id.to_vec(), options_json: b"{}".to_vec(), timeout_s }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_unknown_reap_logs_worker_reaped() {
+    let s = setup(11, b"silent");
+    // Registered without a heartbeat task (timeout 1 s): this node's
+    // reaper reaps it.
+    let ks = s.node.keyspace().clone();
+    let (k, sp) = (&ks, &spec(b"silent", 1));
+    run(s.node.db().as_ref(), TxOptions::write(), |tx| async move {
+        workers::register(&tx, k, sp, &[7; 16], 0).await
+    })
+    .await
+    .expect("register");
+    s.add_running(b"silent", &["j1", "j2"]).await;
+    let before = s.arm();
+    let reaped = s.log.wait_for("worker_reaped", 1, Duration::from_secs(20)).await.expect("worker_reaped logged");
+    s.fired(before);
+    assert_eq!(int(&reaped, "jobs"), Some(2), "the jobs its landed commit failed over: {reaped:?}");
+    assert_eq!(s.pending().await, 2);
+    // Logged once: the retry answered from the receipt.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(s.log.count("worker_reaped"), 1);
+    s.node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_unknown_owner_exit_logs_its_requeued_jobs() {
+    let s = setup(12, b"w1");
+    let reg = s.node.register_worker(spec(b"w1", 3600)).await.expect("register");
+    s.add_running(b"w1", &["j1", "j2", "j3"]).await;
+    let before = s.arm();
+    s.node.worker_died(&reg).await.expect("worker_died");
+    s.fired(before);
+    let events = s.log.named("worker_jobs_requeued");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(int(&events[0], "jobs"), Some(3));
+    assert_eq!(s.pending().await, 3);
+    s.node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacing_registration_logs_the_jobs_it_failed_over() {
+    let s = setup(13, b"w1");
+    // The id's registration of a node that is gone (no heartbeat task).
+    let ks = s.node.keyspace().clone();
+    let (k, sp) = (&ks, &spec(b"w1", 3600));
+    run(s.node.db().as_ref(), TxOptions::write(), |tx| async move {
+        workers::register(&tx, k, sp, &[7; 16], 0).await
+    })
+    .await
+    .expect("register");
+    s.add_running(b"w1", &["j1", "j2"]).await;
+    let _reg = s.node.register_worker(spec(b"w1", 3600)).await.expect("register again");
+    let events = s.log.named("worker_jobs_requeued");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(int(&events[0], "jobs"), Some(2));
+    assert_eq!(s.pending().await, 2);
+    s.node.stop().await;
+}
