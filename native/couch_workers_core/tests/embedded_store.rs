@@ -462,6 +462,70 @@ async fn a_failing_writer_in_a_group_loses_only_its_own_work() {
     assert_eq!(get(&other, b"big").await, None);
 }
 
+fn stored_last_version(dir: &std::path::Path) -> u64 {
+    let conn = rusqlite::Connection::open(dir.join(FILE_NAME)).expect("sqlite");
+    let v: i64 = conn.query_row("SELECT value FROM meta WHERE name = 'last_version'", [], |r| r.get(0)).expect("last_version");
+    u64::try_from(v).expect("non-negative")
+}
+
+/// The members of a group commit keep the last version in memory and
+/// store it once, at the batch's commit (`group.rs`). Writers that fix
+/// their version early (a versionstamped write) and then roll back to
+/// their savepoint, or are dropped, sit between the ones that commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_versions_rise_and_reach_the_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = open(dir.path());
+    let mut param = b"vs".to_vec();
+    param.extend_from_slice(&[0u8; 10]);
+    param.extend_from_slice(&2u32.to_le_bytes());
+    let param = Arc::new(param);
+    let before = db.sqlite_commits();
+    let mut tasks = Vec::new();
+    for i in 0..300u32 {
+        let (db, param) = (db.clone(), param.clone());
+        tasks.push(tokio::spawn(async move {
+            let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
+            let read = tx.read_version().await.expect("read version");
+            tx.set_versionstamped_value(format!("k{i}").as_bytes(), &param);
+            match i % 3 {
+                0 => None,
+                1 => {
+                    tx.set(b"big", &vec![0u8; couch_workers_core::store::MAX_VALUE_SIZE + 1]);
+                    assert_eq!(tx.commit().await, Err(StoreError::ValueTooLarge));
+                    None
+                }
+                _ => {
+                    let v = tx.commit().await.expect("commit").version.expect("version");
+                    assert!(v > read, "commit version {v} above its read version {read}");
+                    Some(v)
+                }
+            }
+        }));
+    }
+    let mut versions = Vec::new();
+    for t in tasks {
+        versions.extend(t.await.expect("task"));
+    }
+    assert!(db.sqlite_commits() - before < versions.len() as u64, "no grouping: the test shows nothing");
+    let n = versions.len();
+    versions.sort_unstable();
+    versions.dedup();
+    assert_eq!(versions.len(), n, "distinct commit versions");
+    let max = *versions.last().expect("some committed");
+    // In the file, as another process reads it.
+    let stored = stored_last_version(dir.path());
+    assert!(stored >= max, "meta.last_version {stored} below a committed version {max}");
+    // And both this handle and another one go on above it.
+    let other = open(dir.path());
+    let rv = run(&*other, TxOptions::read(), |tx| async move { tx.read_version().await }).await.expect("rv");
+    assert!(rv >= max, "another handle's read version {rv} below {max}");
+    let v1 = put(&db, b"after", b"1").await;
+    let v2 = put(&other, b"after", b"2").await;
+    assert!(v1 > stored && v2 > v1, "{stored} < {v1} < {v2}");
+    assert_eq!(stored_last_version(dir.path()), v2);
+}
+
 /// Writer A (holding the writer lock, having written `a`) and a task whose
 /// write transaction B waits for the lock behind it.
 async fn a_writer_and_one_queued_behind(

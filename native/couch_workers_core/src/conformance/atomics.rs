@@ -3,8 +3,10 @@
 
 
 use super::StoreFactory;
+use std::time::Duration;
+
 use super::helpers::{get, key, le_i64, put, write};
-use crate::store::{run, TxOptions};
+use crate::store::{run, RangeRequest, TxOptions};
 
 /// FDB's ADD: missing = 0, negative deltas, wrapping, 8-byte LE results.
 pub async fn atomic_add(s: &dyn StoreFactory) {
@@ -74,4 +76,69 @@ pub async fn atomic_add_concurrent_handles(s: &dyn StoreFactory) {
         task.await.expect("task");
     }
     assert_eq!(le_i64(get(&a.db, &k).await), 25 * deltas.iter().sum::<i64>());
+}
+
+/// Adds in order with the other operations of their transaction (the
+/// embedded store holds a writer's adds until needed): reads, ranges and
+/// watches see them; a later set, clear or range clear replaces them; an
+/// add after a set or clear starts from it; other keys' writes between
+/// two adds change nothing.
+pub async fn atomic_add_in_order_with_its_transaction(s: &dyn StoreFactory) {
+    let t = s.fresh().await;
+    let db = &t.db;
+    let (a, b, c) = (&key(db, b"ord/a"), &key(db, b"ord/b"), &key(db, b"ord/c"));
+    let (begin, end) = (key(db, b"ord/"), key(db, b"ord0"));
+    let (begin, end) = (&begin, &end);
+    put(db, a, &10i64.to_le_bytes()).await;
+    let seen = run(&**db, TxOptions::write(), |tx| async move {
+        tx.atomic_add(a, 1);
+        tx.set(c, b"x");
+        tx.atomic_add(a, 2);
+        let one = tx.get(a, false).await?;
+        tx.atomic_add(a, 4);
+        tx.atomic_add(b, 5);
+        let range = tx.get_range(&RangeRequest::new(begin.clone(), end.clone())).await?;
+        Ok((one, range))
+    })
+    .await
+    .expect("commit");
+    assert_eq!(le_i64(seen.0), 13, "a read sees the adds before it");
+    let in_range: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (a.clone(), 17i64.to_le_bytes().to_vec()),
+        (b.clone(), 5i64.to_le_bytes().to_vec()),
+        (c.clone(), b"x".to_vec()),
+    ];
+    assert_eq!(seen.1, in_range, "a range read sees them, also on a key that did not exist");
+    assert_eq!(le_i64(get(db, a).await), 17);
+    write(db, |tx| {
+        tx.atomic_add(a, 100);
+        tx.set(a, &1i64.to_le_bytes());
+        tx.atomic_add(a, 2);
+        tx.atomic_add(b, 100);
+        tx.clear(b);
+        tx.atomic_add(c, 7);
+        tx.clear_range(c, end);
+    })
+    .await;
+    assert_eq!(le_i64(get(db, a).await), 3, "add, set, add: the set and the add after it");
+    assert_eq!(get(db, b).await, None, "add then clear: cleared");
+    assert_eq!(get(db, c).await, None, "add then a range clear: cleared");
+    write(db, |tx| {
+        tx.clear(b);
+        tx.atomic_add(b, -3);
+    })
+    .await;
+    assert_eq!(le_i64(get(db, b).await), -3, "clear then add: from zero");
+    // A watch set in the transaction is set on the value with its adds:
+    // only a later change fires it.
+    let mut w = run(&**db, TxOptions::write(), |tx| async move {
+        tx.atomic_add(b, 1);
+        Ok(tx.watch(b))
+    })
+    .await
+    .expect("watch");
+    assert!(tokio::time::timeout(Duration::from_millis(300), &mut w).await.is_err(), "fired on its own transaction's add");
+    write(db, |tx| tx.atomic_add(b, 1)).await;
+    assert_eq!(tokio::time::timeout(Duration::from_secs(10), &mut w).await, Ok(Ok(())));
+    assert_eq!(le_i64(get(db, b).await), -1);
 }

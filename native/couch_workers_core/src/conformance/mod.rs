@@ -144,6 +144,7 @@ macro_rules! store_conformance_tests {
             read_version_rises_without_commits,
             atomic_add,
             atomic_add_concurrent_handles,
+            atomic_add_in_order_with_its_transaction,
             atomic_byte_max,
             serializable_increments,
             serializable_increments_read_hint,

@@ -49,6 +49,16 @@ struct Batch {
     /// Counts the batches that ended: a member knows its batch by it.
     seq: u64,
     members: Vec<oneshot::Sender<Result<(), StoreError>>>,
+    /// `meta.last_version` as the open SQLite transaction of the write
+    /// connection has it, raised by every commit version fixed in it:
+    /// SQLite's write lock is held throughout, so no other connection can
+    /// change it, and the writers of a batch read and write it here
+    /// instead of two `meta` statements each. `None`: not known (no
+    /// transaction open, or it ended).
+    last_version: Option<u64>,
+    /// `last_version` is above what `meta` holds: [`commit_batch`] writes
+    /// it before the `COMMIT`.
+    version_unsaved: bool,
 }
 
 #[derive(Default)]
@@ -87,6 +97,11 @@ impl GroupCommit {
         self.queued.load(Ordering::Acquire) > 0 && self.lock().members.len() < MAX_MEMBERS
     }
 
+    /// Whether no writer waits for the lock.
+    pub(crate) fn nobody_queued(&self) -> bool {
+        self.queued.load(Ordering::Acquire) == 0
+    }
+
     /// Joins the open batch: (the batch's number, its outcome).
     pub(crate) fn join(&self) -> (u64, Outcome) {
         let (tx, rx) = oneshot::channel();
@@ -117,6 +132,42 @@ impl GroupCommit {
     fn seq(&self) -> u64 {
         self.lock().seq
     }
+
+    /// The open write transaction's last version, if known (see
+    /// [`Batch::last_version`]). Called with the writer lock held.
+    pub(crate) fn last_version(&self) -> Option<u64> {
+        self.lock().last_version
+    }
+
+    /// The open write transaction read `last` from `meta` (its start).
+    pub(crate) fn opened_at(&self, last: u64) {
+        let mut batch = self.lock();
+        batch.last_version = Some(last);
+        batch.version_unsaved = false;
+    }
+
+    /// A commit version was fixed in the open write transaction: `meta`
+    /// gets it at the batch's commit. Versions only rise: a writer that
+    /// rolls back to its savepoint leaves its version unused, which is
+    /// harmless (versions must increase, not be dense), and nothing after
+    /// it may reuse it.
+    pub(crate) fn fixed(&self, version: u64) {
+        let mut batch = self.lock();
+        batch.last_version = Some(batch.last_version.map_or(version, |v| v.max(version)));
+        batch.version_unsaved = true;
+    }
+
+    /// The open write transaction ended (committed or rolled back).
+    pub(crate) fn closed(&self) {
+        let mut batch = self.lock();
+        batch.last_version = None;
+        batch.version_unsaved = false;
+    }
+
+    fn unsaved_version(&self) -> Option<u64> {
+        let batch = self.lock();
+        batch.last_version.filter(|_| batch.version_unsaved)
+    }
 }
 
 /// Commits the open SQLite transaction of the write connection and ends
@@ -128,11 +179,16 @@ pub(crate) fn commit_batch(group: &GroupCommit, conn: &Connection) -> Result<(),
         // is gone.
         Err(StoreError::Io("the group commit's transaction was rolled back by SQLite after an error".into()))
     } else {
-        schema::exec_cached(conn, "COMMIT").map_err(|e| schema::store_error("cannot commit", &e))
+        let saved = match group.unsaved_version() {
+            Some(v) => schema::set_last_version(conn, v).map_err(|e| schema::store_error("cannot store the last version", &e)),
+            None => Ok(()),
+        };
+        saved.and_then(|()| schema::exec_cached(conn, "COMMIT").map_err(|e| schema::store_error("cannot commit", &e)))
     };
     if result.is_err() && !conn.is_autocommit() {
         let _ = schema::exec_cached(conn, "ROLLBACK");
     }
+    group.closed();
     group.finish(&result);
     result
 }

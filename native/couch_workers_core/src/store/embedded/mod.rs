@@ -47,6 +47,7 @@ use rusqlite::Connection;
 
 use super::{Database, StoreError, Tx, TxOptions};
 
+mod adds;
 mod checkpoint;
 mod clock;
 mod fair;

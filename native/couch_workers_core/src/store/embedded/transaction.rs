@@ -63,6 +63,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::OwnedMutexGuard;
 
+use super::adds::{may_be_stamped, PendingAdds};
 use super::fair::STEP_ASIDE;
 use super::group;
 use crate::store::mutation as ops;
@@ -95,6 +96,12 @@ enum Slot {
     Released,
 }
 
+impl TxState {
+    fn on_writer_with_writes(&self) -> bool {
+        self.wrote && matches!(self.slot, Slot::Writer(_))
+    }
+}
+
 impl Slot {
     fn conn(&self) -> Result<&Connection, StoreError> {
         match self {
@@ -113,6 +120,10 @@ struct CommitState {
     version: Option<u64>,
     /// A versionstamped operation was used.
     stamped: bool,
+    /// Runs on the write connection: the last version is kept by the
+    /// group commit (`group.rs`) instead of being read and written in
+    /// `meta` by every transaction.
+    on_writer: bool,
 }
 
 struct TxState {
@@ -137,6 +148,8 @@ struct TxState {
     finished: bool,
     /// What its versionstamped writes made unreadable (FDB's rule).
     unreadable: Unreadable,
+    /// A writer's atomic adds not yet in SQLite (`adds.rs`).
+    adds: PendingAdds,
 }
 
 pub(crate) struct EmbeddedTransaction {
@@ -232,23 +245,37 @@ impl EmbeddedTransaction {
     fn start(shared: Arc<Shared>, slot: Slot, writes_hint: bool, locked: bool, nested: bool) -> Result<Self, StoreError> {
         // The clock is read before the snapshot is taken.
         let clock_now = shared.clock.now();
+        let on_writer = matches!(slot, Slot::Writer(_));
         let mut state = TxState {
             slot,
             nested,
             locked,
             wrote: false,
             written_bytes: 0,
-            commit: CommitState::default(),
+            commit: CommitState { on_writer, ..CommitState::default() },
             error: None,
             watches: Vec::new(),
             written: Vec::new(),
             finished: false,
             unreadable: Unreadable::default(),
+            adds: PendingAdds::default(),
         };
-        let last = match state.slot.conn().and_then(|c| {
-            schema::last_version(c).map_err(|e| schema::store_error("cannot read the last version", &e))
-        }) {
-            Ok(last) => last,
+        // A writer that joins a batch knows the last version from the
+        // group; one that opened the SQLite transaction reads it (another
+        // process may have committed) and tells the group.
+        let cached = if nested { shared.group.last_version() } else { None };
+        let read = || {
+            state.slot.conn().and_then(|c| {
+                schema::last_version(c).map_err(|e| schema::store_error("cannot read the last version", &e))
+            })
+        };
+        let last = match cached.map_or_else(read, Ok) {
+            Ok(last) => {
+                if on_writer && cached.is_none() {
+                    shared.group.opened_at(last);
+                }
+                last
+            }
             Err(e) => {
                 release(&shared, &mut state);
                 return Err(e);
@@ -265,6 +292,32 @@ impl EmbeddedTransaction {
 
     fn lock(&self) -> MutexGuard<'_, TxState> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Writes the held adds to the keys the next operation touches, so
+    /// that it sees them (and a write or clear of the key comes after
+    /// them). A failure fails the transaction.
+    fn flush_adds(&self, touched: impl Fn(&[u8]) -> bool) {
+        let mut st = self.lock();
+        if st.adds.is_empty() {
+            return;
+        }
+        let due = st.adds.take(touched);
+        if due.is_empty() || self.usable(&mut st).is_err() {
+            return;
+        }
+        let applied = st.slot.conn().and_then(|conn| {
+            due.iter().try_for_each(|(key, delta)| {
+                let existing = conn
+                    .prepare_cached(SQL_GET)
+                    .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
+                    .map_err(|e| schema::store_error("cannot read for atomic_add", &e))?;
+                Self::put(conn, key, &ops::add_le_i64(existing.as_deref(), *delta))
+            })
+        });
+        if let Err(e) = applied {
+            self.fail(&mut st, e);
+        }
     }
 
     /// Records `err` as the transaction's error (if it is the first), rolls
@@ -351,10 +404,20 @@ impl EmbeddedTransaction {
         if let Some(v) = commit.version {
             return Ok(v);
         }
+        let group = &self.shared.group;
         let fix = || -> rusqlite::Result<u64> {
-            let last = schema::last_version(conn)?;
+            let cached = if commit.on_writer { group.last_version() } else { None };
+            let last = match cached {
+                Some(last) => last,
+                None => schema::last_version(conn)?,
+            };
             let v = last.saturating_add(1).max(self.shared.clock.now().saturating_add(1));
-            schema::set_last_version(conn, v)?;
+            if commit.on_writer {
+                // Stored in `meta` by the batch's commit (`group.rs`).
+                group.fixed(v);
+            } else {
+                schema::set_last_version(conn, v)?;
+            }
             Ok(v)
         };
         let v = fix().map_err(|e| schema::store_error("cannot fix the commit version", &e))?;
@@ -380,6 +443,7 @@ impl EmbeddedTransaction {
     }
 
     fn byte_max(&self, key: &[u8], value: &[u8]) {
+        self.flush_adds(|k| k == key);
         self.write(key.len() + value.len(), |conn, _| {
             Self::check_sizes(key, value)?;
             let existing = conn
@@ -392,6 +456,13 @@ impl EmbeddedTransaction {
     }
 
     fn set_versionstamped(&self, key: &[u8], value: &[u8], stamp_key: bool) {
+        if stamp_key {
+            if let Ok((bytes, offset)) = ops::split_versionstamp_param(key) {
+                self.flush_adds(|k| may_be_stamped(k, bytes, offset));
+            }
+        } else {
+            self.flush_adds(|k| k == key);
+        }
         self.write(key.len() + value.len(), |conn, commit| {
             // FoundationDB checks the parameter with its 4-byte offset,
             // not the bytes stored: so does this store.
@@ -435,6 +506,7 @@ fn release(shared: &Shared, st: &mut TxState) {
                 if st.nested && shared.group.has_members() {
                     let _ = group::commit_batch(&shared.group, &guard);
                 }
+                shared.group.closed();
             } else if st.nested {
                 let undone = schema::exec_cached(&guard, "ROLLBACK TO cw")
                     .and_then(|()| schema::exec_cached(&guard, "RELEASE cw"));
@@ -445,6 +517,7 @@ fn release(shared: &Shared, st: &mut TxState) {
                 }
             } else {
                 let _ = schema::exec_cached(&guard, "ROLLBACK");
+                shared.group.closed();
             }
         }
         Slot::Reader(conn) => {
@@ -470,6 +543,7 @@ impl Drop for EmbeddedTransaction {
 impl Transaction for EmbeddedTransaction {
     async fn get(&self, key: &[u8], _snapshot: bool) -> Result<Option<Vec<u8>>, StoreError> {
         self.lock().unreadable.check_key(key)?;
+        self.flush_adds(|k| k == key);
         self.read("cannot read", |conn| {
             conn.prepare_cached(SQL_GET)?.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional()
         })
@@ -478,6 +552,7 @@ impl Transaction for EmbeddedTransaction {
     async fn get_range(&self, range: &RangeRequest) -> Result<Vec<KeyValue>, StoreError> {
         if range.begin < range.end {
             self.lock().unreadable.check_range(&range.begin, &range.end)?;
+            self.flush_adds(|k| range.begin.as_slice() <= k && k < range.end.as_slice());
         }
         self.read("cannot read a range", |conn| {
             if range.begin >= range.end {
@@ -500,6 +575,7 @@ impl Transaction for EmbeddedTransaction {
     }
 
     fn set(&self, key: &[u8], value: &[u8]) {
+        self.flush_adds(|k| k == key);
         self.write(key.len() + value.len(), |conn, _| {
             Self::check_sizes(key, value)?;
             Self::put(conn, key, value)?;
@@ -509,6 +585,7 @@ impl Transaction for EmbeddedTransaction {
     }
 
     fn clear(&self, key: &[u8]) {
+        self.flush_adds(|k| k == key);
         self.write(key.len(), |conn, _| {
             if key.len() > MAX_KEY_SIZE {
                 return Err(StoreError::KeyTooLarge);
@@ -522,6 +599,7 @@ impl Transaction for EmbeddedTransaction {
     }
 
     fn clear_range(&self, begin: &[u8], end: &[u8]) {
+        self.flush_adds(|k| begin <= k && k < end);
         self.write(begin.len() + end.len(), |conn, _| {
             // FDB allows one byte more for range ends (strinc of a full key).
             if begin.len() > MAX_KEY_SIZE + 1 || end.len() > MAX_KEY_SIZE + 1 {
@@ -539,6 +617,33 @@ impl Transaction for EmbeddedTransaction {
     }
 
     fn atomic_add(&self, key: &[u8], delta: i64) {
+        {
+            let mut st = self.lock();
+            if matches!(st.slot, Slot::Writer(_)) {
+                // Held until needed (`adds.rs`); checked and counted now.
+                if self.usable(&mut st).is_err() {
+                    return;
+                }
+                st.written_bytes = st.written_bytes.saturating_add(key.len() + 8);
+                let err = if key.len() > MAX_KEY_SIZE {
+                    Some(StoreError::KeyTooLarge)
+                } else if st.written_bytes > MAX_TRANSACTION_SIZE {
+                    Some(StoreError::TransactionTooLarge)
+                } else {
+                    None
+                };
+                match err {
+                    Some(e) => self.fail(&mut st, e),
+                    None => {
+                        st.wrote = true;
+                        if st.adds.add(key, delta) {
+                            st.written.push(Written::Key(key.to_vec()));
+                        }
+                    }
+                }
+                return;
+            }
+        }
         self.write(key.len() + 8, |conn, _| {
             if key.len() > MAX_KEY_SIZE {
                 return Err(StoreError::KeyTooLarge);
@@ -582,6 +687,13 @@ impl Transaction for EmbeddedTransaction {
     }
 
     async fn commit(&self) -> Result<CommitInfo, StoreError> {
+        self.flush_adds(|_| true);
+        if self.shared.group.nobody_queued() && self.lock().on_writer_with_writes() {
+            // About to commit alone: let the tasks this thread already
+            // has ready run first; those that write queue for the lock,
+            // and this commit becomes a group commit they join.
+            tokio::task::yield_now().await;
+        }
         let mut armed = Vec::new();
         let written;
         let (info, deferred) = {
