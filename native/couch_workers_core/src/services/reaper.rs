@@ -135,13 +135,10 @@ impl Reaper {
             }
         };
         let change = async {
-            match changed {
-                // A failed watch (a store hiccup, too many watches) counts
-                // as a change: look again at the polling cadence.
-                Some(watch) => {
-                    let _ = watch.await;
-                }
-                None => {}
+            // A failed watch (a store hiccup, too many watches) counts as
+            // a change: look again at the polling cadence.
+            if let Some(watch) = changed {
+                let _ = watch.await;
             }
         };
         tokio::select! {
