@@ -156,7 +156,7 @@ pub async fn update(tx: &Tx, ks: &Keyspace, fence: &Fence, info: &[u8]) -> Resul
         return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
     }
     write_record(tx, ks, &fence.job_type, &fence.job_id, &mut rec, 0);
-    Ok(Ok(JobHandle { job: rec.to_job(&fence.job_type, &fence.job_id, now), token: fence.token }))
+    Ok(Ok(JobHandle { job: rec.to_job(&fence.job_type, &fence.job_id, now), token: fence.token, queued_at: None }))
 }
 
 /// Ends the run the handle holds as `end` says (finish, fail, release).
