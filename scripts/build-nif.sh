@@ -5,7 +5,8 @@
 # in place and as a dependency); runnable by hand.
 #
 # COUCH_WORKERS_FEATURES: cargo features of the NIF crate, e.g. "fdb"
-#   (needs libfdb_c; see docs/fdb.md).
+#   (needs libfdb_c; see docs/fdb.md). Unset while FDB_CLUSTER_FILE is
+#   set (the EUnit suites then run against FoundationDB): "fdb".
 # CARGO_TARGET_DIR: where cargo builds; default target/ inside this
 #   directory, so the build writes nothing outside it (but cargo's own
 #   download cache, ~/.cargo).
@@ -22,7 +23,12 @@ set -eu
 ROOT=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
 cd "$ROOT"
 
-FEATURES=${COUCH_WORKERS_FEATURES:-}
+if [ -z "${COUCH_WORKERS_FEATURES+set}" ] && [ -n "${FDB_CLUSTER_FILE:-}" ]; then
+    FEATURES=fdb
+    echo "build-nif: FDB_CLUSTER_FILE is set: building with the fdb feature (set COUCH_WORKERS_FEATURES to choose)"
+else
+    FEATURES=${COUCH_WORKERS_FEATURES:-}
+fi
 DEST="$ROOT/priv/libcouch_workers_nif.so"
 STAMP="$ROOT/priv/libcouch_workers_nif.stamp"
 WANT_STAMP="features=$FEATURES"

@@ -229,7 +229,13 @@ nif_loaded() ->
 %% Paths go to the NIF as absolute binaries.
 store({embedded, Dir}) -> {embedded, path(Dir)};
 store({fdb, ClusterFile}) -> {fdb, path(ClusterFile)};
+%% The EUnit suites' FoundationDB store (docs/fdb.md, "EUnit against
+%% FoundationDB"): its own directory, removed when the app stops.
+store({fdb_test, ClusterFile, Name}) -> {fdb_test, path(ClusterFile), name(Name)};
 store(Other) -> Other.
+
+name(N) when is_list(N) -> unicode:characters_to_binary(N);
+name(N) -> N.
 
 path(P) when is_binary(P); is_list(P) ->
     try unicode:characters_to_binary(filename:absname(P)) of

@@ -12,8 +12,6 @@
 -export([start_link/0]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
--include_lib("kernel/include/logger.hrl").
-
 -define(LEVELS, [emergency, alert, critical, error, warning, notice, info, debug]).
 
 -spec start_link() -> {ok, pid()} | ignore | {error, term()}.
@@ -28,13 +26,11 @@ init([]) ->
 
 -spec handle_call(term(), gen_server:from(), map()) -> {reply, term(), map()}.
 handle_call(Msg, _From, St) ->
-    ?LOG_WARNING(#{what => unknown_call, server => ?MODULE, msg => Msg}),
-    {reply, {error, {bad_call, Msg}}, St}.
+    couch_workers_server:unknown_call(?MODULE, Msg, St).
 
 -spec handle_cast(term(), map()) -> {noreply, map()}.
 handle_cast(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_cast, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
+    couch_workers_server:unknown_cast(?MODULE, Msg, St).
 
 -spec handle_info(term(), map()) -> {noreply, map()}.
 handle_info({couch_workers_log, Level, What, Fields}, St) when is_map(Fields) ->
@@ -47,8 +43,7 @@ handle_info({couch_workers_log, Level, What, Fields}, St) when is_map(Fields) ->
     couch_workers_observe:log_event(What, Fields),
     {noreply, St};
 handle_info(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_info, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
+    couch_workers_server:unknown_info(?MODULE, Msg, St).
 
 -spec terminate(term(), map()) -> ok.
 terminate(_Reason, _St) ->

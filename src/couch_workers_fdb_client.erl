@@ -20,7 +20,11 @@
 %% couch_workers' FDB store is built against FoundationDB API version 710.
 -define(API_VERSION, 710).
 
--type store() :: {embedded, binary() | string()} | {fdb, binary() | string()} | term().
+-type store() ::
+    {embedded, binary() | string()}
+    | {fdb, binary() | string()}
+    | {fdb_test, binary() | string(), binary() | string()}
+    | term().
 -type erlfdb() :: absent | {present, undefined | {ok, term()}}.
 
 %% @doc Before the node opens `Store': with an FDB store and erlfdb in the
@@ -42,6 +46,8 @@ prepare(Store) ->
 %% @doc The pure half of `prepare/1': what to do for `Store' given whether
 %% erlfdb is there and its `api_version' setting.
 -spec decide(store(), erlfdb()) -> ok | load_erlfdb | {error, term()}.
+decide({fdb_test, ClusterFile, _Name}, Erlfdb) ->
+    decide({fdb, ClusterFile}, Erlfdb);
 decide({fdb, _}, absent) ->
     ok;
 decide({fdb, _}, {present, {ok, V}}) when is_integer(V), V >= ?API_VERSION ->

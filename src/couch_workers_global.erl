@@ -153,13 +153,11 @@ handle_call({unsubscribe, Ref}, {Caller, _}, St) ->
             {reply, ok, St}
     end;
 handle_call(Msg, _From, St) ->
-    ?LOG_WARNING(#{what => unknown_call, server => ?MODULE, msg => Msg}),
-    {reply, {error, {bad_call, Msg}}, St}.
+    couch_workers_server:unknown_call(?MODULE, Msg, St).
 
 -spec handle_cast(term(), #st{}) -> {noreply, #st{}}.
 handle_cast(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_cast, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
+    couch_workers_server:unknown_cast(?MODULE, Msg, St).
 
 -spec handle_info(term(), #st{}) -> {noreply, #st{}}.
 handle_info({couch_workers_membership_changed, Tag, Type, VS, Workers}, St) ->
@@ -192,8 +190,7 @@ handle_info({'EXIT', Proc, Reason}, St) ->
             {noreply, St}
     end;
 handle_info(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_info, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
+    couch_workers_server:unknown_info(?MODULE, Msg, St).
 
 -spec terminate(term(), #st{}) -> ok.
 terminate(_Reason, St) ->

@@ -141,13 +141,11 @@ handle_call(port, _From, St) ->
 handle_call(history, _From, St) ->
     {reply, maps:map(fun(_T, Samples) -> lists:reverse(Samples) end, St#st.history), St};
 handle_call(Msg, _From, St) ->
-    ?LOG_WARNING(#{what => unknown_call, server => ?MODULE, msg => Msg}),
-    {reply, {error, {bad_call, Msg}}, St}.
+    couch_workers_server:unknown_call(?MODULE, Msg, St).
 
 -spec handle_cast(term(), #st{}) -> {noreply, #st{}}.
 handle_cast(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_cast, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
+    couch_workers_server:unknown_cast(?MODULE, Msg, St).
 
 -spec handle_info(term(), #st{}) -> {noreply, #st{}} | {stop, term(), #st{}}.
 handle_info(sample, St) ->
@@ -158,8 +156,7 @@ handle_info({'EXIT', Pid, Reason}, #st{httpd = Pid} = St) ->
 handle_info({'EXIT', _Pid, _Reason}, St) ->
     {noreply, St};
 handle_info(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_info, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
+    couch_workers_server:unknown_info(?MODULE, Msg, St).
 
 -spec terminate(term(), #st{}) -> ok.
 terminate(_Reason, #st{httpd = Pid}) ->

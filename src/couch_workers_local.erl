@@ -151,13 +151,11 @@ handle_call({unregister, Ref}, From, St) ->
             end
     end;
 handle_call(Msg, _From, St) ->
-    ?LOG_WARNING(#{what => unknown_call, server => ?MODULE, msg => Msg}),
-    {reply, {error, {bad_call, Msg}}, St}.
+    couch_workers_server:unknown_call(?MODULE, Msg, St).
 
 -spec handle_cast(term(), #st{}) -> {noreply, #st{}}.
 handle_cast(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_cast, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
+    couch_workers_server:unknown_cast(?MODULE, Msg, St).
 
 -spec handle_info(term(), #st{}) -> {noreply, #st{}}.
 handle_info({NifRef, Result}, St) when is_reference(NifRef) ->
@@ -202,8 +200,7 @@ handle_info({'EXIT', _Pid, _Reason}, St) ->
     %% EXIT is handled by gen_server itself.
     {noreply, St};
 handle_info(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_info, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
+    couch_workers_server:unknown_info(?MODULE, Msg, St).
 
 -spec terminate(term(), #st{}) -> ok.
 terminate(Reason, St) when

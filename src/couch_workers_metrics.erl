@@ -28,8 +28,6 @@
 -export([start_link/0, count/2, count/3, observe/3, record/4, metrics/0, counters/0, histograms/0, quantile/2]).
 -export([init/1, handle_call/3, handle_cast/2, handle_info/2, terminate/2]).
 
--include_lib("kernel/include/logger.hrl").
-
 -define(TAB, couch_workers_metrics).
 -define(MAX_TYPES, 1000).
 -define(MAX_LABEL, 200).
@@ -271,18 +269,15 @@ init([]) ->
 
 -spec handle_call(term(), gen_server:from(), map()) -> {reply, term(), map()}.
 handle_call(Msg, _From, St) ->
-    ?LOG_WARNING(#{what => unknown_call, server => ?MODULE, msg => Msg}),
-    {reply, {error, {bad_call, Msg}}, St}.
+    couch_workers_server:unknown_call(?MODULE, Msg, St).
 
 -spec handle_cast(term(), map()) -> {noreply, map()}.
 handle_cast(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_cast, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
+    couch_workers_server:unknown_cast(?MODULE, Msg, St).
 
 -spec handle_info(term(), map()) -> {noreply, map()}.
 handle_info(Msg, St) ->
-    ?LOG_WARNING(#{what => unknown_info, server => ?MODULE, msg => Msg}),
-    {noreply, St}.
+    couch_workers_server:unknown_info(?MODULE, Msg, St).
 
 -spec terminate(term(), map()) -> ok.
 terminate(_Reason, _St) ->

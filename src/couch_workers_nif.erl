@@ -23,8 +23,10 @@
 %% times every NIF that runs on a normal scheduler.
 %%
 %% ```
-%% start(Ref, Config)               -> ok | {error, _}  then {Ref, ok | {error, Name}}
-%% stop(Ref)                        -> ok | {error, not_started | starting | stopping}  then {Ref, ok}
+%% start(Ref, Config)               -> ok | {error, already_started | stopping | {badconfig, Key} | runtime_failed}
+%%                                       then {Ref, ok | {error, Name}}   (Name: the store's error, e.g. store_io)
+%% stop(Ref)                        -> ok | {error, not_started | starting | stopping}
+%%                                       then {Ref, ok}   (after every task of the node ended)
 %% stats()                          -> #{running, heartbeats, watchers, reapers, registrations, watches, runtime_threads,
 %%                                       job_dispatchers, job_waiters, job_watchers, job_sweepers,
 %%                                       job_subscriptions, accept_waiters}
@@ -42,7 +44,7 @@
 %%     change that or {couch_workers_membership_delta, Tag, Type, VS, Joined, Left}: the changes since the
 %%     message before (Joined = [{Id, Opts}] to put, Left = [Id] to remove; see membership.rs)
 %% membership_unwatch(Watch)        -> ok
-%% test_panic(Ref)                  -> ok  then {Ref, {error, {panic, Msg}}}
+%% test_panic(Ref)                  -> ok | {error, not_started}  then {Ref, {error, {panic, Msg}}}
 %%
 %% job_add(Ref, Type, Id, Info, Opts)         -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
 %%     Opts = {Priority, Schedule, MaxAttempts, Keep}, each `undefined' when not given;
@@ -91,7 +93,7 @@
 %%
 %% This list is the one description of the NIF protocol; argument shapes
 %% and the accept and subscription state machines are in the NIF crate's
-%% `jobs.rs'.
+%% `jobs/' (`args.rs', `accept.rs', `subscribe.rs').
 %%
 %% The library is loaded once, from `priv/libcouch_workers_nif.so' of the app. It
 %% has no upgrade callback, so loading this module again fails instead of

@@ -5,6 +5,8 @@
 
 -export([
     app_fixture/4,
+    test_store/3,
+    fdb_notice/2,
     start_app/0,
     start_app/1,
     stop_app/1,
@@ -64,10 +66,45 @@ start_app(Env) ->
     %% Quiet tests: warnings and worse only (a test that checks logging
     %% raises the level itself).
     logger:set_primary_config(level, warning),
-    ok = application:set_env(couch_workers, store, {embedded, Dir}),
+    FdbClusterFile = os:getenv("FDB_CLUSTER_FILE"),
+    notice_once(FdbClusterFile),
+    Store = test_store(FdbClusterFile, Dir, filename:basename(Dir)),
+    ok = application:set_env(couch_workers, store, Store),
     maps:foreach(fun(K, V) -> ok = application:set_env(couch_workers, K, V) end, Env),
     {ok, _} = application:ensure_all_started(couch_workers),
     #{dir => Dir}.
+
+%% The store an app start of the suites runs on: FoundationDB when
+%% FDB_CLUSTER_FILE is set (the NIF then built with the `fdb' feature by
+%% the compile hook), under its own directory ["couch_workers_test", Name]
+%% that the store removes when the app stops, so that runs never meet;
+%% the embedded store under Dir otherwise. Suites that pass their own
+%% `store' (or start peers on a shared directory) stay on it.
+-spec test_store(string() | false, string(), string()) ->
+    {embedded, string()} | {fdb_test, string(), string()}.
+test_store(false, Dir, _Name) -> {embedded, Dir};
+test_store("", Dir, _Name) -> {embedded, Dir};
+test_store(ClusterFile, _Dir, Name) -> {fdb_test, ClusterFile, Name}.
+
+%% The line that says which store the suites run on: loud when the
+%% FoundationDB run is skipped. Written to Io.
+-spec fdb_notice(string() | false, io:device()) -> ok.
+fdb_notice(ClusterFile, Io) when ClusterFile =:= false; ClusterFile =:= "" ->
+    io:format(Io, "~n*** couch_workers EUnit: FDB_CLUSTER_FILE is not set: the FoundationDB run is SKIPPED; "
+        "the suites run on the embedded store (docs/fdb.md, \"EUnit against FoundationDB\") ***~n", []);
+fdb_notice(ClusterFile, Io) ->
+    io:format(Io, "~n*** couch_workers EUnit: running against FoundationDB (FDB_CLUSTER_FILE=~ts), "
+        "each app start under its own directory couch_workers_test/<name> ***~n", [ClusterFile]).
+
+%% Once per VM: on the console, past EUnit's capture of test output.
+notice_once(ClusterFile) ->
+    case persistent_term:get({?MODULE, fdb_notice}, false) of
+        true ->
+            ok;
+        false ->
+            persistent_term:put({?MODULE, fdb_notice}, true),
+            fdb_notice(ClusterFile, user)
+    end.
 
 stop_app(#{dir := Dir}) ->
     ok = application:stop(couch_workers),

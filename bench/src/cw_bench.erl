@@ -9,7 +9,7 @@
 
 -export([main/1]).
 
--define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2t0", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1"]).
+-define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2t0", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "H1", "J3x"]).
 %% Extra workloads, run only when named with --only.
 -define(EXTRA, ["sqlite_shapes"]).
 -define(CHILD_TIMEOUT_MS, 30 * 60 * 1000).
@@ -167,7 +167,11 @@ sizes("M4", false, _) -> #{sizes => [100, 10000], changes => 20};
 sizes("M4core", true, _) -> #{sizes => [100, 1000], changes => 10};
 sizes("M4core", false, _) -> #{sizes => [100, 10000], changes => 20};
 sizes("I1", true, _) -> #{seconds => 3};
-sizes("I1", false, _) -> #{seconds => 60}.
+sizes("I1", false, _) -> #{seconds => 60};
+sizes("J3x", true, _) -> #{jobs => 100, interval_ms => 10};
+sizes("J3x", false, _) -> #{jobs => 500, interval_ms => 10};
+sizes("H1", true, _) -> #{workers => 1000, seconds => 6};
+sizes("H1", false, _) -> #{workers => 10000, seconds => 20}.
 
 %% ---- running one workload ------------------------------------------------------
 
@@ -179,6 +183,8 @@ run_one("handoff", #{calls := Calls}, _Opts) ->
     example_lines(os:cmd(example_bin("cw_handoff") ++ " " ++ integer_to_list(Calls) ++ " 2>&1"), <<"handoff">>);
 run_one("M4core", Params, _Opts) ->
     m4_core(Params);
+run_one("H1", Params, _Opts) ->
+    h1(Params);
 run_one("sqlite_shapes", #{seconds := Secs, tmp := Tmp}, _Opts) ->
     Dir = filename:join(Tmp, "cw_bench_shapes_" ++ os:getpid() ++ "_" ++ integer_to_list(erlang:unique_integer([positive]))),
     Out = os:cmd(example_bin("cw_sqlite_shapes") ++ " " ++ Dir ++ " " ++ integer_to_list(Secs) ++ " 2>&1"),
@@ -299,6 +305,16 @@ m4_core(#{sizes := Sizes, changes := K, tmp := Tmp}) ->
     Out = os:cmd(Bin ++ " " ++ Dir ++ " " ++ SizeArg ++ " " ++ integer_to_list(K) ++ " 2>&1"),
     _ = file:del_dir_r(Dir),
     example_lines(Out, <<"M4core">>).
+
+%% H1 (issue 16): store commits and heartbeat transactions per second with
+%% many workers on two nodes, by the Rust example cw_heartbeats (two store
+%% handles on one directory; no NIF call counts the store's commits).
+h1(#{workers := N, seconds := Secs, tmp := Tmp}) ->
+    Bin = example_bin("cw_heartbeats"),
+    Dir = filename:join(Tmp, "cw_bench_h1_" ++ os:getpid() ++ "_" ++ integer_to_list(erlang:unique_integer([positive]))),
+    Out = os:cmd(Bin ++ " " ++ Dir ++ " " ++ integer_to_list(N) ++ " " ++ integer_to_list(Secs) ++ " 2>&1"),
+    _ = file:del_dir_r(Dir),
+    example_lines(Out, <<"H1">>).
 
 example_lines(Out, W) ->
     Lines = [L || L <- string:split(Out, "\n", all), L =/= ""],

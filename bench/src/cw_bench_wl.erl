@@ -15,6 +15,8 @@
 -export([log/2]).
 %% spawned
 -export([j2_worker/5, j2f_worker/4, j5_worker/4]).
+%% shared with cw_bench_scale (issue 16's workloads)
+-export([start_app/1, stop_app/1, start_peer/1, stop_peer/1, pct/2]).
 
 -define(RESULT_TAG, "CWBENCH ").
 -define(PEER_TIMEOUT, 30000).
@@ -119,7 +121,8 @@ run(Workload, Params) ->
         'M2r' -> m2(Params#{leave => true});
         'M3' -> m3(Params);
         'M4' -> m4(Params);
-        'I1' -> with_app(Params, fun i1/1)
+        'I1' -> with_app(Params, fun i1/1);
+        'J3x' -> cw_bench_scale:j3x(Params)
     end.
 
 with_app(Params, Fun) ->

@@ -72,6 +72,7 @@ const ORPHANS: &[u8] = b"orphans";
 const ORPHANS_VS: &[u8] = b"orphans_vs";
 const RECEIPTS: &[u8] = b"receipts";
 const REAPER_PULSE: &[u8] = b"reaper_pulse";
+const HEALTH_VS: &[u8] = b"health_vs";
 const VS: &[u8] = b"vs";
 const MEMBER: &[u8] = b"member";
 const HEALTH: &[u8] = b"health";
@@ -525,6 +526,14 @@ impl Keyspace {
     /// stand still while nothing commits (`services/reaper.rs`).
     pub fn reaper_pulse(&self) -> Vec<u8> {
         self.root.pack(&(b(REAPER_PULSE),))
+    }
+
+    /// `("couch_workers", "health_vs")`: the versionstamp of the last
+    /// transaction that wrote a health record (a registration, or a
+    /// heartbeat transaction, once per transaction). Reapers watch it, so
+    /// that they look when a record changed rather than on a timer.
+    pub fn health_vs(&self) -> Vec<u8> {
+        self.root.pack(&(b(HEALTH_VS),))
     }
 }
 

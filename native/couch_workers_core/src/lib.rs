@@ -3,32 +3,42 @@
 //! host). Knows nothing of Erlang: the NIF crate converts terms and sends
 //! messages; everything else lives here.
 //!
+//! ## Map, in dependency order
+//!
+//! Each module uses only those above it, except where noted.
+//!
 //! | module | job |
 //! | --- | --- |
-//! | `store` | the store abstraction (FoundationDB's transaction model) and its stores: `embedded`, `fdb`, `sim` |
-//! | `keyspace` | the key space, packed with the tuple layer (`docs/keyspace.md`) |
-//! | `workers` | worker records: register, heartbeat, remove, reap, membership reads |
-//! | `liveness` | the liveness rule: what a reaper must have seen before it calls a worker dead |
-//! | `jobs` | the job queue: records, indexes, accept, the dispatcher and sweepers |
-//! | `services` | a node's background tasks: heartbeats, reapers, membership watchers, owner events |
-//! | `node` | [`Node`]: one open store and the services of one Erlang VM; [`Registration`] |
-//! | `inspect` | operations' read side (worker types, workers, job pages) |
-//! | `metrics` | counters of the store's retry loop |
 //! | `log` | structured log events handed to a sink (the NIF forwards them to `logger`) |
+//! | `metrics` | counters of the store's retry loop |
+//! | `store` | the store abstraction (FoundationDB's transaction model) and its stores: `embedded`, `fdb`, `sim` |
 //! | `error` | [`Error`]: the outcomes a call can have besides success |
+//! | `keyspace` | the key space, packed with the tuple layer: every key's bytes are built here (`docs/keyspace.md`) |
+//! | `liveness` | the liveness rule: what a reaper must have seen before it calls a worker dead (uses one limit of `workers`) |
+//! | `workers` | worker records: register, heartbeat (the health record is written in `workers::heartbeat`/`heartbeat_many`), remove, reap, membership reads; a removal requeues the worker's jobs through `jobs` in its own transaction |
+//! | `services` | a node's background tasks: the heartbeat service, reapers, membership watchers, owner events |
+//! | `jobs` | the job queue: records, indexes, `ops` (every job write), the accept dispatcher, subscriptions, sweeper, pruner (uses small helpers of `services`) |
+//! | `inspect` | operations' read side (worker types, workers, job pages) |
+//! | `node` | [`Node`]: one open store and the services of one Erlang VM; [`Registration`] |
 //! | `conformance`, `conformance_keyspace` | the test suites every store runs (feature `testkit`, for tests only) |
+//!
+//! A job change reaches a subscriber as: a write in `jobs::ops` changes the
+//! job's record (its `vs`), the store's watch on the record fires in
+//! `jobs::subscription` (one watcher per node and job), which re-reads the
+//! job and calls each subscriber's callback; the NIF's callback
+//! (`couch_workers_nif/src/jobs/subscribe.rs`) sends the message.
 
-pub mod error;
-pub mod inspect;
-pub mod jobs;
-pub mod keyspace;
-pub mod liveness;
 pub mod log;
 pub mod metrics;
-pub mod node;
-pub mod services;
 pub mod store;
+pub mod error;
+pub mod keyspace;
+pub mod liveness;
 pub mod workers;
+pub mod services;
+pub mod jobs;
+pub mod inspect;
+pub mod node;
 
 #[cfg(feature = "testkit")]
 pub mod conformance;

@@ -25,6 +25,10 @@
 //!   the previous one than the reaper's cadence allows (the store, or the
 //!   reaper itself, stalled), or a transaction of the reaper failed (the
 //!   reaper calls [`Observer::restart`]);
+//!
+//! The cadence: while it observes a worker, the reaper looks at least once
+//! per stall bound (it may sleep longer than that only while it observes
+//! nobody, when there is nothing to forget);
 //! * the reaper starts (a new, empty observer).
 //!
 //! After a restart a live worker has a whole timeout to heartbeat again
@@ -152,7 +156,8 @@ pub struct Observer {
     seen: HashMap<WorkerId, Sighting>,
     last: Option<Look>,
     pass: u64,
-    /// The longest the reaper plans to wait between two looks.
+    /// The longest the reaper plans to wait between two looks while it
+    /// observes a worker (it never plans more than the stall bound).
     max_sleep: Duration,
 }
 
@@ -202,12 +207,17 @@ impl Observer {
     }
 
     fn check(&self, look: &Look) -> Option<Restart> {
+        if self.seen.is_empty() {
+            // Nothing observed, nothing to forget: a reaper that observes
+            // nobody sleeps until the store changes.
+            return None;
+        }
         let bound = self.stall_bound();
         if look.finished.saturating_duration_since(look.started) > bound {
             return Some(Restart::SlowLook);
         }
         let last = self.last?;
-        if look.started.saturating_duration_since(last.finished) > self.max_sleep + bound {
+        if look.started.saturating_duration_since(last.finished) > self.max_sleep.min(bound) + bound {
             return Some(Restart::Quiet);
         }
         let Some(advanced) = look.read_version.checked_sub(last.read_version) else {

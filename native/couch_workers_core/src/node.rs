@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 use crate::error::Error;
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Event, Level, Logger};
-use crate::services::heartbeat::HeartbeatTask;
+use crate::services::heartbeat::{HeartbeatService, Heartbeats};
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
@@ -66,6 +66,8 @@ pub struct Node {
     jobs: crate::jobs::JobService,
     /// The store handle's watch-limit episode, shared by the watchers.
     watch_limit: Arc<WatchLimit>,
+    /// The registrations the heartbeat service renews.
+    heartbeats: Arc<Heartbeats>,
 }
 
 impl Node {
@@ -96,7 +98,7 @@ impl Node {
             tasks.clone(),
             Handle::current(),
         );
-        let watch_limit = Arc::new(WatchLimit::new(log.clone()));
+        let watch_limit = jobs.watch_limit();
         let node = Arc::new(Node {
             db,
             ks,
@@ -108,7 +110,17 @@ impl Node {
             counts: Arc::new(TaskCounts::default()),
             jobs,
             watch_limit,
+            heartbeats: Arc::new(Heartbeats::default()),
         });
+        let service = HeartbeatService {
+            db: node.db.clone(),
+            ks: node.ks.clone(),
+            log: node.log.clone(),
+            cancel: node.shutdown.child_token(),
+            tx_options: node.write_options(),
+            heartbeats: node.heartbeats.clone(),
+        };
+        node.tasks.spawn_on(service.run(), &node.runtime);
         let reaper = Reaper {
             db: node.db.clone(),
             ks: node.ks.clone(),
@@ -127,6 +139,8 @@ impl Node {
         self.shutdown.cancel();
         self.tasks.close();
         self.tasks.wait().await;
+        // A registration added while `stop` began has no service left.
+        self.heartbeats.clear();
         self.db.close();
         self.log.log(Event::new(Level::Notice, "store_closed").with("store", self.db.kind()));
     }
@@ -164,6 +178,12 @@ impl Node {
         }
     }
 
+    /// Heartbeat transaction runs this node began (for the H1 benchmark and
+    /// the tests that count them).
+    pub fn heartbeat_transactions(&self) -> u64 {
+        self.heartbeats.transactions()
+    }
+
     pub fn read_options(&self) -> TxOptions {
         TxOptions { writes: false, timeout: self.settings.tx_timeout, retry_limit: self.settings.tx_retry_limit }
     }
@@ -182,7 +202,8 @@ impl Node {
 
     // ---- workers --------------------------------------------------------
 
-    /// Registers a worker, as a new incarnation, and starts its heartbeat.
+    /// Registers a worker, as a new incarnation, and hands it to the
+    /// node's heartbeat service.
     /// The worker stays registered while the returned handle lives, unless
     /// a later registration of the same id (on any node) replaces it.
     pub async fn register_worker(self: &Arc<Self>, spec: WorkerSpec) -> Result<Registration, Error> {
@@ -193,6 +214,7 @@ impl Node {
         let incarnation = workers::new_incarnation();
         let ks = &self.ks;
         let (s, inc) = (&spec, &incarnation);
+        let written = Instant::now();
         let replaced = self
             .run_failing_over(|tx| async move { workers::register_replacing(&tx, ks, s, inc, wall_clock_s()).await.map(Some) })
             .await?;
@@ -207,18 +229,8 @@ impl Node {
         let spec = Arc::new(spec);
         let cancel = self.shutdown.child_token();
         let events = Arc::new(OwnerEvents::default());
-        let task = HeartbeatTask {
-            db: self.db.clone(),
-            ks: self.ks.clone(),
-            spec: spec.clone(),
-            incarnation,
-            log: self.log.clone(),
-            cancel: cancel.clone(),
-            tx_options: self.write_options(),
-            events: events.clone(),
-        };
         let live = Live::new(&self.counts.heartbeats);
-        self.spawn(task.run(live));
+        self.heartbeats.add(spec.clone(), incarnation, cancel.clone(), events.clone(), written, live);
         Ok(Registration { node: Arc::downgrade(self), spec, incarnation, cancel, removed: AtomicBool::new(false), events })
     }
 
@@ -239,7 +251,10 @@ impl Node {
     }
 
     async fn end_registration(&self, reg: &Registration, died: bool) -> Result<(), Error> {
+        // Cancelled first: a renewal that reads the record after the
+        // removal below sees the cancel and does not reinstate it.
         reg.cancel.cancel();
+        self.heartbeats.remove(&reg.incarnation);
         if reg.removed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
@@ -418,6 +433,7 @@ impl Drop for Registration {
             return;
         }
         let Some(node) = self.node.upgrade() else { return };
+        node.heartbeats.remove(&self.incarnation);
         if node.is_stopped() {
             return;
         }

@@ -126,6 +126,13 @@ fn parse_change(value: &[u8]) -> Option<Change> {
     }
 }
 
+/// Bumps `health_vs`, which reapers watch: a health record changed in
+/// this transaction. A blind versionstamped set, so that heartbeats of
+/// every node never conflict on it.
+fn mark_health_written(tx: &Tx, ks: &Keyspace) {
+    tx.set_versionstamped_value(&ks.health_vs(), &Keyspace::vs_placeholder_value());
+}
+
 fn write_health(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) {
     let timeout = i64::try_from(spec.timeout_s).unwrap_or(i64::MAX);
     let value = Keyspace::health_value(tstamp, timeout, incarnation);
@@ -169,6 +176,7 @@ pub async fn register_replacing(
     }
     tx.set(&member_key, &spec.options_json);
     write_health(tx, ks, spec, incarnation, tstamp);
+    mark_health_written(tx, ks);
     record_change(tx, ks, &spec.worker_type, &spec.id, Change::Join).await?;
     Ok(moved)
 }
@@ -177,7 +185,25 @@ pub async fn register_replacing(
 /// was removed. Another incarnation's record is left as it is (`Gone`):
 /// renewing it would keep a registration alive that nobody heartbeats.
 pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) -> Result<Heartbeat, StoreError> {
-    match stored_health(tx, ks, &spec.worker_type, &spec.id).await? {
+    let stored = stored_health(tx, ks, &spec.worker_type, &spec.id).await?;
+    let outcome = renew(tx, ks, spec, incarnation, tstamp, stored).await?;
+    if outcome == Heartbeat::Renewed {
+        mark_health_written(tx, ks);
+    }
+    Ok(outcome)
+}
+
+/// The heartbeat's decision on the health record `stored` (read for a
+/// write in this transaction), and its write.
+async fn renew(
+    tx: &Tx,
+    ks: &Keyspace,
+    spec: &WorkerSpec,
+    incarnation: &Incarnation,
+    tstamp: i64,
+    stored: Option<Vec<u8>>,
+) -> Result<Heartbeat, StoreError> {
+    match stored {
         Some(value) if held_by(&value, incarnation) => {
             write_health(tx, ks, spec, incarnation, tstamp);
             Ok(Heartbeat::Renewed)
@@ -188,6 +214,42 @@ pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &
             Ok(Heartbeat::Reinstated)
         }
     }
+}
+
+/// One registration to renew in [`heartbeat_many`].
+pub struct Beat<'a> {
+    pub spec: &'a WorkerSpec,
+    pub incarnation: &'a Incarnation,
+}
+
+/// [`heartbeat`] for many registrations in one transaction: their health
+/// records are read together (one round trip on FoundationDB), then each
+/// is judged as [`heartbeat`] judges one. `ended(i)` is asked after the
+/// reads, before anything of `beats[i]` is written: a registration whose
+/// owner ended it meanwhile (its removal may have committed before these
+/// reads, and must not be undone by a reinstatement) is skipped (`None`).
+pub async fn heartbeat_many(
+    tx: &Tx,
+    ks: &Keyspace,
+    beats: &[Beat<'_>],
+    tstamp: i64,
+    ended: impl Fn(usize) -> bool,
+) -> Result<Vec<Option<Heartbeat>>, StoreError> {
+    let keys: Vec<Vec<u8>> = beats.iter().map(|b| ks.health(&b.spec.worker_type, &b.spec.id)).collect();
+    let stored = futures::future::try_join_all(keys.iter().map(|k| tx.get(k, false))).await?;
+    let mut outcomes = Vec::with_capacity(beats.len());
+    for (i, (beat, value)) in beats.iter().zip(stored).enumerate() {
+        if ended(i) {
+            outcomes.push(None);
+            continue;
+        }
+        outcomes.push(Some(renew(tx, ks, beat.spec, beat.incarnation, tstamp, value).await?));
+    }
+    // A reinstatement marked it already; once is enough either way.
+    if outcomes.contains(&Some(Heartbeat::Renewed)) {
+        mark_health_written(tx, ks);
+    }
+    Ok(outcomes)
 }
 
 /// Removes the worker if `incarnation` still holds it, and sends its

@@ -79,6 +79,7 @@ const JOBS_VS: &str = "01 6a6f62735f7673 00";
 const ORPHANS: &str = "01 6f727068616e73 00";
 const ORPHANS_VS: &str = "01 6f727068616e735f7673 00";
 const REAPER_PULSE: &str = "01 'reaper_pulse' 00";
+const HEALTH_VS: &str = "01 'health_vs' 00";
 const RECEIPTS: &str = "01 7265636569707473 00";
 
 /// A sample directory prefix (what the directory layer could allocate).
@@ -336,6 +337,17 @@ fn receipt_keys_and_old_range() {
 }
 
 // ---- reapers ----------------------------------------------------------------
+
+#[test]
+fn health_vs_key() {
+    for (ks, p) in both() {
+        same(&ks.health_vs(), &hs(&[p, ROOT, HEALTH_VS]));
+        same(&ks.health_vs(), &hs(&[p, ROOT, "01 6865616c74685f7673 00"]));
+        assert_eq!(ks.parse_worker_key(&ks.health_vs()), None);
+        let (begin, end) = ks.all_workers_range();
+        assert!(!(begin <= ks.health_vs() && ks.health_vs() < end));
+    }
+}
 
 #[test]
 fn reaper_pulse_key() {

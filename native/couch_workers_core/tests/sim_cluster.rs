@@ -246,11 +246,13 @@ async fn a_small_cluster_on_the_sim_store_loses_no_job_and_reaps_no_live_worker(
             .take(20)
             .map(|id| format!("{id}: {:?}", snap.record(T, id.as_bytes())))
             .collect();
+        // A worker task that panicked holds its job for good: say so.
         eprintln!(
-            "sim cluster (seed {seed}): states {:?}; members {:?}; violations {:?}; unfinished: {missing:#?}",
+            "sim cluster (seed {seed}): states {:?}; members {:?}; violations {:?}; panics in tasks {}; unfinished: {missing:#?}",
             snap.states(T),
             snap.members_of(T).len(),
-            snap.violations()
+            snap.violations(),
+            panics()
         );
     }
     assert!(

@@ -3,13 +3,16 @@
 //! watchers back off instead of re-reading every 100 ms, the node logs
 //! `watch_limit_reached` once for the episode, and when watches free up
 //! the watcher delivers again and the episode ends (`watch_limit_cleared`).
+//! Job subscription watchers and the accept dispatcher do the same, and
+//! the dispatcher keeps serving its waiters meanwhile.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use couch_workers_core::log::{Event, Sink};
+use couch_workers_core::jobs::JobEvent;
 use couch_workers_core::store::sim::{SimOptions, SimStore, MAX_WATCHES};
-use couch_workers_core::store::{Db, TxOptions};
+use couch_workers_core::store::{Db, TxOptions, Watch};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Node, Settings};
 use tokio::sync::mpsc;
@@ -41,6 +44,133 @@ async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool)
         assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Arms `MAX_WATCHES` watches on a key nothing changes: the handle is at
+/// its limit until the returned watches are dropped.
+async fn fill_watches(sim: &Arc<SimStore>) -> Vec<Watch> {
+    let db: Db = sim.clone();
+    let filler = [db.prefix().as_slice(), b"filler"].concat();
+    let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
+    let held: Vec<_> = (0..MAX_WATCHES).map(|_| tx.watch(&filler)).collect();
+    tx.commit().await.expect("commit arms the watches");
+    assert_eq!(sim.outstanding_watches(), MAX_WATCHES);
+    held
+}
+
+/// Read versions the cluster hands out over `window` (every transaction
+/// that reads takes one).
+async fn reads_during(sim: &SimStore, window: Duration) -> u64 {
+    let before = sim.stats().read_versions;
+    tokio::time::sleep(window).await;
+    sim.stats().read_versions - before
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_watchers_back_off_at_the_watch_limit_and_log_once() {
+    const JOBS: usize = 20;
+    let sim = SimStore::new(SimOptions::new(1033));
+    let db: Db = sim.clone();
+    let log = Arc::new(Collect::default());
+    let node = Node::with_db(db.clone(), Settings::default(), log.clone());
+    let jobs = node.jobs().clone();
+    for i in 0..JOBS {
+        jobs.add(T, format!("j{i}").as_bytes(), b"{}", 0).await.expect("add");
+    }
+    let held = fill_watches(&sim).await;
+    // The node's own background reads over a window, before any job
+    // watcher exists.
+    let baseline = reads_during(&sim, Duration::from_secs(2)).await;
+
+    let (sender, mut events) = mpsc::unbounded_channel::<JobEvent>();
+    let mut subs = Vec::new();
+    for i in 0..JOBS {
+        let sender = sender.clone();
+        let on = Box::new(move |e| {
+            let _ = sender.send(e);
+        });
+        subs.push(jobs.subscribe(T, format!("j{i}").as_bytes(), on).await.expect("subscribe").1);
+    }
+    // Over 2 s at the limit, each watcher with a fixed 100 ms pause
+    // re-reads ~20 times (400 reads for 20 jobs); with the backoff (100,
+    // 200, 400, 800 ms ceilings, each draw at least half) at most 7.
+    let reads = reads_during(&sim, Duration::from_secs(2)).await;
+    let by_watchers = reads.saturating_sub(baseline);
+    assert!(by_watchers <= 7 * JOBS as u64 + 20, "{by_watchers} reads by {JOBS} job watchers at the limit in 2 s (baseline {baseline})");
+    assert!(log.count("job_watch_deferred") >= JOBS, "every watcher met the limit");
+    assert_eq!(log.count("watch_limit_reached"), 1, "one log line per episode");
+
+    // Watches free up: the watchers arm again and see the next change.
+    drop(held);
+    wait_until("watches released", Duration::from_secs(5), || sim.outstanding_watches() < MAX_WATCHES).await;
+    jobs.add(T, b"accept-me", b"{}", 0).await.expect("add");
+    while events.try_recv().is_ok() {}
+    let _w = node.register_worker(spec("w")).await.expect("register");
+    let handle = jobs.accept(T, b"w", Duration::from_secs(5)).await.expect("accept j0");
+    assert_eq!(handle.job.id, b"j0".to_vec());
+    jobs.finish(&handle.fence(), b"{}").await.expect("finish");
+    let seen = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(e) = events.recv().await {
+            if matches!(&e, JobEvent::Changed(j) if j.id == b"j0") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(seen.is_ok(), "the watcher of j0 delivered its change after the limit cleared");
+    // Its watch is armed now (the change came from a read): the next
+    // change fires it, which ends the episode.
+    let removed = tokio::time::timeout(Duration::from_secs(20), async {
+        while events.try_recv().is_ok() {}
+        jobs.remove(T, b"j0").await.expect("remove j0");
+        while let Some(e) = events.recv().await {
+            if matches!(e, JobEvent::Removed) {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(removed.is_ok(), "the watcher of j0 saw its removal");
+    wait_until("watch_limit_cleared", Duration::from_secs(20), || log.count("watch_limit_cleared") == 1).await;
+    drop(subs);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatcher_backs_off_at_the_watch_limit_and_keeps_serving() {
+    let sim = SimStore::new(SimOptions::new(1034));
+    let db: Db = sim.clone();
+    let log = Arc::new(Collect::default());
+    let node = Node::with_db(db.clone(), Settings::default(), log.clone());
+    let jobs = node.jobs().clone();
+    let _w = node.register_worker(spec("w")).await.expect("register");
+    let _held = fill_watches(&sim).await;
+    let baseline = reads_during(&sim, Duration::from_secs(2)).await;
+
+    // A waiter and no job: the dispatcher's round cannot arm its watch.
+    let waiter = {
+        let jobs = jobs.clone();
+        tokio::spawn(async move { jobs.accept(T, b"w", Duration::from_secs(60)).await })
+    };
+    // A round every 50 ms would be ~40 in 2 s; the backoff makes at most 7
+    // (each round is one transaction).
+    let reads = reads_during(&sim, Duration::from_secs(2)).await;
+    let by_dispatcher = reads.saturating_sub(baseline);
+    assert!(by_dispatcher <= 12, "{by_dispatcher} accept rounds at the limit in 2 s (baseline {baseline})");
+    assert_eq!(log.count("watch_limit_reached"), 1, "one log line per episode");
+
+    // Still serving, although no watch can fire: a job added now is taken
+    // within the pause (at most 10 s).
+    jobs.add(T, b"j", b"{}", 0).await.expect("add");
+    let taken = tokio::time::timeout(Duration::from_secs(15), waiter).await;
+    let handle = taken.expect("accepted within the pause").expect("task").expect("accept");
+    assert_eq!(handle.job.id, b"j".to_vec());
+    // And a new waiter is served at once from what is pending.
+    jobs.add(T, b"k", b"{}", 0).await.expect("add");
+    let _k = node.register_worker(spec("k")).await.expect("register k");
+    let next = tokio::time::timeout(Duration::from_secs(5), jobs.accept(T, b"k", Duration::from_secs(30))).await;
+    assert_eq!(next.expect("a waiter arriving is served at once").expect("accept").job.id, b"k".to_vec());
+    node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,5 +225,21 @@ async fn membership_watcher_backs_off_at_the_watch_limit_and_logs_once() {
     let _b = node.register_worker(spec("b")).await.expect("register b");
     wait_until("watch_limit_cleared", Duration::from_secs(20), || log.count("watch_limit_cleared") == 1).await;
     assert_eq!(log.count("watch_limit_reached"), 1);
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_at_the_watch_limit_does_not_spin() {
+    let sim = SimStore::new(SimOptions::new(1035));
+    let db: Db = sim.clone();
+    let _held = fill_watches(&sim).await;
+    let log = Arc::new(Collect::default());
+    // Its orphan sweeper's first watch fails at once: before the backoff
+    // it listed the orphan markers again at once, in a loop.
+    let node = Node::with_db(db.clone(), Settings::default(), log.clone());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let reads = reads_during(&sim, Duration::from_secs(2)).await;
+    assert!(reads <= 60, "{reads} reads in 2 s by an idle node at the watch limit");
+    assert_eq!(log.count("watch_limit_reached"), 1, "one log line per episode");
     node.stop().await;
 }

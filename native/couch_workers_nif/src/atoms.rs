@@ -19,6 +19,7 @@ rustler::atoms! {
     store,
     embedded,
     fdb,
+    fdb_test,
     runtime_threads,
     reaper_max_interval_ms,
     tx_timeout_ms,

@@ -26,8 +26,9 @@
 //!   one;
 //! * in time, on a normal scheduler ([`Sched::Normal`]): the byte limit
 //!   still allows 100 KB of small terms (a list of 49,000 integers, a map
-//!   of 8,000 keys: 3 to 6 ms), and a NIF never holds a normal scheduler
-//!   that long. So it visits at most [`NORMAL_MAX_NODES`] terms there (a
+//!   of 8,000 keys: milliseconds to convert), and a NIF never holds a
+//!   normal scheduler that long (figures for this module: bench/RESULTS.md,
+//!   "Figures the module docs rely on"). So it visits at most [`NORMAL_MAX_NODES`] terms there (a
 //!   binary counts one more for every [`BYTES_PER_NODE`] bytes) and then
 //!   gives up with [`JsonError::NeedsDirty`].
 //!
@@ -43,7 +44,7 @@
 //! alike (`badarg`, `invalid_info`, `value_too_large`, ...): an error
 //! found within the budget is the first error of the term either way.
 //! Small terms (nearly all) stay on the fast path; a call of a dirty
-//! twin costs 20 to 40 µs more (measured on a small map).
+//! twin costs tens of microseconds more.
 //!
 //! JSON to terms (what the store gives back): objects become maps with
 //! **binary** keys, strings binaries, numbers integers or floats,
@@ -60,18 +61,15 @@ use crate::term::{binary, error_tuple};
 pub const MAX_DEPTH: usize = 64;
 
 /// Most terms (values and map keys) one conversion visits on a normal
-/// scheduler. The dearest kind, an atom other than true/false/null in a
-/// list, costs about 0.1-0.2 µs each: 2,000 of them take 0.2-0.4 ms (a
-/// map of 1,000 binary keys and integers about 0.25 ms), well under the
-/// 1 ms a NIF may hold a scheduler. Beyond it the conversion belongs on a
-/// dirty scheduler.
+/// scheduler: even 2,000 of the dearest kind (an atom other than
+/// true/false/null in a list) stay well under the 1 ms a NIF may hold a
+/// scheduler. Beyond it the conversion belongs on a dirty scheduler.
 pub const NORMAL_MAX_NODES: usize = 2_000;
 
 /// The bytes of a binary (a string or a key) that count as one more term
-/// against [`NORMAL_MAX_NODES`]: a byte that needs escaping costs about
-/// 6 ns, 16 of them about one term. So strings of up to 32 KB in all
-/// stay on a normal scheduler, and a 99 KB one (0.6 ms when it needs
-/// escaping) goes to a dirty one.
+/// against [`NORMAL_MAX_NODES`]: 16 bytes that need escaping cost about
+/// one term. So strings of up to 32 KB in all stay on a normal scheduler,
+/// and a 99 KB one goes to a dirty one.
 pub const BYTES_PER_NODE: usize = 16;
 
 /// Where a conversion runs, which bounds its work.

@@ -1,12 +1,8 @@
 //! Membership watch NIFs.
 //!
-//! ```text
-//! membership_watch(Type, Tag) -> {ok, Watch} | {error, Name}
-//!     then, to the caller, on the first read and on every change, one of:
-//!     {couch_workers_membership_changed, Tag, Type, VS, Workers}
-//!     {couch_workers_membership_delta, Tag, Type, VS, Joined, Left}
-//! membership_unwatch(Watch) -> ok
-//! ```
+//! Their signatures, immediate answers and messages are listed once, in
+//! the `@doc` of `src/couch_workers_nif.erl`; this module documents what
+//! that list does not.
 //!
 //! `Type` must be a binary and `Tag` an atom or a reference (else
 //! `badarg`): the tag is copied into every message, and first (in the

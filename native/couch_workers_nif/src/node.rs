@@ -1,17 +1,8 @@
 //! Lifecycle NIFs: `start/2`, `stop/1`, `stats/0`, `set_log_pid/1`, and
 //! `test_panic/1` (proves that a panic on the runtime still answers).
 //!
-//! ```text
-//! start(Ref, Config) -> ok | {error, already_started | stopping | {badconfig, Key} | runtime_failed}
-//!     then {Ref, ok | {error, Name}}        (Name: the store's error, e.g. store_io)
-//! stop(Ref) -> ok | {error, not_started | starting | stopping}
-//!     then {Ref, ok}                        (after every task of the node ended)
-//! stats() -> #{running, heartbeats, watchers, reapers, registrations, watches, runtime_threads,
-//!              job_dispatchers, job_waiters, job_watchers, job_sweepers,   (the job service's tasks)
-//!              job_subscriptions, accept_waiters}                          (live job NIF handles)
-//! set_log_pid(Pid | undefined) -> ok
-//! test_panic(Ref) -> ok | {error, not_started}, then {Ref, {error, {panic, Msg}}}
-//! ```
+//! Their signatures, immediate answers and messages are listed once, in
+//! the `@doc` of `src/couch_workers_nif.erl`.
 //!
 //! `Config` is a map; every key is optional:
 //! `store => {embedded, DirBinary} | {fdb, ClusterFileBinary}`,
@@ -61,7 +52,19 @@ fn decode_config<'a>(env: Env<'a>, term: Term<'a>) -> Result<Config, Term<'a>> {
                 let cluster_file = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
                 StoreConfig::Fdb { cluster_file }
             }
-            _ => return Err(badconfig(env, atoms::store())),
+            _ => match t.decode::<(rustler::Atom, Term, Term)>() {
+                // The EUnit suites' FoundationDB store (StoreConfig::FdbTest).
+                Ok((kind, path, name)) if kind == atoms::fdb_test() => {
+                    let cluster_file = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
+                    let name = bytes_arg(name)
+                        .ok()
+                        .filter(|n| !n.is_empty())
+                        .and_then(|n| String::from_utf8(n.to_vec()).ok())
+                        .ok_or_else(|| badconfig(env, atoms::store()))?;
+                    StoreConfig::FdbTest { cluster_file, name }
+                }
+                _ => return Err(badconfig(env, atoms::store())),
+            },
         },
     };
     let threads = positive(term, atoms::runtime_threads(), DEFAULT_THREADS as u64)

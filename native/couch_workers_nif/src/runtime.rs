@@ -24,10 +24,11 @@
 //! policy Linux lets the woken thread preempt the waker at once when it
 //! lands on the waker's CPU; the woken thread then runs the request to
 //! its end (for a job near the value limit: reading it and building a
-//! 100 KB reply term, 1-3 ms), while the scheduler thread waits, runnable,
+//! 100 KB reply term, milliseconds), while the scheduler thread waits, runnable,
 //! in the middle of a NIF call that needs microseconds of CPU (a perf
 //! trace of `sched_switch` showed the scheduler thread switched out inside
-//! that futex wake; figures in docs/reliability.md). `SCHED_BATCH` changes
+//! that futex wake; figures in bench/RESULTS.md, "Figures the module docs
+//! rely on", and docs/reliability.md). `SCHED_BATCH` changes
 //! only that: a woken batch thread never preempts on wakeup (it runs on a
 //! free CPU, or
 //! when the running thread's slice ends) and keeps its nice-0 share of

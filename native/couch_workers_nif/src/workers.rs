@@ -1,18 +1,8 @@
 //! Worker NIFs.
 //!
-//! ```text
-//! worker_register(Ref, Type, Id, Opts) -> ok | {error, Reason} | dirty
-//!     then {Ref, {ok, Registration} | {error, Name}}
-//! worker_register_dirty(Ref, Type, Id, Opts): the same, never dirty
-//! worker_unregister(Ref, Registration) -> ok | {error, not_started}
-//!     then {Ref, ok | {error, Name}}
-//! worker_notify(Registration, Owner, Tag) -> ok
-//!     then, when its heartbeat finds it reaped (and registers it again):
-//!         {couch_workers_worker_reaped, Tag} to Owner
-//!     when it finds another registration of the id (this one is over):
-//!         {couch_workers_worker_lost, Tag, superseded} to Owner, and
-//!         {couch_workers_worker_superseded, Tag} to the caller
-//! ```
+//! Their signatures, immediate answers and messages are listed once, in
+//! the `@doc` of `src/couch_workers_nif.erl`; this module documents what
+//! that list does not.
 //!
 //! `Type` and `Id` must be binaries and `Opts` a map (else `badarg`).
 //! Answered at once, nothing written: `{error, invalid_options}` (a term
@@ -71,7 +61,7 @@ impl Resource for RegistrationResource {}
 
 impl RegistrationResource {
     /// The core's registration: what an accept for it names (its worker
-    /// id and incarnation, see `jobs.rs`).
+    /// id and incarnation, see `jobs/accept.rs`).
     pub fn registration(&self) -> &Registration {
         &self.reg
     }

@@ -34,6 +34,10 @@
 //! * while the type is paused (a flag every round reads), rounds take
 //!   nothing and the watch stays armed: `job_resume/1` bumps `jobs_vs`,
 //!   which wakes every node's dispatcher at once;
+//! * at the handle's watch limit (`too_many_watches`) the dispatcher
+//!   polls instead, with the growing pause of `services::watch_limit`
+//!   (not a write round every 50 ms); arriving waiters are still served
+//!   at once;
 //! * a waiter whose deadline passes gets `not_found`; an accept with
 //!   timeout 0 never comes here (one transaction, no dispatcher);
 //! * when no waiter is left the dispatcher exits (it is started again on
@@ -69,6 +73,7 @@ use super::service::{Live, ServiceState};
 use crate::error::Error;
 use crate::keyspace::Incarnation;
 use crate::log::{Event, Level};
+use crate::services::watch_limit::is_too_many_watches;
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError, Watch};
 
@@ -222,6 +227,10 @@ impl Dispatcher {
         let mut watch: Option<Watch> = None;
         let mut need_round = true;
         let mut failures: u32 = 0;
+        // Consecutive watches refused at the handle's limit, and the
+        // earliest round that may try to arm one again.
+        let mut at_limit: u32 = 0;
+        let mut rearm_at: Option<Instant> = None;
         loop {
             if self.cancel.is_cancelled() {
                 self.close();
@@ -239,6 +248,14 @@ impl Dispatcher {
                 continue;
             }
             if need_round {
+                // Acceptors tend to come together (the members of one
+                // group commit get their outcome at once, and each then
+                // accepts again): let the tasks already woken run first,
+                // so that one round serves them all instead of one each.
+                tokio::task::yield_now().await;
+                while let Ok(w) = self.receiver.try_recv() {
+                    self.push(w);
+                }
                 match self.round().await {
                     Ok((more, w)) => {
                         failures = 0;
@@ -269,6 +286,7 @@ impl Dispatcher {
             }
             let now = Instant::now();
             let wake = self.waiters.iter().map(|w| w.deadline).min().unwrap_or(now).min(now + PRUNE_INTERVAL);
+            let wake = rearm_at.map_or(wake, |t| wake.min(t));
             let timer = match self.next_due {
                 Some(at) if !self.paused => instant_of(at),
                 _ => now + Duration::from_secs(86_400),
@@ -294,8 +312,25 @@ impl Dispatcher {
                 }
                 Wake::Watch(fired) => {
                     need_round = true;
-                    if let Err(e) = fired {
-                        if !matches!(e, StoreError::Closed) {
+                    match fired {
+                        Ok(()) => {
+                            if at_limit > 0 {
+                                at_limit = 0;
+                                rearm_at = None;
+                                self.shared.watch_limit.cleared();
+                            }
+                        }
+                        Err(StoreError::Closed) => {}
+                        Err(e) if is_too_many_watches(&e) => {
+                            // The handle's limit: rather than a write round
+                            // every 50 ms, poll with a growing pause (the
+                            // node logs the episode once). Waiters that
+                            // arrive are still served at once.
+                            at_limit += 1;
+                            rearm_at = Some(Instant::now() + self.shared.watch_limit.reached(at_limit));
+                            need_round = false;
+                        }
+                        Err(_) => {
                             // A failed watch: pause, then a round re-arms it.
                             let _ = sleep_or_cancel(Duration::from_millis(50), &self.cancel).await;
                         }
@@ -303,9 +338,16 @@ impl Dispatcher {
                 }
             }
             // Waiters but no watch (the last round found none left, then
-            // one came back): a round arms one.
+            // one came back, or the pause at the watch limit is over): a
+            // round arms one.
             if watch.is_none() {
-                need_round = true;
+                match rearm_at {
+                    Some(t) if Instant::now() < t => {}
+                    _ => {
+                        rearm_at = None;
+                        need_round = true;
+                    }
+                }
             }
         }
     }

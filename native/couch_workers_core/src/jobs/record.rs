@@ -175,10 +175,13 @@ impl Record {
         out
     }
 
-    /// The size the stored value will have (the encoding less the 4-byte
-    /// offset that the store strips).
-    pub fn stored_len(&self) -> usize {
-        self.encode(0).len() - 4
+    /// The record's size as FoundationDB counts it against the value
+    /// limit: the versionstamped parameter as given, with its 4-byte
+    /// offset (`atomicOp` checks the parameter; the stored value is 4 bytes
+    /// shorter). Every size check uses this, so a record refused here is
+    /// one the store would refuse, and none it would refuse passes.
+    pub fn value_len(&self) -> usize {
+        self.encode(0).len()
     }
 
     pub fn decode(value: &[u8]) -> Result<Record, StoreError> {
@@ -427,7 +430,7 @@ mod tests {
             }),
         };
         let stored = commit(&rec.encode(9), [1; 10]);
-        assert_eq!(stored.len(), rec.stored_len());
+        assert_eq!(stored.len() + 4, rec.value_len(), "FDB counts the stored bytes and the 4-byte offset");
         let back = Record::decode(&stored).unwrap();
         let mut expect = rec.clone();
         expect.vs = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 9];

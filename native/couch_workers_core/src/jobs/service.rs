@@ -32,6 +32,7 @@ use super::sweeper::run_sweeper;
 use crate::error::{check_key, Error};
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::Logger;
+use crate::services::watch_limit::WatchLimit;
 use crate::store::{run, Db, StoreError, TxOptions};
 
 /// Most rounds an accept with timeout 0 runs when a round cleared stale
@@ -78,6 +79,9 @@ pub(crate) struct ServiceState {
     pub counts: JobCounts,
     pub dispatchers: Dispatchers,
     pub watchers: Watchers,
+    /// The database handle's watch-limit episode, shared with the node's
+    /// membership watchers: the limit is the handle's.
+    pub watch_limit: Arc<WatchLimit>,
 }
 
 impl ServiceState {
@@ -183,6 +187,7 @@ impl JobService {
         tasks: TaskTracker,
         runtime: Handle,
     ) -> JobService {
+        let watch_limit = Arc::new(WatchLimit::new(log.clone()));
         let shared = Arc::new(ServiceState {
             db,
             ks,
@@ -195,6 +200,7 @@ impl JobService {
             counts: JobCounts::default(),
             dispatchers: Dispatchers::default(),
             watchers: Watchers::default(),
+            watch_limit,
         });
         let live = Live::new(&shared.counts.sweepers);
         shared.spawn(run_sweeper(shared.clone(), shared.cancel.child_token(), live));
@@ -203,6 +209,12 @@ impl JobService {
         let live = Live::new(&shared.counts.promoters);
         shared.spawn(run_promoter(shared.clone(), shared.cancel.child_token(), live));
         JobService { shared }
+    }
+
+    /// The watch-limit episode of the service's database handle (the
+    /// node's membership watchers share it).
+    pub(crate) fn watch_limit(&self) -> Arc<WatchLimit> {
+        self.shared.watch_limit.clone()
     }
 
     pub fn stats(&self) -> JobStats {

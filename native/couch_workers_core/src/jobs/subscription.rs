@@ -34,6 +34,7 @@ use super::service::{Live, ServiceState};
 use crate::error::Error;
 use crate::log::{Event, Level};
 use crate::services::sleep_or_cancel;
+use crate::services::watch_limit::is_too_many_watches;
 use crate::store::{run, StoreError, Watch};
 
 /// Called with each change of a subscribed job; must not block.
@@ -152,6 +153,8 @@ async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
     let Some(live) = shared.upgrade().map(|s| Live::new(&s.counts.job_watchers)) else { return };
     let _live = live;
     let mut failures: u32 = 0;
+    // Consecutive watches refused at the handle's limit.
+    let mut at_limit: u32 = 0;
     loop {
         let Some(s) = shared.upgrade() else { return };
         let (job_type, id) = (&watcher.key.0, &watcher.key.1);
@@ -212,19 +215,41 @@ async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
                 continue;
             }
         };
+        let watch_limit = s.watch_limit.clone();
+        let log = s.log.clone();
         drop(s);
-        tokio::select! {
+        let fired = tokio::select! {
             _ = watcher.cancel.cancelled() => return,
-            fired = watch => {
-                if let Err(e) = fired {
-                    if matches!(e, StoreError::Closed) {
-                        return;
-                    }
-                    if !sleep_or_cancel(Duration::from_millis(100), &watcher.cancel).await {
-                        return;
-                    }
+            fired = watch => fired,
+        };
+        let pause = match fired {
+            Ok(()) => {
+                if at_limit > 0 {
+                    at_limit = 0;
+                    watch_limit.cleared();
                 }
+                continue;
             }
+            Err(StoreError::Closed) => return,
+            Err(e) if is_too_many_watches(&e) => {
+                // The handle's limit: every watcher re-reading on a short
+                // fixed pause would poll every subscribed job. Back off,
+                // growing, and let the node log the episode once.
+                at_limit += 1;
+                let pause = watch_limit.reached(at_limit);
+                log.log(
+                    Event::new(Level::Debug, "job_watch_deferred")
+                        .with("type", job_type)
+                        .with("id", id)
+                        .with("delay_ms", pause.as_millis() as u64),
+                );
+                pause
+            }
+            // A store hiccup (a recovery's lost watch): read again soon.
+            Err(_) => Duration::from_millis(100),
+        };
+        if !sleep_or_cancel(pause, &watcher.cancel).await {
+            return;
         }
     }
 }

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::ops::{self, SweepCursor, SweepStep};
 use super::service::{Live, ServiceState};
 use crate::log::{Event, Level};
+use crate::services::watch_limit::is_too_many_watches;
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError};
 
@@ -30,6 +31,8 @@ const PERIOD: Duration = Duration::from_secs(10);
 pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: CancellationToken, live: Live) {
     let _live = live;
     let mut failures: u32 = 0;
+    // Consecutive watches refused at the handle's limit.
+    let mut at_limit: u32 = 0;
     loop {
         let ks = &shared.ks;
         let listed = run(shared.db.as_ref(), shared.read, |tx| async move { ops::orphans(&tx, ks, LIST_LIMIT).await });
@@ -88,10 +91,26 @@ pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: Ca
             continue;
         }
         let wait = if ok { jittered(PERIOD, 0.2) } else { jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5) };
-        tokio::select! {
+        let fired = tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = watch => {}
-            _ = tokio::time::sleep(wait) => {}
+            fired = watch => Some(fired),
+            _ = tokio::time::sleep(wait) => None,
+        };
+        match fired {
+            Some(Ok(())) if at_limit > 0 => {
+                at_limit = 0;
+                shared.watch_limit.cleared();
+            }
+            Some(Err(e)) if is_too_many_watches(&e) => {
+                // No watch at the handle's limit (it fails at once): the
+                // pass period is the poll, not a tight loop of listings.
+                at_limit += 1;
+                let _ = shared.watch_limit.reached(at_limit);
+                if !sleep_or_cancel(wait, &cancel).await {
+                    return;
+                }
+            }
+            _ => {}
         }
     }
 }

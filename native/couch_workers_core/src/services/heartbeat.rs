@@ -1,92 +1,334 @@
-//! One heartbeat task per registered worker.
+//! The heartbeat service: one per node, renewing all of the node's
+//! registered workers in as few transactions as the store's limits allow.
 //!
-//! Renews the health record about every third of the timeout (with
-//! jitter), so that two heartbeats can be lost before the worker is reaped
-//! (the foundationdb-rs leader-election recipe renews at the same ratio).
-//! A failed heartbeat is logged and retried sooner; it never gives up
-//! while the registration lives. It stops when another incarnation holds
-//! the worker's id (`Heartbeat::Gone`): that registration is not ours to
-//! renew, and this one was replaced. Both a reinstatement and a
-//! replacement are told to the registration's owner (`owner_events`).
+//! Each registration is renewed about every third of its timeout, so that
+//! two heartbeats can be lost before the worker is reaped (the
+//! foundationdb-rs leader-election recipe renews at the same ratio). A
+//! renewal is due at most a period after the start of the last one that
+//! committed (jittered into the last tenth of it, so that nodes do not
+//! fall into step); once half a period has passed it may be renewed early.
+//! The service wakes at the earliest due time and renews every
+//! registration that may be renewed then, in transactions of at most
+//! [`CHUNK_WORKERS`] workers and about [`CHUNK_BYTES`] of keys, most
+//! urgent first: workers with one timeout fall into one batch per period,
+//! so a node's heartbeat transactions per period grow with its workers
+//! over a thousand, not with its workers; workers with different timeouts
+//! each keep their own period.
+//!
+//! A failed renewal is logged (one `heartbeat_failed` per worker, as the
+//! per-type metrics count them) and retried sooner (a sixth of the period);
+//! it never gives up while the registration lives. A chunk that fails for
+//! a reason that may be one worker's (too large) is retried one worker per
+//! transaction, so one worker cannot hold back the others. A registration
+//! whose id another incarnation holds (`Heartbeat::Gone`) is not ours to
+//! renew: it leaves the service. Both a reinstatement and a replacement
+//! are told to the registration's owner (`owner_events`).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::owner_events::{OwnerEvent, OwnerEvents};
-use super::{jittered, sleep_or_cancel, wall_clock_s, Live};
+use super::{jittered, wall_clock_s, Live};
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Event, Level, Logger};
-use crate::store::{run, Db, TxOptions};
-use crate::workers::{self, Heartbeat, WorkerSpec};
+use crate::store::{run, Db, StoreError, TxOptions};
+use crate::workers::{self, Beat, Heartbeat, WorkerSpec};
 
-pub(crate) struct HeartbeatTask {
-    pub db: Db,
-    pub ks: Keyspace,
-    pub spec: Arc<WorkerSpec>,
-    pub incarnation: Incarnation,
-    pub log: Logger,
-    pub cancel: CancellationToken,
-    pub tx_options: TxOptions,
-    pub events: Arc<OwnerEvents>,
-}
+/// Most workers renewed in one transaction.
+pub const CHUNK_WORKERS: usize = 1000;
+
+/// About the most key bytes (each worker's health key is read and written)
+/// one renewal transaction carries: far inside FoundationDB's 10 MB.
+pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// Bytes a worker adds to a chunk besides its key's twice (read and
+/// write): the value and the per-key overhead.
+const BYTES_PER_WORKER: usize = 128;
 
 /// The renewal period for a timeout: a third of it.
 pub fn period(timeout_s: u64) -> Duration {
     Duration::from_millis(timeout_s.saturating_mul(1000) / 3)
 }
 
-impl HeartbeatTask {
-    pub(crate) async fn run(self, live: Live) {
-        let _live = live;
-        let period = period(self.spec.timeout_s);
-        let mut failures: u32 = 0;
-        loop {
-            let wait = if failures == 0 { jittered(period, 0.1) } else { jittered(period / 6, 0.5) };
-            if !sleep_or_cancel(wait, &self.cancel).await {
-                return;
+/// One registration the service renews.
+struct Entry {
+    spec: Arc<WorkerSpec>,
+    incarnation: Incarnation,
+    /// Cancelled when its owner ends the registration.
+    cancel: CancellationToken,
+    events: Arc<OwnerEvents>,
+    /// From when it may be renewed (early, with others).
+    open: Instant,
+    /// By when it must be renewed.
+    due: Instant,
+    failures: u32,
+    /// A renewal of it is running.
+    in_flight: bool,
+    /// Counts it in `Stats::heartbeats` for as long as it is here.
+    _live: Live,
+}
+
+/// The registrations of a node, shared by the node (which adds and
+/// removes them) and the service task (which renews them).
+#[derive(Default)]
+pub(crate) struct Heartbeats {
+    entries: Mutex<HashMap<Incarnation, Entry>>,
+    /// Told when a registration is added: it may be due before the
+    /// service's planned wake.
+    added: Notify,
+    /// Renewal transaction runs begun.
+    transactions: AtomicU64,
+}
+
+/// A registration to renew, copied out of the registry.
+struct Due {
+    spec: Arc<WorkerSpec>,
+    incarnation: Incarnation,
+    cancel: CancellationToken,
+    due: Instant,
+}
+
+impl Heartbeats {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Incarnation, Entry>> {
+        // A panic while holding the lock leaves the map consistent (every
+        // change is a single insert or field store), so poisoning is moot.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a registration whose record was written by a transaction that
+    /// began at `written`.
+    pub(crate) fn add(
+        &self,
+        spec: Arc<WorkerSpec>,
+        incarnation: Incarnation,
+        cancel: CancellationToken,
+        events: Arc<OwnerEvents>,
+        written: Instant,
+        live: Live,
+    ) {
+        let p = period(spec.timeout_s);
+        let entry =
+            Entry { spec, incarnation, cancel, events, open: written + p / 2, due: next_due(written, p), failures: 0, in_flight: false, _live: live };
+        self.lock().insert(incarnation, entry);
+        self.added.notify_one();
+    }
+
+    /// Stops renewing a registration (its owner ended it).
+    pub(crate) fn remove(&self, incarnation: &Incarnation) {
+        self.lock().remove(incarnation);
+    }
+
+    /// Forgets every registration (the node stopped).
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Renewal transaction runs begun so far.
+    pub(crate) fn transactions(&self) -> u64 {
+        self.transactions.load(Ordering::Relaxed)
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        self.lock().values().filter(|e| !e.in_flight).map(|e| e.due).min()
+    }
+
+    /// Takes every registration that may be renewed at `now`, most urgent
+    /// first, and marks it in flight.
+    fn take_open(&self, now: Instant) -> Vec<Due> {
+        let mut entries = self.lock();
+        let mut open: Vec<Due> = entries
+            .values_mut()
+            .filter(|e| !e.in_flight && e.open <= now)
+            .map(|e| {
+                e.in_flight = true;
+                Due { spec: e.spec.clone(), incarnation: e.incarnation, cancel: e.cancel.clone(), due: e.due }
+            })
+            .collect();
+        open.sort_by_key(|d| d.due);
+        open
+    }
+}
+
+/// When a registration renewed by a transaction that began at `started`
+/// must be renewed next: within the last tenth of a period after it.
+fn next_due(started: Instant, period: Duration) -> Instant {
+    started + period - jittered(period / 20, 1.0)
+}
+
+/// Splits `due` into renewal transactions within the chunk limits.
+fn chunks(due: Vec<Due>, ks: &Keyspace) -> Vec<Vec<Due>> {
+    let mut out: Vec<Vec<Due>> = Vec::new();
+    let mut bytes = 0;
+    for d in due {
+        let size = 2 * ks.health(&d.spec.worker_type, &d.spec.id).len() + BYTES_PER_WORKER;
+        match out.last_mut() {
+            Some(chunk) if chunk.len() < CHUNK_WORKERS && bytes + size <= CHUNK_BYTES => {
+                bytes += size;
+                chunk.push(d);
             }
-            let spec = self.spec.clone();
-            let (ks, inc) = (&self.ks, &self.incarnation);
-            let beat = run(self.db.as_ref(), self.tx_options, |tx| {
-                let spec = spec.clone();
-                async move { workers::heartbeat(&tx, ks, &spec, inc, wall_clock_s()).await }
-            });
-            let outcome = tokio::select! {
-                _ = self.cancel.cancelled() => return,
-                outcome = beat => outcome,
-            };
-            match outcome {
-                Ok(Heartbeat::Renewed) => {
-                    if failures > 0 {
-                        self.log.log(self.event(Level::Notice, "heartbeat_recovered").with("failures", u64::from(failures)));
-                    }
-                    failures = 0;
-                }
-                Ok(Heartbeat::Reinstated) => {
-                    failures = 0;
-                    self.log.log(self.event(Level::Warning, "worker_reinstated"));
-                    self.events.emit(OwnerEvent::Reaped);
-                }
-                Ok(Heartbeat::Gone) => {
-                    self.log.log(self.event(Level::Warning, "worker_superseded"));
-                    self.events.emit(OwnerEvent::Superseded);
-                    return;
-                }
-                Err(e) => {
-                    failures += 1;
-                    self.log.log(
-                        self.event(Level::Warning, "heartbeat_failed")
-                            .with("reason", e.to_string())
-                            .with("failures", u64::from(failures)),
-                    );
-                }
+            _ => {
+                bytes = size;
+                out.push(vec![d]);
             }
         }
     }
+    out
+}
 
-    fn event(&self, level: Level, what: &'static str) -> Event {
-        Event::new(level, what).with("type", &self.spec.worker_type).with("id", &self.spec.id)
+/// Errors that may come from one worker of a chunk (its reinstatement is
+/// too large, a key of it is malformed) rather than from the store.
+fn may_be_one_workers(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::TransactionTooLarge | StoreError::KeyTooLarge | StoreError::ValueTooLarge | StoreError::Invalid(_)
+    )
+}
+
+pub(crate) struct HeartbeatService {
+    pub db: Db,
+    pub ks: Keyspace,
+    pub log: Logger,
+    pub cancel: CancellationToken,
+    pub tx_options: TxOptions,
+    pub heartbeats: Arc<Heartbeats>,
+}
+
+impl HeartbeatService {
+    pub(crate) async fn run(self) {
+        loop {
+            let wake = self.heartbeats.next_wake();
+            let sleep = async {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.cancel.cancelled() => break,
+                _ = self.heartbeats.added.notified() => continue,
+                _ = sleep => {}
+            }
+            let open = self.heartbeats.take_open(Instant::now());
+            for chunk in chunks(open, &self.ks) {
+                let done = tokio::select! {
+                    _ = self.cancel.cancelled() => None,
+                    () = self.renew_chunk(chunk) => Some(()),
+                };
+                if done.is_none() {
+                    break;
+                }
+            }
+            if self.cancel.is_cancelled() {
+                break;
+            }
+        }
+        // The node is stopping: nothing is renewed any more.
+        self.heartbeats.clear();
     }
+
+    async fn renew_chunk(&self, chunk: Vec<Due>) {
+        let started = Instant::now();
+        match self.renew(&chunk).await {
+            Ok(outcomes) => self.settle(&chunk, outcomes, started),
+            Err(e) if chunk.len() > 1 && may_be_one_workers(&e) => {
+                for one in chunk {
+                    let started = Instant::now();
+                    let one = [one];
+                    match self.renew(&one).await {
+                        Ok(outcomes) => self.settle(&one, outcomes, started),
+                        Err(e) => self.failed(&one, &e),
+                    }
+                }
+            }
+            Err(e) => self.failed(&chunk, &e),
+        }
+    }
+
+    /// One transaction run renewing `chunk`.
+    async fn renew(&self, chunk: &[Due]) -> Result<Vec<Option<Heartbeat>>, StoreError> {
+        self.heartbeats.transactions.fetch_add(1, Ordering::Relaxed);
+        let ks = &self.ks;
+        run(self.db.as_ref(), self.tx_options, |tx| async move {
+            let beats: Vec<Beat<'_>> = chunk.iter().map(|d| Beat { spec: &d.spec, incarnation: &d.incarnation }).collect();
+            workers::heartbeat_many(&tx, ks, &beats, wall_clock_s(), |i| chunk[i].cancel.is_cancelled()).await
+        })
+        .await
+    }
+
+    /// Applies the outcomes of a committed renewal that began at `started`.
+    fn settle(&self, chunk: &[Due], outcomes: Vec<Option<Heartbeat>>, started: Instant) {
+        let mut recovered = Vec::new();
+        let mut events = Vec::new();
+        {
+            let mut entries = self.heartbeats.lock();
+            for (d, outcome) in chunk.iter().zip(outcomes) {
+                let Some(entry) = entries.get_mut(&d.incarnation) else { continue };
+                let p = period(entry.spec.timeout_s);
+                entry.in_flight = false;
+                match outcome {
+                    // Ended by its owner meanwhile: its removal takes it out.
+                    None => {}
+                    Some(Heartbeat::Renewed) | Some(Heartbeat::Reinstated) => {
+                        if entry.failures > 0 {
+                            recovered.push((d.spec.clone(), entry.failures));
+                        }
+                        entry.failures = 0;
+                        entry.open = started + p / 2;
+                        entry.due = next_due(started, p);
+                        if outcome == Some(Heartbeat::Reinstated) {
+                            events.push((entry.events.clone(), OwnerEvent::Reaped, "worker_reinstated", d.spec.clone()));
+                        }
+                    }
+                    Some(Heartbeat::Gone) => {
+                        events.push((entry.events.clone(), OwnerEvent::Superseded, "worker_superseded", d.spec.clone()));
+                        entries.remove(&d.incarnation);
+                    }
+                }
+            }
+        }
+        for (spec, failures) in recovered {
+            self.log.log(worker_event(Level::Notice, "heartbeat_recovered", &spec).with("failures", u64::from(failures)));
+        }
+        // Outside the lock: a listener may call back into the node.
+        for (sink, event, what, spec) in events {
+            self.log.log(worker_event(Level::Warning, what, &spec));
+            sink.emit(event);
+        }
+    }
+
+    /// A renewal of `chunk` failed: retry each sooner. Each worker's
+    /// failure is its own event, as the per-type metrics and telemetry
+    /// (`[couch_workers, heartbeat, failed]`) count them.
+    fn failed(&self, chunk: &[Due], e: &StoreError) {
+        let now = Instant::now();
+        let mut failed = Vec::with_capacity(chunk.len());
+        {
+            let mut entries = self.heartbeats.lock();
+            for d in chunk {
+                let Some(entry) = entries.get_mut(&d.incarnation) else { continue };
+                entry.in_flight = false;
+                entry.failures += 1;
+                entry.due = now + jittered(period(entry.spec.timeout_s) / 6, 0.5);
+                entry.open = entry.due;
+                failed.push((d.spec.clone(), entry.failures));
+            }
+        }
+        let reason = e.to_string();
+        for (spec, failures) in failed {
+            self.log.log(
+                worker_event(Level::Warning, "heartbeat_failed", &spec)
+                    .with("reason", reason.clone())
+                    .with("failures", u64::from(failures)),
+            );
+        }
+    }
+}
+
+fn worker_event(level: Level, what: &'static str, spec: &WorkerSpec) -> Event {
+    Event::new(level, what).with("type", &spec.worker_type).with("id", &spec.id)
 }

@@ -1,6 +1,6 @@
-//! Background services of a node, on the tokio runtime: heartbeats (and
-//! the events they find for a registration's owner), the reaper and
-//! membership watchers. Each task holds a cancellation token
+//! Background services of a node, on the tokio runtime: the heartbeat
+//! service (and the events it finds for a registration's owner), the
+//! reaper and membership watchers. Each task holds a cancellation token
 //! (its own, a child of the node's) and stops when its owner goes.
 
 pub mod heartbeat;
@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 /// Live counts of background tasks, for leak tests and `stats/0`.
 #[derive(Debug, Default)]
 pub struct TaskCounts {
+    /// Registrations the heartbeat service renews.
     pub heartbeats: Arc<AtomicUsize>,
     pub watchers: Arc<AtomicUsize>,
     pub reapers: Arc<AtomicUsize>,

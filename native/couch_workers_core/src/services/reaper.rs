@@ -23,22 +23,30 @@
 //! serializable transactions means a worker is removed once, and never
 //! after a heartbeat renewed it.
 //!
-//! Between passes it sleeps until the earliest worker could be dead (so a
-//! dead worker goes within milliseconds of its timeout), bounded by
-//! `max_interval` and by the stall bound (so a fresh heartbeat is seen
-//! soon after it is written: its observation starts only then), jittered.
+//! Between passes it sleeps until the first of: the earliest moment a
+//! worker could be dead (so a dead worker goes within milliseconds of its
+//! timeout); the stall bound, jittered down (the cadence the liveness rule
+//! needs to see a stall; no timer at all while it observes no worker); a
+//! change of `health_vs`, which every transaction that writes a health
+//! record bumps (a watch armed in the pass's first transaction), so that a
+//! fresh heartbeat is seen soon after it is written (its observation
+//! starts only then) without looking on a timer. After a change it looks
+//! no sooner than `max_interval` after the previous pass began, so a busy
+//! store costs no more passes than that; if the watch fails it looks every
+//! `max_interval`. An idle node thus passes about twice per heartbeat
+//! period of its workers, not several times a second.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{jittered, sleep_or_cancel, Live};
+use super::{jittered, Live};
 use crate::keyspace::{Keyspace, WorkerKey};
 use crate::liveness::{Look, Observer, Restart, Verdict, WorkerId};
 use crate::log::{Event, Level, Logger};
 use crate::jobs::receipt::{self, Receipt};
-use crate::store::{run_attempts, Attempt, Db, RangeRequest, StoreError, Tx, TxOptions};
+use crate::store::{run_attempts, Attempt, Db, RangeRequest, StoreError, Tx, TxOptions, Watch};
 use crate::workers;
 
 /// Health records read per scan transaction.
@@ -50,6 +58,12 @@ const JITTER: f64 = 0.2;
 /// How far past the earliest possible death the reaper wakes, so that
 /// both measures have surely passed it.
 const WAKE_MARGIN: Duration = Duration::from_millis(20);
+
+/// How long after a change of `health_vs` the reaper looks, at least
+/// (jittered by half): not at the moment of the commit that changed it,
+/// when its node's watchers are busy delivering what that commit did (a
+/// pass then would add its own work to exactly the latencies that count).
+const AFTER_CHANGE: Duration = Duration::from_millis(100);
 
 pub(crate) struct Reaper {
     pub db: Db,
@@ -77,10 +91,12 @@ struct Scan {
 impl Reaper {
     pub(crate) async fn run(self, live: Live) {
         let _live = live;
-        // A new observer: a reaper that (re)starts has seen nothing.
-        let mut observer = Observer::new(self.max_interval.mul_f64(1.0 + JITTER));
+        // A new observer: a reaper that (re)starts has seen nothing. It
+        // plans no sleep longer than the stall bound while it observes.
+        let mut observer = Observer::new(Duration::MAX);
         loop {
-            let next_death = match self.pass(&mut observer).await {
+            let began = Instant::now();
+            let (next_death, changed) = match self.pass(&mut observer).await {
                 Ok(next) => next,
                 Err(e) => {
                     if self.cancel.is_cancelled() {
@@ -90,34 +106,78 @@ impl Reaper {
                     // span a stretch where the store took no writes.
                     observer.restart();
                     self.log.log(Event::new(Level::Warning, "reaper_scan_failed").with("reason", e.to_string()));
-                    None
+                    (None, None)
                 }
             };
-            let cadence = jittered(self.max_interval, JITTER).min(observer.stall_bound());
-            let wait = next_death.map_or(cadence, |d| (d + WAKE_MARGIN).min(cadence));
-            if !sleep_or_cancel(wait, &self.cancel).await {
+            // The timer: the next possible death, and the liveness rule's
+            // cadence while anything is observed.
+            let cadence = (observer.watching() > 0).then(|| observer.stall_bound().mul_f64(1.0 - JITTER * rand::random::<f64>()));
+            let timer = match (next_death.map(|d| d + WAKE_MARGIN), cadence) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if !self.wait(began, timer, changed).await {
                 return;
             }
         }
     }
 
-    /// One pass; returns the time until the next possible death.
-    async fn pass(&self, observer: &mut Observer) -> Result<Option<Duration>, StoreError> {
+    /// Sleeps until `timer` runs out or, after a change of `health_vs`
+    /// (`changed` fires), until `max_interval` after `began` (and at least
+    /// [`AFTER_CHANGE`] after the change), whichever is first. Without a watch (it could not be armed), it looks every
+    /// `max_interval`. Returns false if the reaper was cancelled.
+    async fn wait(&self, began: Instant, timer: Option<Duration>, changed: Option<Watch>) -> bool {
+        let deadline = timer.map(|t| tokio::time::Instant::now() + t);
+        let until_deadline = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let change = async {
+            match changed {
+                // A failed watch (a store hiccup, too many watches) counts
+                // as a change: look again at the polling cadence.
+                Some(watch) => {
+                    let _ = watch.await;
+                }
+                None => {}
+            }
+        };
+        tokio::select! {
+            _ = self.cancel.cancelled() => return false,
+            () = until_deadline => return true,
+            () = change => {}
+        }
+        let soonest = tokio::time::Instant::from_std(began + jittered(self.max_interval, JITTER))
+            .max(tokio::time::Instant::now() + jittered(AFTER_CHANGE, 0.5));
+        let at = deadline.map_or(soonest, |d| d.min(soonest));
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            _ = tokio::time::sleep_until(at) => true,
+        }
+    }
+
+    /// One pass; returns the time until the next possible death, and a
+    /// watch on `health_vs` armed at the pass's first read version.
+    async fn pass(&self, observer: &mut Observer) -> Result<(Option<Duration>, Option<Watch>), StoreError> {
         let writable = self.tx(observer, true);
-        let pulse = &self.ks.reaper_pulse();
+        let (pulse, health_vs) = (&self.ks.reaper_pulse(), &self.ks.health_vs());
         // Where versions follow time (the embedded store), the empty write
         // transaction alone shows the store writable (it takes SQLite's
         // write lock), and a write would only wake every node's watcher.
         let add_pulse = !self.db.versions_follow_time();
-        self.look(observer, writable, |tx, _| async move {
-            // A blind atomic add: no read conflict, so concurrent passes of
-            // every node's reaper all commit.
-            if add_pulse {
-                tx.atomic_add(pulse, 1);
-            }
-            tx.read_version().await.map(|v| ((), v))
-        })
-        .await?;
+        let (watch, _) = self
+            .look(observer, writable, |tx, _| async move {
+                // A blind atomic add: no read conflict, so concurrent passes
+                // of every node's reaper all commit.
+                if add_pulse {
+                    tx.atomic_add(pulse, 1);
+                }
+                let watch = tx.watch(health_vs);
+                tx.read_version().await.map(|v| (watch, v))
+            })
+            .await?;
         let scan = self.scan(observer).await?;
         observer.end_pass();
         for suspect in &scan.suspects {
@@ -125,7 +185,7 @@ impl Reaper {
                 break;
             }
         }
-        Ok(scan.next_death)
+        Ok((scan.next_death, Some(watch)))
     }
 
     /// Options of a reaper transaction: cut off at the stall bound, since

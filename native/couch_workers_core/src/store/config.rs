@@ -11,10 +11,25 @@ pub enum StoreConfig {
     Embedded(super::embedded::EmbeddedOptions),
     /// `{fdb, ClusterFile}`: FoundationDB.
     Fdb { cluster_file: PathBuf },
+    /// `{fdb_test, ClusterFile, Name}`: FoundationDB under its own
+    /// directory `["couch_workers_test", Name]`, removed with everything in
+    /// it when the store closes: the EUnit suites' store when
+    /// `FDB_CLUSTER_FILE` is set, one name per app start, so that runs
+    /// never meet. It never touches anything outside that subtree.
+    FdbTest { cluster_file: PathBuf, name: String },
 }
 
-/// Opens the configured store.
+/// Opens the configured store. A bad cluster-file path is `invalid` on
+/// every build, before the question of whether FDB is built in.
 pub async fn open(config: &StoreConfig) -> Result<Db, StoreError> {
+    if let StoreConfig::Fdb { cluster_file } | StoreConfig::FdbTest { cluster_file, .. } = config {
+        super::cluster_file::cluster_file_arg(cluster_file)?;
+    }
+    if let StoreConfig::FdbTest { name, .. } = config {
+        if name.is_empty() || name.contains('\0') {
+            return Err(StoreError::Invalid("an fdb_test store needs a name without NUL bytes".into()));
+        }
+    }
     match config {
         StoreConfig::Embedded(opts) => {
             let store = super::embedded::EmbeddedStore::open(opts.clone())?;
@@ -25,8 +40,13 @@ pub async fn open(config: &StoreConfig) -> Result<Db, StoreError> {
             let store = super::fdb::FdbStore::open(cluster_file).await?;
             Ok(store as Db)
         }
+        #[cfg(feature = "fdb")]
+        StoreConfig::FdbTest { cluster_file, name } => {
+            let store = super::fdb::FdbStore::open_test(cluster_file, name).await?;
+            Ok(store as Db)
+        }
         #[cfg(not(feature = "fdb"))]
-        StoreConfig::Fdb { .. } => Err(StoreError::NotBuilt(
+        StoreConfig::Fdb { .. } | StoreConfig::FdbTest { .. } => Err(StoreError::NotBuilt(
             "this couch_workers NIF was built without FoundationDB support: \
              install libfdb_c and rebuild with COUCH_WORKERS_FEATURES=fdb (see README, \"FoundationDB\")"
                 .into(),

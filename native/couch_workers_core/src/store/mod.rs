@@ -52,6 +52,7 @@ pub mod faulty;
 // by the stores that implement them themselves (embedded, sim).
 pub(crate) mod mutation;
 pub mod backoff;
+pub mod cluster_file;
 pub mod fdb_client;
 mod retry;
 

@@ -229,7 +229,7 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
             continue;
         };
         let active_len = ks.active(worker_type, &waiters[queue[next + pos]], &id).len();
-        let cost = rec.stored_len() + 2 * ks.job(worker_type, &id).len() + 2 * pending_key.len() + active_len;
+        let cost = rec.value_len() + 2 * ks.job(worker_type, &id).len() + 2 * pending_key.len() + active_len;
         if written > 0 && written + cost > BATCH_WRITE_BUDGET {
             budget_left = false;
             break;

@@ -45,7 +45,7 @@ pub(super) fn bump_pending(tx: &Tx, ks: &Keyspace, job_type: &[u8]) {
 pub(super) fn new_record(ks: &Keyspace, job_type: &[u8], job: &JobSpec) -> Result<Record, Error> {
     check_index_keys(ks, job_type, &job.id, job.opts.priority.unwrap_or(0))?;
     let rec = Record::new(job.info.clone(), &job.opts);
-    if rec.stored_len() > MAX_VALUE_SIZE {
+    if rec.value_len() > MAX_VALUE_SIZE {
         return Err(Error::Store(StoreError::ValueTooLarge));
     }
     Ok(rec)

@@ -82,7 +82,7 @@ pub async fn add_many_jobs(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[JobS
         // The record and pending key written, and the read conflict range
         // of the existence check (about twice the key).
         // The record, its pending or scheduled key and its index key.
-        size += rec.stored_len() + 5 * job_key + ks.pending(job_type, rec.priority, &[0; 12], &job.id).len();
+        size += rec.value_len() + 5 * job_key + ks.pending(job_type, rec.priority, &[0; 12], &job.id).len();
         records.push(rec);
     }
     if size > MAX_TRANSACTION_SIZE {
@@ -152,7 +152,7 @@ pub async fn update(tx: &Tx, ks: &Keyspace, fence: &Fence, info: &[u8]) -> Resul
         return Ok(Err(Error::Canceled));
     }
     rec.info = info.to_vec();
-    if rec.stored_len() > MAX_VALUE_SIZE {
+    if rec.value_len() > MAX_VALUE_SIZE {
         return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
     }
     write_record(tx, ks, &fence.job_type, &fence.job_id, &mut rec, 0);
@@ -176,7 +176,7 @@ pub async fn end(tx: &Tx, ks: &Keyspace, fence: &Fence, end: RunEnd) -> Result<O
         RunEnd::Released { info: Some(info), .. } => probe.info = info.clone(),
         _ => {}
     }
-    if probe.stored_len() > MAX_VALUE_SIZE {
+    if probe.value_len() > MAX_VALUE_SIZE {
         return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
     }
     if let RunEnd::Released { opts, .. } = &end {

@@ -25,6 +25,7 @@ pub async fn reclaim(tx: &Tx, ks: &Keyspace, worker_type: &[u8], taken: &[(Vec<u
     let mut user_version: u16 = 0;
     let mut queued = Queued::default();
     for worker in workers {
+        fence_late_accept(tx, ks, worker_type, worker).await?;
         let (begin, end) = ks.active_range(worker_type, worker);
         let rows = tx.get_range(&RangeRequest::new(begin, end).limit(RECHECK_MAX_JOBS)).await?;
         let ids: Vec<Option<Vec<u8>>> = rows.iter().map(|(k, _)| ks.parse_active_job_id(worker_type, worker, k)).collect();
@@ -46,6 +47,30 @@ pub async fn reclaim(tx: &Tx, ks: &Keyspace, worker_type: &[u8], taken: &[(Vec<u
     }
     queued.wake(tx, ks, worker_type, None);
     Ok(given)
+}
+
+/// Makes sure that no attempt of the unknown round lands after this
+/// transaction without it seeing that attempt's jobs.
+///
+/// An attempt cut off in its commit by the call's time budget may still
+/// be in flight, and land later (FoundationDB, and the sim store, apply a
+/// commit whose caller went away). Reading the worker's active range is
+/// not enough: a reclaim that finds nothing writes nothing, commits
+/// read-only (no conflict check), and the late commit then leaves its jobs
+/// running under tokens nobody holds, for a live worker that is never
+/// reaped. Every accept round reads each of its workers' member keys
+/// without snapshot, so writing the member key back (same value, or the
+/// same absence) fences it: a round attempt that commits after this one
+/// conflicts, and one that committed after this one's read version makes
+/// this one conflict (it wrote active keys in the range read here), and
+/// the retry finds its jobs.
+async fn fence_late_accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], worker: &[u8]) -> Result<(), StoreError> {
+    let member = ks.member(worker_type, worker);
+    match tx.get(&member, false).await? {
+        Some(value) => tx.set(&member, &value),
+        None => tx.clear(&member),
+    }
+    Ok(())
 }
 
 /// Undoes a delivery that failed (the acceptor went away after the

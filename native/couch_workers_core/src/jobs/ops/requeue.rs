@@ -88,7 +88,7 @@ async fn requeue_rows(
         // An unreadable record cannot say this worker runs it: stale.
         match values[i].as_deref().and_then(|v| Record::decode(v).ok()) {
             Some(mut rec) if rec.state == JobState::Running && rec.worker.as_deref() == Some(worker) => {
-                let cost = rec.stored_len()
+                let cost = rec.value_len()
                     + 2 * ks.job(worker_type, id).len()
                     + 2 * active_key.len()
                     + ks.pending(worker_type, rec.priority, &[0; 12], id).len();

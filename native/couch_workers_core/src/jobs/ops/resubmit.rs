@@ -54,7 +54,7 @@ pub async fn resubmit(
     match rec.state {
         JobState::Running => {
             rec.resubmit = Some(Resubmit { info: info.to_vec(), opts: *opts });
-            if rec.stored_len() > MAX_VALUE_SIZE {
+            if rec.value_len() > MAX_VALUE_SIZE {
                 return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
             }
             write_record(tx, ks, job_type, id, &mut rec, 0);
@@ -68,7 +68,7 @@ pub async fn resubmit(
                 None => next.run_at.filter(|_| next.state == JobState::Scheduled).map(Schedule::RunAt),
             };
             queue_state(&mut next, schedule, now);
-            if next.stored_len() > MAX_VALUE_SIZE {
+            if next.value_len() > MAX_VALUE_SIZE {
                 return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
             }
             unplace(tx, ks, job_type, id, &rec);
@@ -78,7 +78,7 @@ pub async fn resubmit(
         JobState::Finished | JobState::Canceled | JobState::Failed => {
             let mut next = rec.clone();
             apply_resubmit(&mut next, Resubmit { info: info.to_vec(), opts: *opts }, now);
-            if next.stored_len() > MAX_VALUE_SIZE {
+            if next.value_len() > MAX_VALUE_SIZE {
                 return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
             }
             unplace(tx, ks, job_type, id, &rec);

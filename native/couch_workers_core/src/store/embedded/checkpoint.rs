@@ -1,11 +1,12 @@
 //! WAL checkpoints off the commit path: the `cw-embed-ckpt` thread.
 //!
 //! SQLite's automatic checkpoint runs inside the commit that grows the WAL
-//! past 1,000 pages, fsyncs included: measured, one commit in ~100 took
-//! 1-7 ms (bench/RESULTS.md, J3's tail). A background PASSIVE checkpoint
-//! alone is no answer either: under a steady stream of commits it never
-//! catches up with the end of the WAL, SQLite never restarts the log, and
-//! the WAL grew to 500 MB in seconds. So the two are combined:
+//! past 1,000 pages, fsyncs included: that commit's caller pays for it (a
+//! tail of slow commits). A background PASSIVE checkpoint alone is no
+//! answer either: under a steady stream of commits it never catches up
+//! with the end of the WAL, SQLite never restarts the log, and the WAL
+//! grows without bound. So the two are combined (figures for each:
+//! bench/RESULTS.md, "Figures the module docs rely on"):
 //!
 //! * every connection has the automatic checkpoint off; the write
 //!   connection's WAL hook reports the WAL's size after each of its
@@ -23,10 +24,9 @@
 //!   it reaches the end;
 //! * a pass waits for a quiet moment, [`QUIET`] without a local commit
 //!   (up to [`RESTART_AT`] frames): its fsyncs slow down the commits
-//!   that run beside them (measured on J3, a job every 10 ms: `job_add`
-//!   p99 0.44-0.59 ms without checkpoints, 1.4-3.1 ms with passes started
-//!   at once), while a pass started in the gap after a burst is over before
-//!   the next;
+//!   that run beside them (J3's `job_add` p99 is several times higher with
+//!   passes started at once), while a pass started in the gap after a
+//!   burst is over before the next;
 //! * passes are at least [`MIN_INTERVAL`] apart.
 //!
 //! Other processes' writers are not held back by the lock; they append

@@ -17,13 +17,11 @@
 //! without it. The signal is a hint: a torn or stale one costs at most one
 //! short sleep, and a dead waiter's signal expires after [`FRESH_US`].
 //!
-//! Measured with three processes of four writer tasks each, all writing back
-//! to back on a loaded 2-CPU machine (`tests/embedded_multiprocess.rs`, six
-//! runs each): the lock changed hands about twice as often (~120 vs ~55
-//! times in 300 ms), the longest wait for one increment fell from ~50 ms to
-//! ~30 ms (median of runs), and total throughput fell by about a quarter
-//! (the waiter needs up to a timer tick to notice the free lock). Without
-//! contention it costs one 16-byte read per write transaction.
+//! Under contention the lock changes hands more often and the longest wait
+//! for a write shortens, at some cost in total throughput (the waiter needs
+//! up to a timer tick to notice the free lock); without contention it costs
+//! one 16-byte read per write transaction. Figures (`tests/embedded_multiprocess.rs`):
+//! bench/RESULTS.md, "Figures the module docs rely on".
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;

@@ -39,6 +39,10 @@ pub use transaction::FdbTransaction;
 /// The directory the key space lives under, as CouchDB's code names it.
 pub const COUCHDB_DIRECTORY: &str = "couchdb";
 
+/// The directory under which test stores (`StoreConfig::FdbTest`, the
+/// live conformance suite) live, each in its own subdirectory.
+pub const TEST_DIRECTORY: &str = "couch_workers_test";
+
 /// How long opening (or removing) the directory may take, retries
 /// included, before `open` gives up with `TimedOut` (an unreachable
 /// cluster would otherwise make FDB retry forever).
@@ -96,6 +100,8 @@ pub struct FdbStore {
     prefix: Vec<u8>,
     /// Cancelled by `close` or by `shutdown_network`.
     closed: CancellationToken,
+    /// A test store: `close` removes its directory.
+    remove_at_close: bool,
 }
 
 impl std::fmt::Debug for FdbStore {
@@ -119,12 +125,21 @@ impl FdbStore {
     /// `["couch_workers_test", "<random>"]` for tests, which remove it with
     /// [`FdbStore::remove_directory`] afterwards.
     pub async fn open_at(cluster_file: &Path, path: &[&str]) -> Result<Arc<FdbStore>, StoreError> {
+        Self::open_with(cluster_file, path, false).await
+    }
+
+    /// The store of `StoreConfig::FdbTest`: under
+    /// `["couch_workers_test", name]`, which [`Database::close`] removes.
+    pub async fn open_test(cluster_file: &Path, name: &str) -> Result<Arc<FdbStore>, StoreError> {
+        Self::open_with(cluster_file, &[TEST_DIRECTORY, name], true).await
+    }
+
+    async fn open_with(cluster_file: &Path, path: &[&str], remove_at_close: bool) -> Result<Arc<FdbStore>, StoreError> {
         if path.is_empty() {
             return Err(StoreError::Invalid("an FDB store needs a directory path, not the root".into()));
         }
-        let cluster = cluster_file.to_str().ok_or_else(|| {
-            StoreError::Invalid(format!("cluster file path is not UTF-8: {}", cluster_file.display()))
-        })?;
+        // Checked before the crate makes a CString of it (a NUL panics).
+        let cluster = super::cluster_file::cluster_file_arg(cluster_file)?;
         network::ensure_running()?;
         let db = foundationdb::Database::new(Some(cluster)).map_err(map_fdb_error)?;
         let path: Vec<String> = path.iter().map(|p| p.to_string()).collect();
@@ -150,7 +165,7 @@ impl FdbStore {
                 )))
             }
         };
-        Ok(Arc::new(FdbStore { db, cluster_file: cluster_file.to_path_buf(), path, prefix, closed }))
+        Ok(Arc::new(FdbStore { db, cluster_file: cluster_file.to_path_buf(), path, prefix, closed, remove_at_close }))
     }
 
     /// Removes this store's directory and everything in it (for tests).
@@ -206,6 +221,14 @@ impl Database for FdbStore {
     }
 
     fn close(&self) {
+        if self.remove_at_close && !self.closed.is_cancelled() {
+            // A test store's directory goes with it. Blocking here is
+            // fine: its futures are driven by FDB's network thread, not
+            // by the runtime, and only test runs close such a store.
+            if let Err(e) = futures::executor::block_on(self.remove_directory()) {
+                eprintln!("couch_workers: could not remove the test directory {:?}: {e}", self.path);
+            }
+        }
         self.closed.cancel();
     }
 }

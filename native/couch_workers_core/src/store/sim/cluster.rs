@@ -111,7 +111,9 @@ impl Cluster {
     pub(super) async fn read_version(&self) -> u64 {
         let latency = self.lock().dice.grv_latency();
         sleep(latency).await;
-        self.lock().clock.read_version(Instant::now())
+        let mut st = self.lock();
+        st.stats.read_versions += 1;
+        st.clock.read_version(Instant::now())
     }
 
     /// The last committed version now (no latency).

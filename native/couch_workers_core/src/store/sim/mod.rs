@@ -94,6 +94,9 @@ impl SimOptions {
 /// Counters of one cluster (shared by its handles).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SimStats {
+    /// Read versions handed out (one per transaction that read): how
+    /// often a node reads, e.g. a watcher that polls.
+    pub read_versions: u64,
     /// Transactions committed (including those answered `commit_unknown_result`).
     pub commits: u64,
     /// Commit batches (not counting the idle cluster's empty ones).

@@ -1,0 +1,77 @@
+//! Atomic operations: ADD and BYTE_MAX.
+
+
+
+use super::StoreFactory;
+use super::helpers::{get, key, le_i64, put, write};
+use crate::store::{run, TxOptions};
+
+/// FDB's ADD: missing = 0, negative deltas, wrapping, 8-byte LE results.
+pub async fn atomic_add(s: &dyn StoreFactory) {
+    let t = s.fresh().await;
+    let db = &t.db;
+    let k = &key(db, b"add");
+    write(db, |tx| tx.atomic_add(k, 5)).await;
+    assert_eq!(get(db, k).await, Some(5i64.to_le_bytes().to_vec()));
+    write(db, |tx| tx.atomic_add(k, -12)).await;
+    assert_eq!(le_i64(get(db, k).await), -7);
+    write(db, |tx| {
+        tx.atomic_add(k, 3);
+        tx.atomic_add(k, 4);
+    })
+    .await;
+    assert_eq!(le_i64(get(db, k).await), 0);
+    put(db, k, &i64::MAX.to_le_bytes()).await;
+    write(db, |tx| tx.atomic_add(k, 1)).await;
+    assert_eq!(le_i64(get(db, k).await), i64::MIN, "wraps");
+    write(db, |tx| tx.atomic_add(k, -1)).await;
+    assert_eq!(le_i64(get(db, k).await), i64::MAX, "wraps back");
+}
+
+/// BYTE_MAX: a missing key gets the operand, a smaller operand leaves the
+/// stored value, a larger one replaces it (lexicographic order), from any
+/// handle; the transaction reads its own result.
+pub async fn atomic_byte_max(s: &dyn StoreFactory) {
+    let t = s.fresh().await;
+    let db = &t.db;
+    let k = &key(db, b"bytemax");
+    write(db, |tx| tx.atomic_byte_max(k, &5u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(5u64.to_be_bytes().to_vec()), "missing key: the operand");
+    write(db, |tx| tx.atomic_byte_max(k, &3u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(5u64.to_be_bytes().to_vec()), "smaller operand: unchanged");
+    write(db, |tx| tx.atomic_byte_max(k, &9u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(9u64.to_be_bytes().to_vec()), "larger operand: replaces");
+    let seen = run(&**db, TxOptions::write(), |tx| async move {
+        tx.atomic_byte_max(k, &7u64.to_be_bytes());
+        tx.atomic_byte_max(k, &12u64.to_be_bytes());
+        tx.get(k, false).await
+    })
+    .await
+    .expect("commit");
+    assert_eq!(seen, Some(12u64.to_be_bytes().to_vec()), "reads its own BYTE_MAX over the stored value");
+    // Another handle's smaller operand leaves it too.
+    let other = s.second(&t).await;
+    write(&other.db, |tx| tx.atomic_byte_max(k, &10u64.to_be_bytes())).await;
+    assert_eq!(get(db, k).await, Some(12u64.to_be_bytes().to_vec()));
+}
+
+/// Concurrent adds from two handles (and two tasks each) sum exactly.
+pub async fn atomic_add_concurrent_handles(s: &dyn StoreFactory) {
+    let a = s.fresh().await;
+    let b = s.second(&a).await;
+    let k = key(&a.db, b"addc");
+    let mut tasks = Vec::new();
+    let deltas = [1i64, 1, -2, 3];
+    for (db, delta) in [a.db.clone(), b.db.clone(), a.db.clone(), b.db.clone()].into_iter().zip(deltas) {
+        let k = k.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                write(&db, |tx| tx.atomic_add(&k, delta)).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    assert_eq!(le_i64(get(&a.db, &k).await), 25 * deltas.iter().sum::<i64>());
+}
