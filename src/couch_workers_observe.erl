@@ -62,8 +62,11 @@ done(job_added_many, Type, Jobs, ok, D) ->
     couch_workers_metrics:count(jobs_added, Type, N),
     couch_workers_metrics:observe(add, Type, us(D)),
     couch_workers_telemetry:execute([couch_workers, job, added], #{duration => D, count => N}, #{type => Type, ids => Ids});
-done(job_accepted, _Type, _Subject, {ok, #{type := Type, id := Id}}, D) ->
-    job(accepted, Type, Id, D, jobs_accepted, accept_wait);
+done(job_accepted, _Type, _Subject, {ok, #{type := Type, id := Id} = Job}, D) ->
+    couch_workers_metrics:record(jobs_accepted, accept_wait, Type, us(D)),
+    couch_workers_telemetry:execute(
+        [couch_workers, job, accepted], queue_time(Job, #{duration => D, count => 1}), #{type => Type, id => Id}
+    );
 done(job_finished, _Type, #{type := Type, id := Id}, ok, D) ->
     job(finished, Type, Id, D, jobs_finished, finish);
 done(job_failed, _Type, {#{type := Type, id := Id} = Job, Error, Opts}, ok, D) ->
@@ -175,6 +178,18 @@ requeued(_Type, _Worker, _N, _How) ->
 requeue_reason(<<"owner_exit">>) -> owner_exit;
 requeue_reason(<<"replaced">>) -> replaced;
 requeue_reason(Other) -> Other.
+
+%% `queue_time' (native units, as `duration'): how long the job could
+%% have been accepted before this accept took it, from the handle's
+%% `queued_at' (Unix ms on the clock of the node that queued it; this
+%% node's clock reads the end, so clock skew between nodes shows in it; a
+%% negative difference is 0). Absent when the handle has no `queued_at'
+%% (a job queued by a node that kept no such time).
+queue_time(#{queued_at := At}, Measurements) when is_integer(At) ->
+    Ms = max(0, erlang:system_time(millisecond) - At),
+    Measurements#{queue_time => erlang:convert_time_unit(Ms, millisecond, native)};
+queue_time(_Job, Measurements) ->
+    Measurements.
 
 us(Native) ->
     erlang:convert_time_unit(Native, native, microsecond).

@@ -27,6 +27,7 @@ telemetry_test_() ->
                     {"job and worker events with measurements and metadata", ?_test(events_when_loaded())},
                     {"events of the job ends: retried, failed, released, resubmitted, pruned", ?_test(job_end_events())},
                     {"events of the core's failovers, from its log events", ?_test(failover_events())},
+                    {"accepted carries queue_time: pending since the add, a release, a schedule's run_at", ?_test(queue_time_events())},
                     {"no event while telemetry is not loaded", ?_test(no_events_when_absent())}
                 ]
             end
@@ -132,6 +133,46 @@ failover_events() ->
     %% (The worker's own events, which the test after this one must not see.)
     _ = recv([couch_workers, worker, unregistered]),
     [_, _, _] = [E || {telemetry, [couch_workers, _, A], _, _} = E <- drain(), lists:member(A, [added, registered, accepted])].
+
+%% `queue_time' of `accepted': how long the job could have been accepted
+%% before the accept took it, in native units like `duration'. Pending
+%% since its add (300 ms before the accept); since its release, not its
+%% add; a scheduled job since its `run_at', not since its add.
+queue_time_events() ->
+    {module, telemetry} = code:ensure_loaded(telemetry),
+    set_sink(self()),
+    T = unique_type("tel_q"),
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    Ms = fun(Native) -> erlang:convert_time_unit(Native, native, millisecond) end,
+    Accepted = fun(Opts) ->
+        {ok, J} = couch_workers:job_accept(W, Opts),
+        {#{queue_time := Q, duration := D}, #{id := Id}} = recv([couch_workers, job, accepted]),
+        ?assertEqual(Id, maps:get(id, J)),
+        {J, Ms(Q), Ms(D)}
+    end,
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    timer:sleep(300),
+    {J1, Q1, _} = Accepted(#{}),
+    %% At least the 300 ms slept; a generous upper bound (a loaded machine).
+    ?assert(Q1 >= 300 andalso Q1 < 5000, Q1),
+    %% Released: queued again from the release, not from the add (1.3 s
+    %% before): no longer than from the release to the accept's end.
+    timer:sleep(1000),
+    T0 = erlang:monotonic_time(millisecond),
+    ok = couch_workers:job_release(J1, #{}),
+    {J2, Q2, _} = Accepted(#{}),
+    ?assert(Q2 =< erlang:monotonic_time(millisecond) - T0 + 50, Q2),
+    ok = couch_workers:job_finish(J2, #{}),
+    %% Scheduled 1 s ahead, taken by an acceptor waiting already: it waited
+    %% from its run_at, not from its add (which the accept's own wait,
+    %% begun just after the add, shows: at least 500 ms more).
+    ok = couch_workers:job_add(T, <<"s1">>, #{}, #{delay => 1000}),
+    {J3, Q3, D3} = Accepted(#{timeout => 10000}),
+    ?assert(D3 >= 900, D3),
+    ?assert(Q3 + 500 =< D3, {Q3, D3}),
+    ok = couch_workers:job_finish(J3, #{}),
+    ok = couch_workers:worker_unregister(W),
+    _ = drain().
 
 no_events_when_absent() ->
     unload_stand_in(),

@@ -744,3 +744,40 @@ fn job_types_named_like_the_new_subspaces_do_not_collide() {
         assert_eq!(keys.len(), n);
     }
 }
+
+/// The job record as a job write stores it, format 3: a pending job added
+/// at Unix ms 1,700,000,000,000 (`0x018bcfe56800`, six bytes), default
+/// options, read raw from an embedded store. Every byte but the commit's
+/// 10-byte versionstamp is pinned; the last element, `QueuedAt`, is the
+/// time it became pending.
+#[test]
+fn job_record_value_bytes() {
+    use couch_workers_core::jobs::{ops, JobOpts, JobSpec};
+    use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+    use couch_workers_core::store::{run, Db, TxOptions};
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let stored = rt.block_on(async {
+        let db: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
+        let ks = &Keyspace::new(&db.prefix());
+        let jobs = [JobSpec { id: b"j".to_vec(), info: b"{}".to_vec(), opts: JobOpts::default() }];
+        let j = &jobs;
+        run(db.as_ref(), TxOptions::write(), |tx| async move { ops::add_many_jobs(&tx, ks, b"t", j, 1_700_000_000_000).await })
+            .await
+            .expect("add")
+            .expect("added");
+        let key = ks.job(b"t", b"j");
+        let k = &key;
+        let v = run(db.as_ref(), TxOptions::read(), |tx| async move { tx.get(k, false).await }).await.expect("read");
+        db.close();
+        v.expect("the record")
+    });
+    // (3, "pending", nil, 0, 0, nil, false, VS
+    let head = h("15 03 01 'pending' 00 00 14 14 00 26 33");
+    // VS's user version 0, then "{}", nil, nil, 20, nil, -1, nil, nil, 1700000000000)
+    let tail = h("0000 01 '{}' 00 00 00 15 14 00 13 fe 00 00 1a 018bcfe56800");
+    assert_eq!(stored.len(), head.len() + 10 + tail.len(), "{}", hex(&stored));
+    same(&stored[..head.len()], &head);
+    same(&stored[head.len() + 10..], &tail);
+}

@@ -75,6 +75,7 @@ rustler::atoms! {
     removed,
     couch_workers_job,
     couch_workers_job_ended,
+    queued_at,
     // the registered name of the job-subscription server (told of ends)
     couch_workers_jobs_subs,
     // jobs: stats keys

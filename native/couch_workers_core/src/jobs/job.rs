@@ -166,6 +166,9 @@ pub struct Job {
     /// Unix ms when a scheduled job falls due (`None` unless scheduled).
     pub run_at: Option<u64>,
     pub keep: Keep,
+    /// Unix ms since which it can be accepted (the writer's wall clock):
+    /// set while pending or scheduled, else `None`.
+    pub queued_at: Option<u64>,
 }
 
 /// What `accept` and `update` return: the job and the token of the accept
@@ -174,6 +177,11 @@ pub struct Job {
 pub struct JobHandle {
     pub job: Job,
     pub token: AcceptToken,
+    /// In the handle of the accept that took the job: the job's
+    /// `queued_at` just before (how long it waited, the telemetry's
+    /// `queue_time`); `None` in the handles of updates, and of an accept
+    /// that answers from its own landed commit found again.
+    pub queued_at: Option<u64>,
 }
 
 impl JobHandle {

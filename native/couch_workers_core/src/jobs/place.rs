@@ -82,10 +82,22 @@ pub(crate) fn place(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mu
         rec.cancel_requested = false;
     }
     rec.expire_at = None;
+    // Since when it can be accepted: a scheduled job from its run_at; a
+    // pending one from when it became pending, kept while it stays queued
+    // (a resubmit of a queued job, a promotion keep theirs); nil
+    // otherwise (an accept moves it into its handle first).
+    match rec.state {
+        JobState::Scheduled => {}
+        JobState::Pending => {
+            rec.queued_at.get_or_insert(now_ms);
+        }
+        _ => rec.queued_at = None,
+    }
     match rec.state {
         JobState::Scheduled => {
             let at = rec.run_at.unwrap_or(now_ms);
             rec.run_at = Some(at);
+            rec.queued_at = Some(at);
             tx.set(&ks.scheduled(job_type, key_i64(at), id), b"");
         }
         JobState::Pending => {
@@ -110,14 +122,20 @@ pub(crate) fn place(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mu
 }
 
 /// Sets `rec` to be queued: `scheduled` until the schedule's time, or
-/// `pending` if that is not in the future (or there is none).
+/// `pending` if that is not in the future (or there is none). Its
+/// `queued_at` too, as [`place`] will write it, so that a size check
+/// between the two counts the record that is written.
 pub(crate) fn queue_state(rec: &mut Record, schedule: Option<Schedule>, now_ms: u64) {
     match schedule.map(|s| s.run_at(now_ms)) {
         Some(at) if at > now_ms => {
             rec.state = JobState::Scheduled;
             rec.run_at = Some(at);
+            rec.queued_at = Some(at);
         }
-        _ => rec.state = JobState::Pending,
+        _ => {
+            rec.state = JobState::Pending;
+            rec.queued_at.get_or_insert(now_ms);
+        }
     }
 }
 

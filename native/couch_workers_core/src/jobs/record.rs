@@ -1,13 +1,13 @@
 //! The stored values of the job queue, versioned.
 //!
-//! Job record, at `("couch_workers", "jobs", JobType, JobId)`, format 2:
+//! Job record, at `("couch_workers", "jobs", JobType, JobId)`, format 3:
 //!
 //! ```text
-//! (2, State, Worker | nil, Priority, Attempts, Token | nil, CancelRequested, VS, Info, Result | nil,
-//!  Error | nil, MaxAttempts, RunAt | nil, Keep, ExpireAt | nil, Resubmit | nil)
+//! (3, State, Worker | nil, Priority, Attempts, Token | nil, CancelRequested, VS, Info, Result | nil,
+//!  Error | nil, MaxAttempts, RunAt | nil, Keep, ExpireAt | nil, Resubmit | nil, QueuedAt | nil)
 //! ```
 //!
-//! a tuple-layer packed tuple: `2` the format version (an integer; a
+//! a tuple-layer packed tuple: `3` the format version (an integer; a
 //! reader that meets an unknown one refuses the record rather than guess),
 //! `State` the byte string `scheduled | pending | running | finished |
 //! canceled | failed`, `Worker` the byte string of the worker running it
@@ -20,11 +20,17 @@
 //! `Keep` seconds (`-1`: infinity), `ExpireAt` the Unix ms an ended job is
 //! pruned at (nil unless ended with a finite keep), `Resubmit` a byte
 //! string holding a packed `Resubmit` while a running job waits to be
-//! queued again after its run. Ids and worker ids are byte strings, so any
-//! binary (NUL bytes, not UTF-8) is kept as it is.
+//! queued again after its run, `QueuedAt` the Unix ms (the writer's wall
+//! clock) since which the job can be accepted: when it became pending,
+//! or a scheduled job's `RunAt` (nil unless pending or scheduled; an
+//! accept hands it to its handle, for the telemetry's `queue_time`). Ids
+//! and worker ids are byte strings, so any binary (NUL bytes, not UTF-8)
+//! is kept as it is.
 //!
-//! Format 1 (the first ten elements, written before scheduling and
-//! retries) is still read: no error, `MaxAttempts` 20, `Keep` infinity.
+//! Format 2 (the first sixteen elements, written before `QueuedAt`) is
+//! still read, with no `QueuedAt`; so is format 1 (the first ten, written
+//! before scheduling and retries): no error, `MaxAttempts` 20, `Keep`
+//! infinity.
 //!
 //! `VS` is written with `set_versionstamped_value`: every write of a
 //! record stamps it with the commit's versionstamp and a user version. A
@@ -48,7 +54,10 @@ use super::job::{AcceptToken, Job, JobOpts, JobState, JobVs, Keep, MaxAttempts, 
 use crate::store::StoreError;
 
 /// The format version of job records written by this code.
-pub const RECORD_FORMAT: i64 = 2;
+pub const RECORD_FORMAT: i64 = 3;
+
+/// Job records written before `QueuedAt` (still read).
+const RECORD_FORMAT_2: i64 = 2;
 
 /// The format of the other values (active, orphan marker) and of job
 /// records written before format 2.
@@ -81,6 +90,8 @@ pub(crate) struct Record {
     pub keep: Keep,
     pub expire_at: Option<u64>,
     pub resubmit: Option<Resubmit>,
+    /// Unix ms since which it can be accepted (pending or scheduled only).
+    pub queued_at: Option<u64>,
 }
 
 /// A 12-byte tuple versionstamp whose commit part is still unknown:
@@ -127,6 +138,7 @@ impl Record {
             keep: opts.keep.unwrap_or(Keep::Infinity),
             expire_at: None,
             resubmit: None,
+            queued_at: None,
         }
     }
 
@@ -157,6 +169,7 @@ impl Record {
             keep_code(Some(self.keep)),
             self.expire_at.map(clamp_i64),
             resubmit.as_deref().map(Bytes::from),
+            self.queued_at.map(clamp_i64),
         )));
         out.extend(offset);
         out
@@ -175,7 +188,8 @@ impl Record {
         let e: Vec<Element> = unpack(value).map_err(|e| corrupt(&e.to_string()))?;
         let len = match e.first().and_then(Element::as_i64) {
             Some(VALUE_FORMAT) => 10,
-            Some(RECORD_FORMAT) => 16,
+            Some(RECORD_FORMAT_2) => 16,
+            Some(RECORD_FORMAT) => 17,
             Some(other) => return Err(corrupt(&format!("unknown format {other}"))),
             None => return Err(corrupt("no format version")),
         };
@@ -204,8 +218,9 @@ impl Record {
             keep: Keep::Infinity,
             expire_at: None,
             resubmit: None,
+            queued_at: None,
         };
-        if len == 16 {
+        if len >= 16 {
             rec.error = opt_bytes(&e[10])?;
             rec.max_attempts = max_attempts_from(e[11].as_i64()).ok_or_else(|| corrupt("max_attempts"))?;
             rec.run_at = opt_u64(&e[12])?;
@@ -215,6 +230,9 @@ impl Record {
                 None => None,
                 Some(r) => Some(decode_resubmit(&r)?),
             };
+        }
+        if len == 17 {
+            rec.queued_at = opt_u64(&e[16])?;
         }
         Ok(rec)
     }
@@ -239,6 +257,7 @@ impl Record {
             max_attempts: self.max_attempts,
             run_at: if self.state == JobState::Scheduled && !due { self.run_at } else { None },
             keep: self.keep,
+            queued_at: self.queued_at,
         }
     }
 }
@@ -399,6 +418,7 @@ mod tests {
             run_at: Some(17),
             keep: Keep::Seconds(0),
             expire_at: Some(u64::MAX >> 1),
+            queued_at: Some(1_700_000_000_123),
             resubmit: Some(Resubmit {
                 info: b"{\"b\":2}".to_vec(),
                 opts: JobOpts {
@@ -440,8 +460,26 @@ mod tests {
     }
 
     #[test]
+    fn format_2_is_read_without_queued_at() {
+        let mut rec = Record::new(b"{}".to_vec(), &JobOpts::default());
+        rec.queued_at = Some(5);
+        // Format 2 is format 3 less its last element.
+        let v3 = commit(&rec.encode(0), [6; 10]);
+        let mut e: Vec<Element> = unpack(&v3).unwrap();
+        assert_eq!(e.pop(), Some(Element::Int(5)));
+        e[0] = Element::Int(2);
+        let v2 = foundationdb_tuple::pack(&e);
+        let back = Record::decode(&v2).unwrap();
+        assert_eq!(back.queued_at, None);
+        assert_eq!(Record { queued_at: None, vs: back.vs, ..rec }, back);
+        // A format 3 record of sixteen elements, or format 2 of seventeen: corrupt.
+        e[0] = Element::Int(3);
+        assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
+    }
+
+    #[test]
     fn unknown_format_is_refused() {
-        let v = foundationdb_tuple::pack(&(3i64, Bytes::from(&b"pending"[..])));
+        let v = foundationdb_tuple::pack(&(4i64, Bytes::from(&b"pending"[..])));
         assert!(matches!(Record::decode(&v), Err(StoreError::Invalid(_))));
         assert!(Record::decode(b"\xff\xff").is_err());
     }

@@ -360,7 +360,7 @@ impl JobService {
                     // The job as the landed update left it (its VS complete).
                     Some(_) => {
                         let job = ops::get(&tx, ks, &fence.job_type, &fence.job_id).await?;
-                        return Ok(job.map(|job| JobHandle { job, token: fence.token }).ok_or(Error::NotFound));
+                        return Ok(job.map(|job| JobHandle { job, token: fence.token, queued_at: None }).ok_or(Error::NotFound));
                     }
                     None => {}
                 }

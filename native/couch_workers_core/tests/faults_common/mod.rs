@@ -130,7 +130,7 @@ pub fn mb(bytes: u64) -> f64 {
 // ---- the key space, read whole ----------------------------------------
 
 /// A job record, decoded here independently of the crate's decoder
-/// (`jobs/record.rs` formats 1 and 2).
+/// (`jobs/record.rs` formats 1, 2 and 3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rec {
     pub state: String,
@@ -144,13 +144,15 @@ pub struct Rec {
     pub run_at: Option<i64>,
     /// Format 2: when an ended job is pruned.
     pub expire_at: Option<i64>,
+    /// Format 3: since when a pending or scheduled job can be accepted.
+    pub queued_at: Option<i64>,
 }
 
 fn decode_record(value: &[u8]) -> Result<Rec, String> {
     let e: Vec<Element> = unpack(value).map_err(|e| format!("not a tuple: {e}"))?;
     match (e[0].as_i64(), e.len()) {
-        (Some(1), 10) | (Some(2), 16) => {}
-        _ => return Err(format!("not a format-1 or -2 record ({} elements)", e.len())),
+        (Some(1), 10) | (Some(2), 16) | (Some(3), 17) => {}
+        _ => return Err(format!("not a format-1, -2 or -3 record ({} elements)", e.len())),
     }
     let opt_int = |i: usize| -> Result<Option<i64>, String> {
         match e.get(i) {
@@ -158,7 +160,7 @@ fn decode_record(value: &[u8]) -> Result<Rec, String> {
             Some(el) => el.as_i64().map(Some).ok_or_else(|| format!("element {i} not an integer")),
         }
     };
-    let (run_at, expire_at) = (opt_int(12)?, opt_int(14)?);
+    let (run_at, expire_at, queued_at) = (opt_int(12)?, opt_int(14)?, opt_int(16)?);
     let bytes = |el: &Element| -> Result<Option<Vec<u8>>, String> {
         match el {
             Element::Nil => Ok(None),
@@ -177,6 +179,7 @@ fn decode_record(value: &[u8]) -> Result<Rec, String> {
         vs: e[7].as_versionstamp().ok_or("vs")?.as_bytes().to_vec(),
         run_at,
         expire_at,
+        queued_at,
     })
 }
 
@@ -331,6 +334,16 @@ impl Snapshot {
             };
             let pend = self.pending.get(&(t.clone(), id.clone())).cloned().unwrap_or_default();
             let act = self.active.get(&(t.clone(), id.clone())).cloned().unwrap_or_default();
+            // Format 3: a queued job has its QueuedAt (a scheduled one its
+            // RunAt), nothing else has one.
+            let queued_ok = match rec.state.as_str() {
+                "pending" => rec.queued_at.is_some(),
+                "scheduled" => rec.queued_at == rec.run_at,
+                _ => rec.queued_at.is_none(),
+            };
+            if !queued_ok {
+                v.push(format!("{who}: {} with queued_at {:?} (run_at {:?})", rec.state, rec.queued_at, rec.run_at));
+            }
             match rec.state.as_str() {
                 "pending" => {
                     *pending_records.entry(t.clone()).or_default() += 1;

@@ -66,7 +66,16 @@ pub(super) fn ok_answer(_: ()) -> Answer {
 }
 
 pub(super) fn handle_answer(handle: JobHandle) -> Answer {
-    Box::new(move |env| (atoms::ok(), job_to_term(env, &handle.job, Some(&handle.token))).encode(env))
+    Box::new(move |env| {
+        let job = job_to_term(env, &handle.job, Some(&handle.token));
+        // An accept's handle: since when the job could be accepted (the
+        // telemetry's `queue_time`).
+        let job = match handle.queued_at {
+            Some(at) => job.map_put(atoms::queued_at().encode(env), at.encode(env)).unwrap_or(job),
+            None => job,
+        };
+        (atoms::ok(), job).encode(env)
+    })
 }
 
 pub(super) fn job_answer(job: Job) -> Answer {

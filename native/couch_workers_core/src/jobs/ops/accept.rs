@@ -245,6 +245,9 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
         let mut rec = rec;
         unplace(tx, ks, worker_type, &id, &rec);
         let token = tokens[waiter];
+        // (A due scheduled record written before `queued_at` was queued
+        // from its run_at.)
+        let queued_at = rec.queued_at.or(rec.run_at);
         rec.state = JobState::Running;
         rec.worker = Some(worker.clone());
         rec.token = Some(token);
@@ -253,7 +256,7 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
         place(tx, ks, worker_type, &id, &mut rec, user_version, now);
         user_version = user_version.wrapping_add(1);
         progress = true;
-        takes[waiter] = Take::Job(JobHandle { job: rec.to_job(worker_type, &id, now), token });
+        takes[waiter] = Take::Job(JobHandle { job: rec.to_job(worker_type, &id, now), token, queued_at });
     }
     let waiting = next < queue.len();
     let more = waiting && (!budget_left || (full && progress));
@@ -326,7 +329,7 @@ async fn taken_before(
             let mine = queue.iter().find(|&&j| waiters[j] == *worker && tokens[j] == token && !found.iter().any(|(f, _)| *f == j));
             if let Some(&j) = mine {
                 tx.add_read_conflict_key(&ks.job(worker_type, id));
-                found.push((j, JobHandle { job: rec.to_job(worker_type, id, place::wall_ms()), token }));
+                found.push((j, JobHandle { job: rec.to_job(worker_type, id, place::wall_ms()), token, queued_at: None }));
             }
         }
     }

@@ -41,10 +41,13 @@ pub(super) fn bump_pending(tx: &Tx, ks: &Keyspace, job_type: &[u8]) {
     place::bump_jobs_vs(tx, ks, job_type);
 }
 
-/// Checks the keys a new job will have and builds its record.
-pub(super) fn new_record(ks: &Keyspace, job_type: &[u8], job: &JobSpec) -> Result<Record, Error> {
+/// Checks the keys a new job will have and builds its record, queued as
+/// its schedule says by `now` (so that the size checked is the size
+/// written, its `queued_at` included).
+pub(super) fn new_record(ks: &Keyspace, job_type: &[u8], job: &JobSpec, now: u64) -> Result<Record, Error> {
     check_index_keys(ks, job_type, &job.id, job.opts.priority.unwrap_or(0))?;
-    let rec = Record::new(job.info.clone(), &job.opts);
+    let mut rec = Record::new(job.info.clone(), &job.opts);
+    place::queue_state(&mut rec, job.opts.schedule, now);
     if rec.value_len() > MAX_VALUE_SIZE {
         return Err(Error::Store(StoreError::ValueTooLarge));
     }

@@ -30,7 +30,7 @@ pub async fn add(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &NewJob) -> Resul
 /// future of `now`, else pending. `AlreadyExists` if a job of that type and
 /// id exists in any state.
 pub async fn add_job(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &JobSpec, now: u64) -> Result<OpResult<()>, StoreError> {
-    let mut rec = match new_record(ks, job_type, job) {
+    let mut rec = match new_record(ks, job_type, job, now) {
         Ok(rec) => rec,
         Err(e) => return Ok(Err(e)),
     };
@@ -74,7 +74,7 @@ pub async fn add_many_jobs(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[JobS
     let mut records = Vec::with_capacity(jobs.len());
     let mut size = 0usize;
     for job in jobs {
-        let rec = match new_record(ks, job_type, job) {
+        let rec = match new_record(ks, job_type, job, now) {
             Ok(rec) => rec,
             Err(e) => return Ok(Err(e.into())),
         };
@@ -156,7 +156,7 @@ pub async fn update(tx: &Tx, ks: &Keyspace, fence: &Fence, info: &[u8]) -> Resul
         return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
     }
     write_record(tx, ks, &fence.job_type, &fence.job_id, &mut rec, 0);
-    Ok(Ok(JobHandle { job: rec.to_job(&fence.job_type, &fence.job_id, now), token: fence.token }))
+    Ok(Ok(JobHandle { job: rec.to_job(&fence.job_type, &fence.job_id, now), token: fence.token, queued_at: None }))
 }
 
 /// Ends the run the handle holds as `end` says (finish, fail, release).
