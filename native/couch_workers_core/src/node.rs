@@ -29,7 +29,9 @@ use crate::workers::{self, WorkerSpec};
 /// Tunables, all with defaults an operator need not touch.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
-    /// Longest sleep of the reaper between scans.
+    /// The longest a changed health record waits for the reaper's next
+    /// scan (after a change it scans at most this often; without one, as
+    /// the liveness rule needs: `services/reaper.rs`).
     pub reaper_max_interval: Duration,
     /// Budget of one transaction run (all retries).
     pub tx_timeout: Duration,

@@ -59,11 +59,6 @@ const JITTER: f64 = 0.2;
 /// both measures have surely passed it.
 const WAKE_MARGIN: Duration = Duration::from_millis(20);
 
-/// How long after a change of `health_vs` the reaper looks, at least
-/// (jittered by half): not at the moment of the commit that changed it,
-/// when its node's watchers are busy delivering what that commit did (a
-/// pass then would add its own work to exactly the latencies that count).
-const AFTER_CHANGE: Duration = Duration::from_millis(100);
 
 pub(crate) struct Reaper {
     pub db: Db,
@@ -123,8 +118,8 @@ impl Reaper {
     }
 
     /// Sleeps until `timer` runs out or, after a change of `health_vs`
-    /// (`changed` fires), until `max_interval` after `began` (and at least
-    /// [`AFTER_CHANGE`] after the change), whichever is first. Without a watch (it could not be armed), it looks every
+    /// (`changed` fires), until `max_interval` after `began` (and a random
+    /// share of `max_interval` after the change), whichever is first. Without a watch (it could not be armed), it looks every
     /// `max_interval`. Returns false if the reaper was cancelled.
     async fn wait(&self, began: Instant, timer: Option<Duration>, changed: Option<Watch>) -> bool {
         let deadline = timer.map(|t| tokio::time::Instant::now() + t);
@@ -146,8 +141,13 @@ impl Reaper {
             () = until_deadline => return true,
             () = change => {}
         }
+        // At a random moment within `max_interval` of the change, not at
+        // a fixed delay after it: a pass (a write transaction and a scan)
+        // must not fall in step with the commits that woke it, next to
+        // the deliveries of what they did, whose latency is what counts.
+        let after_change = self.max_interval.mul_f64(rand::random::<f64>());
         let soonest = tokio::time::Instant::from_std(began + jittered(self.max_interval, JITTER))
-            .max(tokio::time::Instant::now() + jittered(AFTER_CHANGE, 0.5));
+            .max(tokio::time::Instant::now() + after_change);
         let at = deadline.map_or(soonest, |d| d.min(soonest));
         tokio::select! {
             _ = self.cancel.cancelled() => false,
