@@ -27,7 +27,7 @@
 //! not, as for a single commit). A lone writer (J1: one awaited call at a
 //! time) never waits: nobody is queued, so it commits at once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::Connection;
@@ -66,6 +66,9 @@ pub(crate) struct GroupCommit {
     /// Writers waiting for the writer lock with a transaction to run
     /// (members queued again to commit a stranded batch are not counted).
     queued: AtomicUsize,
+    /// The last batch had members: this process's writers come together
+    /// (J2's workers), not one at a time (J1's single caller).
+    grouping: AtomicBool,
     /// Only changed by the holder of the writer lock.
     batch: Mutex<Batch>,
 }
@@ -97,9 +100,11 @@ impl GroupCommit {
         self.queued.load(Ordering::Acquire) > 0 && self.lock().members.len() < MAX_MEMBERS
     }
 
-    /// Whether no writer waits for the lock.
-    pub(crate) fn nobody_queued(&self) -> bool {
-        self.queued.load(Ordering::Acquire) == 0
+    /// Whether a writer about to commit alone should first let the tasks
+    /// that are ready run (`transaction.rs`): only while writers come
+    /// together, so that a lone caller never pays for it.
+    pub(crate) fn worth_waiting(&self) -> bool {
+        self.queued.load(Ordering::Acquire) == 0 && self.grouping.load(Ordering::Relaxed)
     }
 
     /// Joins the open batch: (the batch's number, its outcome).
@@ -124,6 +129,7 @@ impl GroupCommit {
             batch.seq += 1;
             std::mem::take(&mut batch.members)
         };
+        self.grouping.store(!members.is_empty(), Ordering::Relaxed);
         for member in members {
             let _ = member.send(result.clone());
         }

@@ -97,7 +97,7 @@ enum Slot {
 }
 
 impl TxState {
-    fn on_writer_with_writes(&self) -> bool {
+    fn writer_with_writes(&self) -> bool {
         self.wrote && matches!(self.slot, Slot::Writer(_))
     }
 }
@@ -688,10 +688,11 @@ impl Transaction for EmbeddedTransaction {
 
     async fn commit(&self) -> Result<CommitInfo, StoreError> {
         self.flush_adds(|_| true);
-        if self.shared.group.nobody_queued() && self.lock().on_writer_with_writes() {
-            // About to commit alone: let the tasks this thread already
-            // has ready run first; those that write queue for the lock,
-            // and this commit becomes a group commit they join.
+        if self.shared.group.worth_waiting() && self.lock().writer_with_writes() {
+            // About to commit alone while this process's writers come
+            // together: let the tasks already ready run first. Those that
+            // write queue for the lock, and this commit becomes a group
+            // commit that they join (bench/RESULTS.md, "Session 5: J2").
             tokio::task::yield_now().await;
         }
         let mut armed = Vec::new();
