@@ -250,3 +250,42 @@ impl Drop for Stranded {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_batch_with_members_makes_a_lone_writer_wait() {
+        let group = GroupCommit::default();
+        assert!(!group.worth_waiting(), "nothing grouped yet");
+        // A lone commit (J1's single caller): still no reason to wait.
+        group.finish(&Ok(()));
+        assert!(!group.worth_waiting());
+        // A batch that a writer joined: writers come together.
+        let (_, mut outcome) = group.join();
+        group.finish(&Ok(()));
+        assert_eq!(outcome.try_recv(), Ok(Ok(())));
+        assert!(group.worth_waiting());
+        // Unless one is already queued (it will join anyway).
+        let queued = group.queue();
+        assert!(!group.worth_waiting());
+        drop(queued);
+        // The next lone commit turns it off again.
+        group.finish(&Ok(()));
+        assert!(!group.worth_waiting());
+    }
+
+    #[test]
+    fn the_batch_version_only_rises_and_is_forgotten_when_it_ends() {
+        let group = GroupCommit::default();
+        assert_eq!(group.last_version(), None);
+        group.opened_at(10);
+        assert_eq!((group.last_version(), group.unsaved_version()), (Some(10), None));
+        group.fixed(12);
+        group.fixed(11);
+        assert_eq!((group.last_version(), group.unsaved_version()), (Some(12), Some(12)));
+        group.closed();
+        assert_eq!((group.last_version(), group.unsaved_version()), (None, None));
+    }
+}

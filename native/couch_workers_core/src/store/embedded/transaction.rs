@@ -32,7 +32,9 @@
 //! first versionstamped operation, else the commit) as
 //! `max(last_version + 1, clock + 1)` and stored as `last_version` in the
 //! same SQLite transaction, so commit versions strictly increase across
-//! every process. As in FDB, a commit's version exceeds the read version of
+//! every process (on the write connection the group commit keeps
+//! `last_version` in memory while SQLite's write lock is held, and stores
+//! the highest version of the batch right before its `COMMIT`). As in FDB, a commit's version exceeds the read version of
 //! every transaction that started after it committed. Unlike FDB, a
 //! transaction that started while another was committing may get a read
 //! version above that commit's version without seeing it (the window is
@@ -45,6 +47,10 @@
 //! holds a write transaction should not wait on anything slow, and must
 //! never open a second write transaction (it would wait for itself until
 //! its timeout, then fail with `Busy`).
+//!
+//! A writer's atomic adds are summed per key and written when the
+//! transaction commits or one of its operations touches the key
+//! (`adds.rs`).
 //!
 //! Writers that queue behind each other share one SQLite commit
 //! (`group.rs`): a writer that finds SQLite's transaction already open
