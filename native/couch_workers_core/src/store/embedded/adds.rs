@@ -39,6 +39,10 @@ impl PendingAdds {
     /// Removes and returns the sums whose keys `touched` says the next
     /// operation touches.
     pub(crate) fn take(&mut self, touched: impl Fn(&[u8]) -> bool) -> Vec<(Vec<u8>, i64)> {
+        // Most operations touch none of them: nothing to move then.
+        if !self.sums.iter().any(|(k, _)| touched(k)) {
+            return Vec::new();
+        }
         let (taken, kept) = std::mem::take(&mut self.sums).into_iter().partition(|(k, _)| touched(k));
         self.sums = kept;
         taken

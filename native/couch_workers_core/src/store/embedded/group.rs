@@ -27,7 +27,7 @@
 //! not, as for a single commit). A lone writer (J1: one awaited call at a
 //! time) never waits: nobody is queued, so it commits at once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::Connection;
@@ -66,6 +66,9 @@ pub(crate) struct GroupCommit {
     /// Writers waiting for the writer lock with a transaction to run
     /// (members queued again to commit a stranded batch are not counted).
     queued: AtomicUsize,
+    /// The last batch had members: this process's writers come together
+    /// (J2's workers), not one at a time (J1's single caller).
+    grouping: AtomicBool,
     /// Only changed by the holder of the writer lock.
     batch: Mutex<Batch>,
 }
@@ -97,9 +100,11 @@ impl GroupCommit {
         self.queued.load(Ordering::Acquire) > 0 && self.lock().members.len() < MAX_MEMBERS
     }
 
-    /// Whether no writer waits for the lock.
-    pub(crate) fn nobody_queued(&self) -> bool {
-        self.queued.load(Ordering::Acquire) == 0
+    /// Whether a writer about to commit alone should first let the tasks
+    /// that are ready run (`transaction.rs`): only while writers come
+    /// together, so that a lone caller never pays for it.
+    pub(crate) fn worth_waiting(&self) -> bool {
+        self.queued.load(Ordering::Acquire) == 0 && self.grouping.load(Ordering::Relaxed)
     }
 
     /// Joins the open batch: (the batch's number, its outcome).
@@ -124,6 +129,7 @@ impl GroupCommit {
             batch.seq += 1;
             std::mem::take(&mut batch.members)
         };
+        self.grouping.store(!members.is_empty(), Ordering::Relaxed);
         for member in members {
             let _ = member.send(result.clone());
         }
@@ -242,5 +248,44 @@ impl Drop for Stranded {
                 let _ = commit_batch(&shared.group, &guard);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_batch_with_members_makes_a_lone_writer_wait() {
+        let group = GroupCommit::default();
+        assert!(!group.worth_waiting(), "nothing grouped yet");
+        // A lone commit (J1's single caller): still no reason to wait.
+        group.finish(&Ok(()));
+        assert!(!group.worth_waiting());
+        // A batch that a writer joined: writers come together.
+        let (_, mut outcome) = group.join();
+        group.finish(&Ok(()));
+        assert_eq!(outcome.try_recv(), Ok(Ok(())));
+        assert!(group.worth_waiting());
+        // Unless one is already queued (it will join anyway).
+        let queued = group.queue();
+        assert!(!group.worth_waiting());
+        drop(queued);
+        // The next lone commit turns it off again.
+        group.finish(&Ok(()));
+        assert!(!group.worth_waiting());
+    }
+
+    #[test]
+    fn the_batch_version_only_rises_and_is_forgotten_when_it_ends() {
+        let group = GroupCommit::default();
+        assert_eq!(group.last_version(), None);
+        group.opened_at(10);
+        assert_eq!((group.last_version(), group.unsaved_version()), (Some(10), None));
+        group.fixed(12);
+        group.fixed(11);
+        assert_eq!((group.last_version(), group.unsaved_version()), (Some(12), Some(12)));
+        group.closed();
+        assert_eq!((group.last_version(), group.unsaved_version()), (None, None));
     }
 }

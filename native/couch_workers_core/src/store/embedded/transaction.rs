@@ -32,7 +32,9 @@
 //! first versionstamped operation, else the commit) as
 //! `max(last_version + 1, clock + 1)` and stored as `last_version` in the
 //! same SQLite transaction, so commit versions strictly increase across
-//! every process. As in FDB, a commit's version exceeds the read version of
+//! every process (on the write connection the group commit keeps
+//! `last_version` in memory while SQLite's write lock is held, and stores
+//! the highest version of the batch right before its `COMMIT`). As in FDB, a commit's version exceeds the read version of
 //! every transaction that started after it committed. Unlike FDB, a
 //! transaction that started while another was committing may get a read
 //! version above that commit's version without seeing it (the window is
@@ -45,6 +47,10 @@
 //! holds a write transaction should not wait on anything slow, and must
 //! never open a second write transaction (it would wait for itself until
 //! its timeout, then fail with `Busy`).
+//!
+//! A writer's atomic adds are summed per key and written when the
+//! transaction commits or one of its operations touches the key
+//! (`adds.rs`).
 //!
 //! Writers that queue behind each other share one SQLite commit
 //! (`group.rs`): a writer that finds SQLite's transaction already open
@@ -97,7 +103,7 @@ enum Slot {
 }
 
 impl TxState {
-    fn on_writer_with_writes(&self) -> bool {
+    fn writer_with_writes(&self) -> bool {
         self.wrote && matches!(self.slot, Slot::Writer(_))
     }
 }
@@ -688,10 +694,11 @@ impl Transaction for EmbeddedTransaction {
 
     async fn commit(&self) -> Result<CommitInfo, StoreError> {
         self.flush_adds(|_| true);
-        if self.shared.group.nobody_queued() && self.lock().on_writer_with_writes() {
-            // About to commit alone: let the tasks this thread already
-            // has ready run first; those that write queue for the lock,
-            // and this commit becomes a group commit they join.
+        if self.shared.group.worth_waiting() && self.lock().writer_with_writes() {
+            // About to commit alone while this process's writers come
+            // together: let the tasks already ready run first. Those that
+            // write queue for the lock, and this commit becomes a group
+            // commit that they join (bench/RESULTS.md, "Session 5: J2").
             tokio::task::yield_now().await;
         }
         let mut armed = Vec::new();
