@@ -128,14 +128,11 @@ impl Reaper {
                 None => std::future::pending().await,
             }
         };
+        // No watch, or a failed one (a store hiccup, too many watches),
+        // counts as a change: look again at the polling cadence.
         let change = async {
-            match changed {
-                // A failed watch (a store hiccup, too many watches) counts
-                // as a change: look again at the polling cadence.
-                Some(watch) => {
-                    let _ = watch.await;
-                }
-                None => {}
+            if let Some(watch) = changed {
+                let _ = watch.await;
             }
         };
         tokio::select! {
