@@ -129,9 +129,9 @@ impl Reaper {
                 None => std::future::pending().await,
             }
         };
+        // No watch, or a failed one (a store hiccup, too many watches),
+        // counts as a change: look again at the polling cadence.
         let change = async {
-            // A failed watch (a store hiccup, too many watches) counts as
-            // a change: look again at the polling cadence.
             if let Some(watch) = changed {
                 let _ = watch.await;
             }
