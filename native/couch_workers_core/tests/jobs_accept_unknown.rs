@@ -23,6 +23,9 @@ use couch_workers_core::store::{run, Db, StoreError, TxOptions};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Error, Node, Settings};
 
+mod jobs_common;
+use jobs_common::until_not_running;
+
 const T: &[u8] = b"t";
 const W: &[u8] = b"w1";
 
@@ -70,14 +73,7 @@ async fn an_accept_cut_off_in_the_group_commit_answers_unknown_and_its_job_goes_
     }
     // The job an unknown accept took goes back: pending, not running under
     // a token nobody holds.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let job = loop {
-        let job = node.jobs().get(T, b"j").await.expect("get");
-        if job.state != JobState::Running || Instant::now() > deadline {
-            break job;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let job = until_not_running(node.jobs(), T, b"j", Duration::from_secs(10)).await;
     assert_eq!(job.state, JobState::Pending, "the job went back to pending: {job:?}");
     assert_eq!(job.attempts, 1, "the lost accept counts as an attempt");
     // And it can be taken again.

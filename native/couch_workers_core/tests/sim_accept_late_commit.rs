@@ -15,7 +15,7 @@
 //! it was sent, after the reclaim's first read.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use couch_workers_core::jobs::JobState;
 use couch_workers_core::log::Discard;
@@ -23,6 +23,9 @@ use couch_workers_core::store::sim::{Latency, SimFaults, SimOptions, SimStore};
 use couch_workers_core::store::{Db, StoreError};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Error, Node, Settings};
+
+mod jobs_common;
+use jobs_common::until_not_running;
 
 const T: &[u8] = b"t";
 const W: &[u8] = b"w1";
@@ -59,14 +62,7 @@ async fn an_accept_that_lands_after_its_reclaim_strands_no_job() {
     // (A proxy batch already waiting its 400 ms ends first.)
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let job = loop {
-        let job = node.jobs().get(T, b"j").await.expect("get");
-        if job.state != JobState::Running || Instant::now() > deadline {
-            break job;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let job = until_not_running(node.jobs(), T, b"j", Duration::from_secs(10)).await;
     assert_eq!(job.state, JobState::Pending, "the job went back to pending, not running for nobody: {job:?}");
     let handle = node.jobs().accept(T, W, Duration::from_secs(5)).await.expect("accept again");
     assert_eq!(handle.job.id, b"j".to_vec());

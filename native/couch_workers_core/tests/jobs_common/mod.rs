@@ -135,3 +135,16 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Reads the job until it is no longer `running`, for up to `within`;
+/// returns it as last read (still running if the time ran out).
+pub async fn until_not_running(jobs: &JobService, t: &[u8], id: &[u8], within: Duration) -> Job {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let job = jobs.get(t, id).await.expect("get");
+        if job.state != JobState::Running || tokio::time::Instant::now() > deadline {
+            return job;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
