@@ -8,9 +8,10 @@
 # Usage: bench/peers.sh [--reps N] [--peers "bullmq graphile-worker etcd"]
 #                       [--only J1,J1b,J2,J3,M2,M3] [--no-build]
 #
-# Needs ../shared/peers beside the checkout (its run.sh installs Redis,
+# Needs the team's peer harness: ../shared/peers beside the checkout, not
+# part of a clone, or PEERS_DIR=DIR (its run.sh installs Redis,
 # PostgreSQL, etcd and its npm packages on first use). It takes about
-# 4 minutes per rep with the defaults. Never fails on a ratio.
+# 3 minutes per rep with the defaults (8 min for 3 reps, 1 Dec 2026). Never fails on a ratio.
 set -eu
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
