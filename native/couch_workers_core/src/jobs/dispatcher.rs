@@ -327,7 +327,13 @@ impl Dispatcher {
                             // node logs the episode once). Waiters that
                             // arrive are still served at once.
                             at_limit += 1;
-                            rearm_at = Some(Instant::now() + self.shared.watch_limit.reached(at_limit));
+                            let pause = self.shared.watch_limit.reached(at_limit);
+                            self.shared.log.log(
+                                Event::new(Level::Debug, "accept_watch_deferred")
+                                    .with("type", &self.job_type)
+                                    .with("delay_ms", pause.as_millis() as u64),
+                            );
+                            rearm_at = Some(Instant::now() + pause);
                             need_round = false;
                         }
                         Err(_) => {
