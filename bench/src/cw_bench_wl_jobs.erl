@@ -6,7 +6,7 @@
 %% spawned
 -export([j2_worker/5, j2f_worker/4, j5_worker/4]).
 
--import(cw_bench_wl, [start_app/1, stop_app/1, now_us/0, rate/2, pct/2, job_id/1, field/2]).
+-import(cw_bench_wl, [start_app/1, stop_app/1, now_us/0, rate/2, pct/2, job_id/1, field/2, large_over_small/1]).
 
 -spec j1(map()) -> map().
 -spec j1b(map()) -> map().
@@ -285,9 +285,7 @@ j4(P) ->
     Sizes = maps:get(sizes, P, [1000, 1000000]),
     K = maps:get(samples, P, 200),
     Rows = [j4_size(P, Size, K) || Size <- Sizes],
-    [Small | _] = Rows,
-    Large = lists:last(Rows),
-    Ratio = fun(Key) -> maps:get(Key, Large) / max(1.0e-9, maps:get(Key, Small)) end,
+    Ratio = large_over_small(Rows),
     [
         #{
             workload => 'J4',

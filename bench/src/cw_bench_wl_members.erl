@@ -5,7 +5,7 @@
 
 -export([m1/1, m2/1, m3/1, m4/1]).
 
--import(cw_bench_wl, [start_app/1, stop_app/1, now_us/0, rate/2, pct/2, worker_id/1, start_peer/1, stop_peer/1]).
+-import(cw_bench_wl, [start_app/1, stop_app/1, now_us/0, rate/2, pct/2, worker_id/1, start_peer/1, stop_peer/1, large_over_small/1]).
 
 %% A call into node B (as `cw_bench_wl:start_peer/1' makes it).
 -define(PEER_TIMEOUT, 30000).
@@ -72,23 +72,7 @@ register_owner(Type, Id, Opts) ->
     end.
 
 register_concurrently(Type, N, Opts) ->
-    Self = self(),
-    Pids = [
-        spawn(fun() ->
-            Ref = couch_workers:worker_register(Type, worker_id(I), Opts, self()),
-            Self ! {registered, self(), Ref},
-            receive stop -> ok end
-        end)
-     || I <- lists:seq(1, N)
-    ],
-    [
-        receive
-            {registered, Pid, Ref} when is_reference(Ref) -> Pid;
-            {registered, Pid, Other} -> error({register_failed, Other})
-        after 60000 -> error(register_timeout)
-        end
-     || Pid <- Pids
-    ].
+    register_concurrently_ids(Type, [worker_id(I) || I <- lists:seq(1, N)], Opts).
 
 %% M2: a subscriber on node A (this VM); 200 joins one after another on
 %% node B (a peer VM on the same store). For each: from worker_register
@@ -187,9 +171,7 @@ m4(P) ->
     Sizes = maps:get(sizes, P, [100, 10000]),
     K = maps:get(changes, P, 20),
     Rows = [m4_size(P, Size, K) || Size <- Sizes],
-    [Small | _] = Rows,
-    Large = lists:last(Rows),
-    Ratio = fun(Key) -> maps:get(Key, Large) / max(1.0e-9, maps:get(Key, Small)) end,
+    Ratio = large_over_small(Rows),
     [
         #{
             workload => 'M4',
