@@ -35,14 +35,14 @@ retry_test_() ->
                 fun teardown/1,
                 [
                     ?TDEF_FE(backoff_grows_and_attempts_end_in_failed, 30),
-                    ?TDEF_FE(fail_with_a_delay),
+                    ?TDEF_FE(fail_with_a_delay, 30),
                     ?TDEF_FE(retry_false_fails_at_once),
                     ?TDEF_FE(infinite_attempts_never_fail),
                     ?TDEF_FE(a_failed_job_is_kept_and_resubmitted),
                     ?TDEF_FE(fail_of_a_job_with_a_cancel_request),
                     ?TDEF_FE(release_spends_no_attempt),
                     ?TDEF_FE(release_with_schedule_info_and_priority),
-                    ?TDEF_FE(subscribers_see_failures_and_retries),
+                    ?TDEF_FE(subscribers_see_failures_and_retries, 30),
                     ?TDEF_FE(stale_handles_are_refused),
                     ?TDEF_FE(bad_input_writes_nothing)
                 ]
@@ -106,10 +106,13 @@ fail_with_a_delay(#{type := T, worker := W}) ->
     ok = couch_workers:job_fail(J1, #{<<"e">> => 1}, #{delay => 0}),
     ?assertMatch({ok, #{state := pending, error := #{<<"e">> := 1}}}, couch_workers:job_get(T, <<"j">>)),
     {ok, J2} = couch_workers:job_accept(W, #{}),
-    {Low, High, _} = fail_measured(J2, #{<<"e">> => 2}, #{delay => 700}, T, <<"j">>),
-    ?assert(Low =< 700 andalso High >= 700),
+    %% 3 s: long enough that the read and the accept below come before it
+    %% falls due on a loaded machine (with 700 ms, a stall of that much
+    %% made the read see it due, `pending`).
+    {Low, High, _} = fail_measured(J2, #{<<"e">> => 2}, #{delay => 3000}, T, <<"j">>),
+    ?assert(Low =< 3000 andalso High >= 3000),
     ?assertEqual({error, not_found}, couch_workers:job_accept(W, #{timeout => 200})),
-    ?assertMatch({ok, #{attempts := 3}}, couch_workers:job_accept(W, #{timeout => 5000})).
+    ?assertMatch({ok, #{attempts := 3}}, couch_workers:job_accept(W, #{timeout => 10000})).
 
 retry_false_fails_at_once(#{type := T, worker := W}) ->
     ok = couch_workers:job_add(T, <<"j">>, #{}, #{max_attempts => 10}),
@@ -182,9 +185,11 @@ subscribers_see_failures_and_retries(#{type := T, worker := W}) ->
     {ok, Sub, #{state := pending}} = couch_workers:job_subscribe(T, <<"j">>, self()),
     {ok, J1} = couch_workers:job_accept(W, #{}),
     wait_job(Sub, fun(J) -> maps:get(state, J) =:= running end, 5000),
-    ok = couch_workers:job_fail(J1, #{<<"n">> => 1}, #{delay => 300}),
+    %% 3 s: the subscription's read comes before it falls due (a due job
+    %% reads `pending`), on a loaded machine too.
+    ok = couch_workers:job_fail(J1, #{<<"n">> => 1}, #{delay => 3000}),
     ?assertMatch(#{state := scheduled, error := #{<<"n">> := 1}}, wait_job(Sub, fun(J) -> maps:get(state, J) =/= running end, 5000)),
-    {ok, J2} = couch_workers:job_accept(W, #{timeout => 5000}),
+    {ok, J2} = couch_workers:job_accept(W, #{timeout => 10000}),
     wait_job(Sub, fun(J) -> maps:get(state, J) =:= running end, 5000),
     ok = couch_workers:job_fail(J2, #{<<"n">> => 2}, #{}),
     ?assertMatch(#{state := failed, error := #{<<"n">> := 2}}, wait_job(Sub, fun(J) -> maps:get(state, J) =:= failed end, 5000)),

@@ -24,7 +24,7 @@ jobs_test_() ->
         ?TDEF_FE(basic_accept_and_finish),
         ?TDEF_FE(accept_without_job_or_worker_is_not_found),
         ?TDEF_FE(accept_blocking),
-        ?TDEF_FE(accept_timeout_expires),
+        ?TDEF_FE(accept_timeout_expires, 30),
         ?TDEF_FE(job_processor_update),
         ?TDEF_FE(priority_and_fifo_order),
         ?TDEF_FE(add_many_keeps_its_order),
@@ -187,7 +187,9 @@ accept_timeout_expires(#{type := T}) ->
     ?assertEqual({error, not_found}, couch_workers:job_accept(W, #{timeout => 300})),
     Elapsed = erlang:monotonic_time(millisecond) - T0,
     ?assert(Elapsed >= 300),
-    ?assert(Elapsed < 2000),
+    %% Answered at the timeout, with room for a loaded machine (a wait
+    %% that ignored it would not answer at all).
+    ?assert(Elapsed < 10000),
     %% A job added after the wait ended stays pending.
     ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
     timer:sleep(100),

@@ -85,9 +85,10 @@ peer_app_stop_removes_its_workers_at_once(#{peer := Peer, type := T}) ->
     wait_membership(S, fun(W) -> map_size(W) =:= 2 end, 5000),
     T0 = erlang:monotonic_time(millisecond),
     ok = peer:call(Peer, application, stop, [couch_workers], ?PEER_TIMEOUT),
-    %% Unregistered by the stop, long before their 60 s timeout.
-    wait_membership(S, fun(W) -> W =:= #{} end, 5000),
-    ?assert(erlang:monotonic_time(millisecond) - T0 < 5000),
+    %% Unregistered by the stop, long before their 60 s timeout (a third
+    %% of it is room for a loaded machine).
+    wait_membership(S, fun(W) -> W =:= #{} end, 20000),
+    ?assert(erlang:monotonic_time(millisecond) - T0 < 20000),
     ok = couch_workers:membership_unsubscribe(S).
 
 %% ---- run on the peer -----------------------------------------------------

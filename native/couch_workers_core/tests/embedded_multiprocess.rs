@@ -268,7 +268,8 @@ async fn a_killed_process_leaves_a_consistent_usable_store() {
     let before = check_log(&db).await.0;
     let started = Instant::now();
     increment(&db, 0).await;
-    assert!(started.elapsed() < Duration::from_millis(500), "the dead process's lock is free at once");
+    // (A lock left held would make the write wait out its 5 s budget.)
+    assert!(started.elapsed() < Duration::from_secs(3), "the dead process's lock is free at once: {:?}", started.elapsed());
     let (after, writers) = check_log(&db).await;
     assert_eq!(after, before + 1);
     assert_eq!(writers.last(), Some(&0));

@@ -7,11 +7,14 @@
 //! pending.
 //!
 //! The schedule, on one store handle (one writer lock, FIFO):
-//! A holds the writer lock 1 s; the accept (budget 2 s) queues behind
-//! it, B behind the accept (900 ms of slack for a loaded machine). A
-//! defers its commit to the accept, the accept defers its commit to B,
-//! and B holds the lock 4 s: the accept's budget ends while it waits for
-//! the batch, which B then commits.
+//! A holds the writer lock 1.5 s; the accept (budget 2 s) queues behind
+//! it once A holds it, B behind the accept 600 ms later, with 900 ms of
+//! A's hold left. A defers its commit to the accept, the accept defers
+//! its commit to B, and B holds the lock 4 s (under the store's 5 s
+//! transaction age): the accept's budget ends
+//! while it waits for the batch, which B then commits. (Before, the
+//! accept had 50 ms to queue ahead of B, and A was taken to hold the
+//! lock 50 ms after its task was spawned: a loaded machine broke both.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,13 +32,18 @@ use jobs_common::until_not_running;
 const T: &[u8] = b"t";
 const W: &[u8] = b"w1";
 
-/// A write transaction that holds the writer lock for `hold`.
-async fn hold_writer(db: Db, key: &'static [u8], hold: Duration) {
+/// A write transaction that holds the writer lock for `hold`; `held`
+/// hears when it does.
+async fn hold_writer(db: Db, key: &'static [u8], hold: Duration, held: tokio::sync::mpsc::UnboundedSender<()>) {
     let opts = TxOptions { writes: true, timeout: Duration::from_secs(20), retry_limit: 10 };
-    run(db.as_ref(), opts, |tx| async move {
-        tx.set(key, b"1");
-        tokio::time::sleep(hold).await;
-        Ok(())
+    run(db.as_ref(), opts, |tx| {
+        let held = held.clone();
+        async move {
+            tx.set(key, b"1");
+            let _ = held.send(());
+            tokio::time::sleep(hold).await;
+            Ok(())
+        }
     })
     .await
     .expect("holder commits");
@@ -52,20 +60,22 @@ async fn an_accept_cut_off_in_the_group_commit_answers_unknown_and_its_job_goes_
     let _reg = node.register_worker(spec).await.expect("register");
     node.jobs().add(T, b"j", b"{}", 0).await.expect("add");
 
-    let a = tokio::spawn(hold_writer(db.clone(), b"test-a", Duration::from_secs(1)));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (held, mut a_holds) = tokio::sync::mpsc::unbounded_channel();
+    let a = tokio::spawn(hold_writer(db.clone(), b"test-a", Duration::from_millis(1_500), held.clone()));
+    a_holds.recv().await.expect("A holds the writer lock");
     let jobs = node.jobs().clone();
     let started = Instant::now();
     let accept = tokio::spawn(async move { jobs.accept(T, W, Duration::ZERO).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let b = tokio::spawn(hold_writer(db.clone(), b"test-b", Duration::from_secs(4)));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let b = tokio::spawn(hold_writer(db.clone(), b"test-b", Duration::from_secs(4), held));
     let answer = accept.await.expect("accept task");
     let answered_in = started.elapsed();
     a.await.expect("a");
     b.await.expect("b");
 
     // The schedule happened as planned: the accept ran out of time while
-    // B held the lock (not while it waited for A).
+    // B held the lock (B lets go about 5.5 s after the accept began), not
+    // while it waited for A nor after B.
     assert!(answered_in < Duration::from_millis(4_500), "answered in {answered_in:?}");
     match answer {
         Err(Error::Store(StoreError::CommitUnknown)) => {}

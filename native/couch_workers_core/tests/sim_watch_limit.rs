@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use couch_workers_core::log::{Event, Sink};
+use couch_workers_core::services::watch_limit::AT_LIMIT;
 use couch_workers_core::jobs::JobEvent;
 use couch_workers_core::store::sim::{SimOptions, SimStore, MAX_WATCHES};
 use couch_workers_core::store::{Db, TxOptions, Watch};
@@ -60,6 +61,21 @@ async fn fill_watches(sim: &Arc<SimStore>) -> Vec<Watch> {
 
 /// Read versions the cluster hands out over `window` (every transaction
 /// that reads takes one).
+/// The most re-reads one watcher can make at the limit within `elapsed`
+/// of its first failure: one at once, then one after each pause, each
+/// pause at least half its ceiling (`AT_LIMIT`: 100 ms doubling to 10 s),
+/// so no sooner than 50, 150, 350, 750, 1550, 3150 ms, ... A fixed 100 ms
+/// pause (the bug) makes one every 100 ms. Tests count these against the
+/// window they really got, which a busy machine stretches.
+fn most_rereads(elapsed: Duration) -> usize {
+    let (mut at, mut n) = (Duration::ZERO, 1u32);
+    while at <= elapsed {
+        at += AT_LIMIT.ceiling(n) / 2;
+        n += 1;
+    }
+    n as usize - 1
+}
+
 async fn reads_during(sim: &SimStore, window: Duration) -> u64 {
     let before = sim.stats().read_versions;
     tokio::time::sleep(window).await;
@@ -78,10 +94,8 @@ async fn job_watchers_back_off_at_the_watch_limit_and_log_once() {
         jobs.add(T, format!("j{i}").as_bytes(), b"{}", 0).await.expect("add");
     }
     let held = fill_watches(&sim).await;
-    // The node's own background reads over a window, before any job
-    // watcher exists.
-    let baseline = reads_during(&sim, Duration::from_secs(2)).await;
 
+    let started = Instant::now();
     let (sender, mut events) = mpsc::unbounded_channel::<JobEvent>();
     let mut subs = Vec::new();
     for i in 0..JOBS {
@@ -92,12 +106,17 @@ async fn job_watchers_back_off_at_the_watch_limit_and_log_once() {
         subs.push(jobs.subscribe(T, format!("j{i}").as_bytes(), on).await.expect("subscribe").1);
     }
     // Over 2 s at the limit, each watcher with a fixed 100 ms pause
-    // re-reads ~20 times (400 reads for 20 jobs); with the backoff (100,
-    // 200, 400, 800 ms ceilings, each draw at least half) at most 7.
-    let reads = reads_during(&sim, Duration::from_secs(2)).await;
-    let by_watchers = reads.saturating_sub(baseline);
-    assert!(by_watchers <= 7 * JOBS as u64 + 20, "{by_watchers} reads by {JOBS} job watchers at the limit in 2 s (baseline {baseline})");
-    assert!(log.count("job_watch_deferred") >= JOBS, "every watcher met the limit");
+    // re-reads ~20 times (400 for 20 jobs); with the backoff at most 5
+    // (`most_rereads`). Each re-read at the limit follows one
+    // `job_watch_deferred`: those are counted, over the time that really
+    // passed. (Counting the store's read versions less a baseline window
+    // of the node's own reads failed when the node's other services read
+    // more in one window than in the other.)
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let deferred = log.count("job_watch_deferred");
+    let most = most_rereads(started.elapsed()) * JOBS;
+    assert!(deferred <= most, "{deferred} re-reads by {JOBS} job watchers at the limit in {:?} (most {most})", started.elapsed());
+    assert!(deferred >= JOBS, "every watcher met the limit");
     assert_eq!(log.count("watch_limit_reached"), 1, "one log line per episode");
 
     // Watches free up: the watchers arm again and see the next change.
@@ -147,21 +166,24 @@ async fn dispatcher_backs_off_at_the_watch_limit_and_keeps_serving() {
     let _held = fill_watches(&sim).await;
 
     // A waiter and no job: the dispatcher's round cannot arm its watch.
+    let started = Instant::now();
     let waiter = {
         let jobs = jobs.clone();
         tokio::spawn(async move { jobs.accept(T, b"w", Duration::from_secs(60)).await })
     };
     // Each round that met the limit logs `accept_watch_deferred`. A round
-    // every 50 ms would be ~40 in 2 s; with the backoff (ceilings 100, 200,
-    // 400, 800 ms, each draw at least half) the rounds start no sooner than
-    // 0, 50, 150, 350, 750, 1150, 1550, 1950 ms: at most 8. (Counting the
-    // store's read versions instead mixed in the node's other services,
-    // whose cadences made the baseline vary by more than the margin.)
+    // every 50 ms would be ~40 in 2 s; with the backoff the rounds start
+    // no sooner than 0, 50, 150, 350, 750, 1550 ms (`most_rereads`),
+    // counted over the time that really passed since the waiter came, so
+    // that a busy machine's longer sleep cannot push them over. (Counting
+    // the store's read versions instead mixed in the node's other
+    // services, whose cadences made the baseline vary by more than the
+    // margin.)
     wait_until("the first round met the limit", Duration::from_secs(5), || log.count("accept_watch_deferred") >= 1).await;
-    let first = log.count("accept_watch_deferred");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rounds = log.count("accept_watch_deferred") - first;
-    assert!((1..=8).contains(&rounds), "{rounds} accept rounds met the limit in 2 s");
+    let rounds = log.count("accept_watch_deferred");
+    let most = most_rereads(started.elapsed());
+    assert!((2..=most).contains(&rounds), "{rounds} accept rounds met the limit in {:?} (most {most})", started.elapsed());
     assert_eq!(log.count("watch_limit_reached"), 1, "one log line per episode");
 
     // Still serving, although no watch can fire: a job added now is taken
@@ -192,6 +214,7 @@ async fn membership_watcher_backs_off_at_the_watch_limit_and_logs_once() {
     tx.commit().await.expect("commit arms the watches");
     assert_eq!(sim.outstanding_watches(), MAX_WATCHES);
 
+    let started = Instant::now();
     let (sender, mut deliveries) = mpsc::unbounded_channel::<usize>();
     let _watch = node
         .watch_membership(T.to_vec(), Box::new(move |m| {
@@ -203,13 +226,14 @@ async fn membership_watcher_backs_off_at_the_watch_limit_and_logs_once() {
     assert_eq!(first, Ok(Some(0)));
 
     // Over 2 s at the limit: a fixed 100 ms pause re-reads ~20 times; the
-    // backoff (100, 200, 400, 800 ms ceilings, each draw at least half)
-    // at most 7.
+    // backoff at most 5 (`most_rereads`, over the time that really passed
+    // since the watch began).
     tokio::time::sleep(Duration::from_secs(2)).await;
     // Every failed watch is followed by one re-read, whichever way it is
     // logged (before the fix: `membership_watch_failed` every 100 ms).
     let (deferred, failed) = (log.count("membership_watch_deferred"), log.count("membership_watch_failed"));
-    assert!(deferred + failed <= 7, "{deferred} + {failed} re-reads at the limit in 2 s");
+    let most = most_rereads(started.elapsed());
+    assert!(deferred + failed <= most, "{deferred} + {failed} re-reads at the limit in {:?} (most {most})", started.elapsed());
     assert!(deferred >= 1, "the watcher re-read at the limit");
     assert_eq!(log.count("watch_limit_reached"), 1, "one log line per episode");
 

@@ -32,7 +32,7 @@ fn listener() -> (OnOwnerEvent, mpsc::UnboundedReceiver<OwnerEvent>) {
 }
 
 async fn next(rx: &mut mpsc::UnboundedReceiver<OwnerEvent>) -> OwnerEvent {
-    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("an owner event within 5 s").expect("open")
+    tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("an owner event within 20 s").expect("open")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -87,7 +87,7 @@ async fn a_registration_replaced_by_another_nodes_tells_its_owner_once() {
     assert!(!second.is_superseded());
     // The task tells the owner, then ends: its count drops just after.
     let told = std::time::Instant::now();
-    while a.stats().heartbeats != 0 && told.elapsed() < std::time::Duration::from_secs(2) {
+    while a.stats().heartbeats != 0 && told.elapsed() < std::time::Duration::from_secs(10) {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     assert_eq!(a.stats().heartbeats, 0, "a's heartbeat stopped");
