@@ -25,6 +25,8 @@
 //! ("couch_workers", "orphans", WorkerType, Worker)               = tuple (RemovalVS): running jobs left for the sweeper
 //! ("couch_workers", "orphans_vs")                                = VS of the last orphan marker written (sweepers watch it)
 //! ("couch_workers", "reaper_pulse")                              = little-endian i64, atomic adds: one per reaper pass
+//! ("couch_workers", "scheduled_vs")                              = VS of the last job that became its type's earliest scheduled one (promoters watch it)
+//! ("couch_workers", "expiry_vs")                                 = VS of the last job end with a short keep (pruners watch it)
 //! ```
 //!
 //! The job values are documented and versioned in `jobs/record.rs`. Two
@@ -73,6 +75,8 @@ const ORPHANS_VS: &[u8] = b"orphans_vs";
 const RECEIPTS: &[u8] = b"receipts";
 const REAPER_PULSE: &[u8] = b"reaper_pulse";
 const HEALTH_VS: &[u8] = b"health_vs";
+const SCHEDULED_VS: &[u8] = b"scheduled_vs";
+const EXPIRY_VS: &[u8] = b"expiry_vs";
 const VS: &[u8] = b"vs";
 const MEMBER: &[u8] = b"member";
 const HEALTH: &[u8] = b"health";
@@ -534,6 +538,22 @@ impl Keyspace {
     /// that they look when a record changed rather than on a timer.
     pub fn health_vs(&self) -> Vec<u8> {
         self.root.pack(&(b(HEALTH_VS),))
+    }
+
+    /// `("couch_workers", "scheduled_vs")`: the versionstamp of the last
+    /// transaction that scheduled a job before every scheduled job of its
+    /// type (the same condition that bumps the type's `jobs_vs`). Every
+    /// node's promoter watches it, so that it sleeps until the earliest
+    /// `run_at` of every type, a new type's first schedule included.
+    pub fn scheduled_vs(&self) -> Vec<u8> {
+        self.root.pack(&(b(SCHEDULED_VS),))
+    }
+
+    /// `("couch_workers", "expiry_vs")`: the versionstamp of the last
+    /// transaction that ended a job with a `keep` shorter than
+    /// `jobs::pruner::WAKE_KEEP_S`. Every node's pruner watches it.
+    pub fn expiry_vs(&self) -> Vec<u8> {
+        self.root.pack(&(b(EXPIRY_VS),))
     }
 }
 

@@ -16,9 +16,14 @@
 //! * when a waiter arrives or the type's `jobs_vs` watch fires, the
 //!   dispatcher runs one accept round ([`ops::accept`]): one transaction
 //!   takes up to one job per waiter, in queue order, for up to
-//!   [`ROUND_MAX_WAITERS`] waiters, and re-arms the watch in the same
-//!   transaction if waiters are left (no add can slip between the read and
-//!   the watch);
+//!   [`ROUND_MAX_WAITERS`] waiters; if waiters are left, it reads
+//!   `jobs_vs` as a snapshot and, after its commit, arms the watch in a
+//!   read-only transaction that reads the key again: if it moved in
+//!   between, another round follows at once, so no add slips between the
+//!   round and the watch. Not in the round's own transaction: on
+//!   FoundationDB creating a watch is a read with a conflict range, and
+//!   every add writes `jobs_vs`, so each add would abort a round that
+//!   took jobs (issue 14, point 4; `tests/sim_accept_watch.rs`);
 //! * while the rounds find jobs for every waiter they serve, the next round
 //!   follows at once: waiters past the first [`ROUND_MAX_WAITERS`] are
 //!   served from the jobs already pending, which fire no watch;
@@ -437,12 +442,12 @@ impl Dispatcher {
             async move {
                 let round = ops::accept(&tx, ks, job_type, acceptors).await?;
                 let left = rest > 0 || round.takes.iter().any(|t| matches!(t, Take::NoJob));
-                let watch = if left { Some(ops::pending_watch(&tx, ks, job_type).await?) } else { None };
-                Ok((round, watch))
+                let seen = if left { Some(ops::pending_version(&tx, ks, job_type).await?) } else { None };
+                Ok((round, seen))
             }
         })
         .await;
-        let ((round, watch), info) = match outcome {
+        let ((round, seen), info) = match outcome {
             Ok(done) => done,
             Err(e) => {
                 // An attempt may have committed (`commit_unknown`, or cut
@@ -506,7 +511,17 @@ impl Dispatcher {
             // timer is re-armed for what is left.
             self.next_due = self.shared.promote(&self.job_type).await?;
         }
-        Ok((again, watch))
+        let Some(seen) = seen else { return Ok((again, None)) };
+        // The watch for the waiters left, armed now in a read-only
+        // transaction (not in the round's: see `ops::pending_watch`). A
+        // job that became pending since the round's read either moved
+        // `jobs_vs` before this read (then it differs from what the round
+        // saw: another round at once) or fires the watch.
+        let (now, watch) = run(shared.db.as_ref(), shared.read, |tx| async move { ops::pending_watch(&tx, ks, job_type).await }).await?;
+        if now != seen {
+            return Ok((true, None));
+        }
+        Ok((again, Some(watch)))
     }
 }
 

@@ -19,6 +19,8 @@
 //! ("couch_workers", "jobs_vs", JobType)                      = 10-byte VS: a job became pending, a new earliest schedule, a pause or resume
 //! ("couch_workers", "orphans", WorkerType, Worker)           = (RemovalVS,) | (RemovalVS, "lost")
 //! ("couch_workers", "orphans_vs")                            = 10-byte VS of the last orphan marker
+//! ("couch_workers", "scheduled_vs")                          = 10-byte VS: a type's new earliest schedule (promoters watch it)
+//! ("couch_workers", "expiry_vs")                             = 10-byte VS: a job ended with a keep under 60 s (pruners watch it)
 //! ```
 //!
 //! * `pending` orders the queue: lower priority first, then commit order
@@ -69,6 +71,8 @@
 //! * [`sweeper`]: finishes the failover of workers removed with more
 //!   running jobs than one transaction may move;
 //! * `pruner.rs`: removes ended jobs past their `keep`;
+//! * `wake.rs`: the promoter's and the pruner's wait (a deadline or a
+//!   watched key's change);
 //! * [`service`]: the node-level API the NIF calls.
 
 mod commit;
@@ -83,6 +87,7 @@ pub mod record;
 pub mod service;
 pub mod subscription;
 mod sweeper;
+mod wake;
 
 pub use dispatcher::{AcceptReply, ReplyFn};
 pub use job::{

@@ -9,7 +9,7 @@
 //! | `scheduled` | `("scheduled", JobType, RunAt, JobId)` (the timers read it) |
 //! | `pending` | `("pending", JobType, Priority, VS, JobId)` (the queue) |
 //! | `running` | `("active", WorkerType, Worker, JobId)` (failover reads it) |
-//! | `finished`, `canceled`, `failed` | `("expiry", ExpireAt, JobType, JobId)` with a finite `keep` (the pruner reads it) |
+//! | `finished`, `canceled`, `failed` | `("expiry", ExpireAt, JobType, JobId)` with a finite `keep` (the pruner reads it; a short one also bumps `expiry_vs`) |
 //!
 //! A state change is [`unplace`] of the record as stored, then [`place`]
 //! of the changed record, in one transaction: every counter moves by
@@ -113,6 +113,11 @@ pub(crate) fn place(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mu
                 let at = now_ms.saturating_add(s.saturating_mul(1000));
                 rec.expire_at = Some(at);
                 tx.set(&ks.expiry(key_i64(at), job_type, id), b"");
+                // Pruners sleep up to a while between looks: a job due
+                // sooner than their next look must wake them.
+                if s < super::pruner::WAKE_KEEP_S {
+                    tx.set_versionstamped_value(&ks.expiry_vs(), &Keyspace::vs_placeholder_value());
+                }
             }
         }
     }
@@ -173,7 +178,9 @@ impl Queued {
     /// Bumps the type's `jobs_vs` if a job became pending, or if a job
     /// was scheduled before every scheduled job that `before` (read at the
     /// transaction's start, see [`earliest_scheduled`]) saw: each node's
-    /// dispatcher then re-arms its timer for it.
+    /// dispatcher then re-arms its timer for it. An earlier schedule also
+    /// bumps the global `scheduled_vs`, which every node's promoter
+    /// watches (it serves every type, new ones included).
     pub fn wake(self, tx: &Tx, ks: &Keyspace, job_type: &[u8], before: Option<u64>) {
         let earlier = match (self.earliest, before) {
             (Some(new), Some(old)) => new < old,
@@ -182,6 +189,9 @@ impl Queued {
         };
         if self.pending || earlier {
             bump_jobs_vs(tx, ks, job_type);
+        }
+        if earlier {
+            tx.set_versionstamped_value(&ks.scheduled_vs(), &Keyspace::vs_placeholder_value());
         }
     }
 }

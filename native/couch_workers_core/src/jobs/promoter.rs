@@ -8,9 +8,15 @@
 //! `ops::list`), reading the few due keys not yet promoted.
 //!
 //! Each pass reads the type list and, per type, the earliest scheduled
-//! key (one key each), and sleeps until the earliest `run_at` it saw, but
-//! never longer than [`MAX_SLEEP`] (jittered), so that a job added
-//! meanwhile with an earlier `run_at` waits about a second at most.
+//! key (one key each), arms a watch on `scheduled_vs` in the same read
+//! transaction, and sleeps until the earliest `run_at` it saw or until
+//! that key changes: every transaction that schedules a job before every
+//! scheduled job of its type bumps it (`place::Queued::wake`), a new
+//! type's first one included, so a job scheduled meanwhile is never later
+//! than what the promoter waits for. An idle node's promoter thus reads
+//! nothing until a schedule changes, except once every [`MAX_SLEEP`] (a
+//! safety net: a watch may be lost with the store's connection); without
+//! a working watch it looks every second, as before watches.
 //! Promoters of several nodes may work at once: each move re-reads the
 //! record in its transaction, so a job is moved once.
 
@@ -22,26 +28,34 @@ use tokio_util::sync::CancellationToken;
 use super::ops;
 use super::place::wall_ms;
 use super::service::{Live, ServiceState};
+use super::wake::{Waiter, Woke};
 use crate::log::{Event, Level};
 use crate::services::{jittered, sleep_or_cancel};
-use crate::store::{run, StoreError};
+use crate::store::{run, StoreError, Watch};
 
-/// Longest sleep between passes.
-const MAX_SLEEP: Duration = Duration::from_millis(1000);
+/// Longest sleep between passes while the watch is armed.
+const MAX_SLEEP: Duration = Duration::from_secs(30);
 
 pub(crate) async fn run_promoter(shared: Arc<ServiceState>, cancel: CancellationToken, live: Live) {
     let _live = live;
     let mut failures: u32 = 0;
+    let mut waiter = Waiter::new(&shared.watch_limit);
     loop {
         let pass = tokio::select! {
             _ = cancel.cancelled() => return,
             pass = pass(&shared) => pass,
         };
-        let sleep = match pass {
-            Ok(next) => {
+        match pass {
+            Ok((next, watch)) => {
                 failures = 0;
                 let cap = jittered(MAX_SLEEP, 0.2);
-                next.map_or(cap, |at| Duration::from_millis(at.saturating_sub(wall_ms())).min(cap))
+                let sleep = next.map_or(cap, |at| Duration::from_millis(at.saturating_sub(wall_ms())).min(cap));
+                if sleep.is_zero() {
+                    continue;
+                }
+                if waiter.wait(sleep, Some(watch), &cancel).await == Woke::Cancelled {
+                    return;
+                }
             }
             Err(e) => {
                 if matches!(e, StoreError::Closed) || cancel.is_cancelled() {
@@ -49,27 +63,30 @@ pub(crate) async fn run_promoter(shared: Arc<ServiceState>, cancel: Cancellation
                 }
                 failures += 1;
                 shared.log.log(Event::new(Level::Warning, "job_promote_failed").with("reason", e.to_string()));
-                jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5)
+                if !sleep_or_cancel(jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5), &cancel).await {
+                    return;
+                }
             }
-        };
-        if !sleep.is_zero() && !sleep_or_cancel(sleep, &cancel).await {
-            return;
         }
     }
 }
 
-/// One pass: promotes what is due; returns the earliest `run_at` left.
-async fn pass(shared: &ServiceState) -> Result<Option<u64>, StoreError> {
+/// One pass: promotes what is due; returns the earliest `run_at` left and
+/// a watch on `scheduled_vs` armed at the pass's first read.
+async fn pass(shared: &ServiceState) -> Result<(Option<u64>, Watch), StoreError> {
     let ks = &shared.ks;
-    // A read first: most passes find nothing due and write nothing.
-    let earliest = run(shared.db.as_ref(), shared.read, |tx| async move {
+    // A read first: most passes find nothing due and write nothing. The
+    // watch is armed at the same read version as the reads: a schedule
+    // committed after them fires it.
+    let (earliest, watch) = run(shared.db.as_ref(), shared.read, |tx| async move {
+        let watch = tx.watch(&ks.scheduled_vs());
         let mut out = Vec::new();
         for job_type in ops::job_types(&tx, ks).await? {
             if let Some(at) = ops::next_run_at(&tx, ks, &job_type).await? {
                 out.push((job_type, at));
             }
         }
-        Ok(out)
+        Ok((out, watch))
     })
     .await?;
     let now = wall_ms();
@@ -81,5 +98,5 @@ async fn pass(shared: &ServiceState) -> Result<Option<u64>, StoreError> {
             (a, b) => a.or(b),
         };
     }
-    Ok(next)
+    Ok((next, watch))
 }

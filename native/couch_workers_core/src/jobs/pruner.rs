@@ -1,13 +1,18 @@
 //! The pruner: every node runs one. It removes ended jobs whose `keep`
 //! ran out, in expiry order, in bounded transactions ([`ops::prune`]).
 //!
-//! It sleeps until the earliest expiry it saw, but never longer than
-//! [`MAX_SLEEP`] (jittered), so that a job ended meanwhile with a shorter
-//! `keep` (here or on another node) is pruned within about 4 s of its
-//! expiry, inside the 5 s the API promises. The cap is what an idle node
-//! pays for that promise: one read of the expiry index every 3 s (it was
-//! every second; issue 16). Waking on the writes that set an expiry
-//! instead would need a watched key written by every job end: not done. Pruners of
+//! It sleeps until the earliest expiry it saw, or until `expiry_vs`
+//! changes (a watch armed in the look's read transaction), but never
+//! longer than [`MAX_SLEEP`] (jittered). Every job end whose `keep` is
+//! shorter than [`WAKE_KEEP_S`] bumps `expiry_vs` (`place::place`); a
+//! longer one falls due after the pruner's next look anyway (that look is
+//! at most 36 s after the end's commit, and its expiry 60 s or more after
+//! the end's start), so it is pruned within 5 s of its expiry, as the API
+//! promises, without waking anyone. So an idle node's pruner reads the
+//! expiry index once every 30 s or so, and a node whose jobs keep
+//! forever (the default) never has it woken. After a change it looks no
+//! sooner than [`MIN_GAP`] after its previous look: a burst of short-kept
+//! job ends costs one look a second, not one per end. Pruners of
 //! several nodes may work at once: each removal re-reads the record in its
 //! transaction, so a job is removed once, and its subscribers get
 //! `removed` from their watchers as for any removal.
@@ -25,6 +30,7 @@ use super::ops;
 use super::receipt;
 use super::place::wall_ms;
 use super::service::{Live, ServiceState};
+use super::wake::{Waiter, Woke};
 use crate::log::{Event, Level};
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError};
@@ -34,13 +40,23 @@ use crate::store::{run, StoreError};
 pub(crate) const PRUNE_BATCH: usize = 100;
 
 /// Longest sleep between looks at the expiry index (jittered by a fifth:
-/// at most 3.6 s, plus the look).
-const MAX_SLEEP: Duration = Duration::from_millis(3000);
+/// at most 36 s, plus the look).
+const MAX_SLEEP: Duration = Duration::from_secs(30);
+
+/// A job that ends with a `keep` shorter than this (seconds) wakes the
+/// pruners: twice [`MAX_SLEEP`], so that an end that does not wake them
+/// (its commit up to 19 s after its start, the look after it at most
+/// 36 s later) is due after that look.
+pub(crate) const WAKE_KEEP_S: u64 = 60;
+
+/// Shortest time from one look to the next one that a change triggers.
+const MIN_GAP: Duration = Duration::from_millis(1000);
 
 pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationToken, live: Live) {
     let _live = live;
     let mut failures: u32 = 0;
     let mut receipts_cleared: Option<i64> = None;
+    let mut waiter = Waiter::new(&shared.watch_limit);
     loop {
         let now = wall_ms();
         let ks = &shared.ks;
@@ -61,22 +77,30 @@ pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationTo
             }
         }
         // A read first: most looks find nothing due and write nothing.
+        // The watch is armed at the read's version: an expiry written
+        // after the read fires it.
+        let began = tokio::time::Instant::now();
         let pass = async {
-            let next = run(shared.db.as_ref(), shared.read, |tx| async move { ops::next_expiry(&tx, ks).await }).await?;
-            match next {
+            let (next, watch) = run(shared.db.as_ref(), shared.read, |tx| async move {
+                let watch = tx.watch(&ks.expiry_vs());
+                Ok((ops::next_expiry(&tx, ks).await?, watch))
+            })
+            .await?;
+            let pruned = match next {
                 Some(at) if at <= now => {
                     run(shared.db.as_ref(), shared.write, |tx| async move { ops::prune(&tx, ks, now, PRUNE_BATCH).await })
-                        .await
+                        .await?
                 }
-                next => Ok(ops::Pruned { removed: Vec::new(), next }),
-            }
+                next => ops::Pruned { removed: Vec::new(), next },
+            };
+            Ok::<_, StoreError>((pruned, watch))
         };
         let pass = tokio::select! {
             _ = cancel.cancelled() => return,
             pass = pass => pass,
         };
-        let sleep = match pass {
-            Ok(pruned) => {
+        match pass {
+            Ok((pruned, watch)) => {
                 failures = 0;
                 // One event per type, for the per-type metrics.
                 let mut per_type: std::collections::BTreeMap<&[u8], usize> = std::collections::BTreeMap::new();
@@ -86,10 +110,22 @@ pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationTo
                 for (job_type, count) in per_type {
                     shared.log.log(Event::new(Level::Info, "jobs_pruned").with("type", job_type).with("count", count));
                 }
-                match pruned.next {
-                    Some(at) if at <= now => Duration::ZERO,
-                    Some(at) => Duration::from_millis(at - now).min(jittered(MAX_SLEEP, 0.2)),
-                    None => jittered(MAX_SLEEP, 0.2),
+                let cap = jittered(MAX_SLEEP, 0.2);
+                let sleep = match pruned.next {
+                    Some(at) if at <= now => continue,
+                    Some(at) => Duration::from_millis(at - now).min(cap),
+                    None => cap,
+                };
+                match waiter.wait(sleep, Some(watch), &cancel).await {
+                    Woke::Cancelled => return,
+                    Woke::Timer => {}
+                    Woke::Changed => {
+                        let soonest = began + jittered(MIN_GAP, 0.2);
+                        let wait = soonest.saturating_duration_since(tokio::time::Instant::now());
+                        if !wait.is_zero() && !sleep_or_cancel(wait, &cancel).await {
+                            return;
+                        }
+                    }
                 }
             }
             Err(e) => {
@@ -98,11 +134,10 @@ pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationTo
                 }
                 failures += 1;
                 shared.log.log(Event::new(Level::Warning, "job_prune_failed").with("reason", e.to_string()));
-                jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5)
+                if !sleep_or_cancel(jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5), &cancel).await {
+                    return;
+                }
             }
-        };
-        if !sleep.is_zero() && !sleep_or_cancel(sleep, &cancel).await {
-            return;
         }
     }
 }

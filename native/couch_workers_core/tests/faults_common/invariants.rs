@@ -159,7 +159,7 @@ pub async fn snapshot(db: &dyn Database, ks: &Keyspace) -> Snapshot {
             (b"workers", 4) if b(2).as_deref() == Some(b"health") => {
                 s.health.entry(b(1).unwrap_or_default()).or_default().insert(b(3).unwrap_or_default());
             }
-            (b"workers", 3) | (b"jobs_vs", 2) | (b"orphans_vs", 1) | (b"reaper_pulse", 1) | (b"health_vs", 1) => {}
+            (b"workers", 3) | (b"jobs_vs", 2) | (b"orphans_vs", 1) | (b"reaper_pulse", 1) | (b"health_vs", 1) | (b"scheduled_vs", 1) | (b"expiry_vs", 1) => {}
             // A job write's receipt (minute, token): kept 10 minutes.
             (b"receipts", 3) => {}
             // The membership change log: (workers, T, log, VS, Worker).

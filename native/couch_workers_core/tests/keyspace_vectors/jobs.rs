@@ -273,3 +273,21 @@ fn job_record_value_bytes() {
     same(&stored[..head.len()], &head);
     same(&stored[head.len() + 10..], &tail);
 }
+
+// ---- promoters and pruners (issue 16) -------------------------------------
+
+/// The two global wake-up keys sort outside every subspace they could be
+/// confused with: `scheduled_vs` is not in a type's `scheduled` range,
+/// `expiry_vs` not in `expiry`'s (the pruner reads that range in order).
+#[test]
+fn scheduled_vs_and_expiry_vs_keys() {
+    for (ks, p) in both() {
+        same(&ks.scheduled_vs(), &hs(&[p, ROOT, "01 7363686564756c65645f7673 00"]));
+        same(&ks.expiry_vs(), &hs(&[p, ROOT, "01 6578706972795f7673 00"]));
+        let (begin, end) = ks.scheduled_range(b"");
+        assert!(!(begin <= ks.scheduled_vs() && ks.scheduled_vs() < end));
+        let (begin, end) = ks.expiry_range();
+        assert!(!(begin <= ks.expiry_vs() && ks.expiry_vs() < end));
+        assert_eq!(ks.parse_expiry(&ks.expiry_vs()), None);
+    }
+}

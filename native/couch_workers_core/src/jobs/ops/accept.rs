@@ -378,13 +378,25 @@ async fn taken_before(
     Ok(found)
 }
 
-/// Reads the type's `jobs_vs` and returns a watch on it, armed when this
-/// transaction commits: a job that becomes pending after this
-/// transaction's reads fires it.
-pub async fn pending_watch(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<Watch, StoreError> {
+/// The type's `jobs_vs` as this transaction sees it, read as a snapshot:
+/// an accept round reads it so that [`pending_watch`], armed after the
+/// round's commit, can tell whether a job became pending in between. A
+/// snapshot read adds no read conflict, so adds (which write the key) do
+/// not abort the round.
+pub async fn pending_version(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+    tx.get(&ks.jobs_vs(job_type), true).await
+}
+
+/// Reads the type's `jobs_vs` (as a snapshot) and returns it with a watch
+/// on it, armed when this transaction commits: a job that becomes pending
+/// after this transaction's reads fires it. Run it in a read-only
+/// transaction: on FoundationDB creating a watch reads the key without
+/// `snapshot`, so in a writing transaction every concurrent add would
+/// make the commit conflict (issue 14, point 4).
+pub async fn pending_watch(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<(Option<Vec<u8>>, Watch), StoreError> {
     let key = ks.jobs_vs(job_type);
-    tx.get(&key, true).await?;
-    Ok(tx.watch(&key))
+    let seen = tx.get(&key, true).await?;
+    Ok((seen, tx.watch(&key)))
 }
 
 /// Moves up to `limit` of the type's scheduled jobs that are due by

@@ -49,7 +49,7 @@ mod requeue;
 mod resubmit;
 mod run_end;
 
-pub use accept::{accept, new_tokens, pending_watch, promote_due, AcceptRound, Acceptors, Take, RECHECK_MAX_JOBS};
+pub use accept::{accept, new_tokens, pending_version, pending_watch, promote_due, AcceptRound, Acceptors, Take, RECHECK_MAX_JOBS};
 pub use helpers::check_job_key;
 pub use lifecycle::{add, add_job, add_many, add_many_jobs, cancel, end, finish, remove, remove_if, update, MAX_ADD_MANY};
 pub use pause::set_paused;

@@ -70,6 +70,7 @@ use wal_notify::WalNotifier;
 use watch::WatchHub;
 
 pub use schema::FILE_NAME;
+pub use watch::WatchTrace;
 
 /// SQLite's `synchronous` setting for every connection of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -237,6 +238,12 @@ impl EmbeddedStore {
     /// Watches registered and not yet fired, failed or dropped-and-swept.
     pub fn pending_watches(&self) -> usize {
         self.shared.watches.pending()
+    }
+
+    /// The stages of the watcher thread's last wake-up that fired a watch
+    /// (`None` before the first), for the bench's breakdown.
+    pub fn watch_trace(&self) -> Option<WatchTrace> {
+        self.shared.watches.trace()
     }
 
     /// The store's clock now: what a transaction's read version would be

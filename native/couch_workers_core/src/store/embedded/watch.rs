@@ -118,6 +118,31 @@ struct HubState {
     /// WAL notifications are running (`wal_notify.rs`): no polling needed.
     wal_notify: bool,
     closed: bool,
+    /// When the WAL notifier last reported a write (for [`WatchTrace`]).
+    last_wal_event: Option<Instant>,
+    /// The stages of the last wake-up that fired a watch.
+    trace: Option<WatchTrace>,
+}
+
+/// When the stages of the watcher thread's last wake-up that fired a
+/// watch happened, on this process's monotonic clock: what the bench's
+/// breakdown of a cross-node wake-up reads (`examples/cw_watch_path.rs`;
+/// figures in `bench/RESULTS.md`). A few clock reads per wake-up, under
+/// locks the thread takes anyway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchTrace {
+    /// The WAL notifier's last report of a write (any process's) before
+    /// the wake-up; `None` without WAL notifications.
+    pub wal_event: Option<Instant>,
+    /// The thread found `data_version` moved (or was woken by a local
+    /// commit or a registration): it is about to read the watched keys.
+    pub seen: Instant,
+    /// The read of the watched keys ended.
+    pub read_done: Instant,
+    /// The changed watches were sent their result.
+    pub fired: Instant,
+    /// Looks at `data_version` since the last WAL event, this one included.
+    pub looks: u32,
 }
 
 /// The watches of one store, shared by its transactions and its thread.
@@ -169,6 +194,7 @@ impl WatchHub {
     /// Some process wrote the store's WAL (from `cw-embed-wal`).
     pub(crate) fn wal_written(&self) {
         let mut st = self.lock();
+        st.last_wal_event = Some(Instant::now());
         if st.closed || st.watches.is_empty() || st.wal_written {
             return;
         }
@@ -199,6 +225,11 @@ impl WatchHub {
             }
         }
         self.wake.notify_all();
+    }
+
+    /// The stages of the last wake-up that fired a watch.
+    pub(crate) fn trace(&self) -> Option<WatchTrace> {
+        self.lock().trace
     }
 
     /// Number of pending watches (for tests and diagnostics): dropped
@@ -274,6 +305,7 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
     // The settle window after the last WAL write, and the next interval.
     let mut settle_until: Option<Instant> = None;
     let mut settle_step = SETTLE_FIRST;
+    let mut looks: u32 = 0;
     loop {
         let settling = settle_until.is_some_and(|t| Instant::now() < t);
         let sleep = |notified: bool| {
@@ -291,6 +323,7 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
                 if wal {
                     settle_until = Some(Instant::now() + SETTLE);
                     settle_step = SETTLE_FIRST;
+                    looks = 0;
                 } else if settling {
                     settle_step = (settle_step * 2).min(SETTLE_MAX_STEP);
                 }
@@ -300,6 +333,7 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
         // Read before the values: a commit in between changes it again, so
         // the next poll re-reads (a spare read, never a missed change).
         let data_version = schema::data_version(conn).ok();
+        looks = looks.saturating_add(1);
         if !dirty && data_version.is_some() && data_version == last_data_version {
             continue;
         }
@@ -312,10 +346,18 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
             last_data_version = data_version;
             continue;
         }
+        let seen = Instant::now();
         match read_values(conn, &keys) {
             Ok(values) => {
                 last_data_version = data_version;
-                fire_changed(hub, keys, values, seq_limit);
+                let read_done = Instant::now();
+                fire_changed(hub, keys, values, seq_limit, |wal_event| WatchTrace {
+                    wal_event,
+                    seen,
+                    read_done,
+                    fired: Instant::now(),
+                    looks,
+                });
             }
             Err(_) => {
                 // Busy (a WAL reset or recovery by another process) or an
@@ -342,8 +384,17 @@ fn read_values(conn: &Connection, keys: &[Vec<u8>]) -> rusqlite::Result<Vec<Opti
     Ok(values)
 }
 
-fn fire_changed(hub: &WatchHub, keys: Vec<Vec<u8>>, values: Vec<Option<Vec<u8>>>, seq_limit: u64) {
+/// Sends the watches whose key's value differs from the one they expect;
+/// if any, records the wake-up's stages (`trace`, given the last WAL event).
+fn fire_changed(
+    hub: &WatchHub,
+    keys: Vec<Vec<u8>>,
+    values: Vec<Option<Vec<u8>>>,
+    seq_limit: u64,
+    trace: impl FnOnce(Option<Instant>) -> WatchTrace,
+) {
     let mut st = hub.lock();
+    let mut fired = false;
     for (key, value) in keys.into_iter().zip(values) {
         let Some(entries) = st.watches.get_mut(&key) else { continue };
         let mut kept = Vec::with_capacity(entries.len());
@@ -353,6 +404,7 @@ fn fire_changed(hub: &WatchHub, keys: Vec<Vec<u8>>, values: Vec<Option<Vec<u8>>>
             }
             if entry.seq < seq_limit && entry.expected != value {
                 let _ = entry.tx.send(Ok(()));
+                fired = true;
             } else {
                 kept.push(entry);
             }
@@ -362,5 +414,8 @@ fn fire_changed(hub: &WatchHub, keys: Vec<Vec<u8>>, values: Vec<Option<Vec<u8>>>
         } else {
             *entries = kept;
         }
+    }
+    if fired {
+        st.trace = Some(trace(st.last_wal_event));
     }
 }
