@@ -347,6 +347,23 @@ mod tests {
         );
     }
 
+    /// With only the forwarding layer installed, a span is off at its call
+    /// site (what makes the store's transaction span free), and events
+    /// still reach their sinks.
+    #[test]
+    fn spans_are_off_with_only_the_forwarding_layer() {
+        let sink = Arc::new(Collect::default());
+        let log = Logger::new(sink.clone());
+        for _ in 0..2 {
+            // The second time through, the call site's cached interest.
+            let span = tracing::debug_span!(target: TARGET, "transaction", attempts = tracing::field::Empty);
+            assert!(span.is_disabled());
+            let _in = span.enter();
+            log_event!(log, Notice, "store_opened");
+        }
+        assert_eq!(sink.take().len(), 2);
+    }
+
     #[test]
     fn a_dropped_loggers_events_go_nowhere() {
         let sink = Arc::new(Collect::default());
