@@ -32,7 +32,8 @@
 //! entering and recording one costs a cached-interest check and nothing
 //! else (see bench/RESULTS.md, "Session 6: tracing"). A host that installs
 //! its own subscriber before the first node starts gets the events and the
-//! spans (with their timings) there instead, and no sink sees them. The
+//! spans (with their timings) there instead; no sink sees them unless that
+//! subscriber stacks [`forward()`] among its layers. The
 //! store's counters (`metrics.rs`) are not fed from the spans: they are
 //! bumped in the retry loop itself, which costs a relaxed add whether or
 //! not anyone traces.

@@ -59,7 +59,14 @@ where
     let mut seen = Attempt::default();
     // Disabled unless a subscriber wants it (log.rs): then recording costs
     // nothing but a check.
-    let span = tracing::debug_span!(target: TARGET, "transaction", writes = opts.writes, attempts = Empty, outcome = Empty, duration_us = Empty);
+    let span = tracing::debug_span!(
+        target: TARGET,
+        "transaction",
+        writes = opts.writes,
+        attempts = Empty,
+        outcome = Empty,
+        duration_us = Empty
+    );
     let started = Instant::now();
     let result = match attempt_loop(db, opts, &mut f, &mut seen, &span).instrument(span.clone()).await {
         // Out of time after an attempt that may have committed: that
