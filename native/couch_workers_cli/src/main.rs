@@ -26,7 +26,7 @@ use std::sync::Arc;
 use couch_workers_core::inspect;
 use couch_workers_core::jobs::{ops, JobOpts, JobService, JobState};
 use couch_workers_core::keyspace::Keyspace;
-use couch_workers_core::log::Discard;
+use couch_workers_core::log::{Discard, Logger};
 use couch_workers_core::store::embedded::EmbeddedOptions;
 use couch_workers_core::store::{self, run, Db, StoreConfig, TxOptions};
 use tokio_util::sync::CancellationToken;
@@ -256,7 +256,7 @@ fn job_service(db: &Db, ks: &Keyspace) -> JobService {
     JobService::start(
         db.clone(),
         ks.clone(),
-        Arc::new(Discard),
+        Logger::new(Arc::new(Discard)),
         tx,
         tx,
         CancellationToken::new(),

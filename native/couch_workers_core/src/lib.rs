@@ -9,7 +9,7 @@
 //!
 //! | module | job |
 //! | --- | --- |
-//! | `log` | structured log events handed to a sink (the NIF forwards them to `logger`) |
+//! | `log` | events and spans through `tracing`; the one layer that hands each event to its node's sink (the NIF's sends it to `logger`) |
 //! | `metrics` | counters of the store's retry loop |
 //! | `store` | the store abstraction (FoundationDB's transaction model) and its stores: `embedded`, `fdb`, `sim`; the test wrappers `faulty` (random faults) and `hooked` (a forwarding transaction with a test's hooks), feature `testkit` |
 //! | `error` | [`Error`]: the outcomes a call can have besides success |

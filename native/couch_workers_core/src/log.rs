@@ -1,8 +1,60 @@
-//! Log events. The core never prints: it hands structured events to a
-//! sink, and the NIF forwards them to an Erlang process that calls
-//! `logger` with a map such as `#{what => heartbeat_failed, type => T}`.
+//! Log events and spans, through `tracing`. The core never prints.
+//!
+//! **Events.** A call site writes
+//! `log_event!(self.log, Warning, "heartbeat_failed", "type" = spec.worker_type.as_slice(), reason = %e)`:
+//! a `tracing` event whose name is the report's `what`, with target
+//! [`TARGET`] and the fields as given. The macro adds two: `node`, the
+//! [`Logger`]'s route (absent for [`Logger::PROCESS`]), and `notice`
+//! (Erlang's `logger` has a `notice` level between `info` and `warning`,
+//! `tracing` has not: a notice is an `INFO` event with `notice = true`).
+//!
+//! **One path to a sink.** The first [`Logger`] installs one process-wide
+//! subscriber: `tracing_subscriber`'s registry with the [`Forward`] layer.
+//! `Forward` turns each event of [`TARGET`] back into an [`Event`] (byte
+//! fields stay bytes, strings strings, integers integers) and hands it to
+//! the [`Sink`] of the route its `node` names, or to the process sink
+//! ([`set_process_sink`]) when it names none. The NIF's sink sends it to
+//! Erlang's `logger` as a report map; a test's sink collects it.
+//!
+//! *Why a route field and not a subscriber per node.* A node's tasks run
+//! on every thread of the runtime, and tests run several nodes in one
+//! process: a thread-local subscriber (or `WithSubscriber` on every task a
+//! node spawns) would have to be carried through each spawn, and one
+//! missed spawn would send its events to the wrong place. A field travels
+//! with the event itself, and the lookup (a read lock on a small map, per
+//! event; events are not on a hot path) happens in one place.
+//!
+//! **Spans.** `transaction` (the store's retry loop: `attempts`,
+//! `outcome`, `duration_us`), `heartbeat` (one renewal: `workers`), `reap`
+//! (one suspect: `type`, `id`) and `accept_round` (`type`), all at `DEBUG`
+//! with target [`TARGET`]. `Forward` takes no interest in spans, so with
+//! only it installed they are disabled at their call site: creating,
+//! entering and recording one costs a cached-interest check and nothing
+//! else (see bench/RESULTS.md, "Session 6: tracing"). A host that installs
+//! its own subscriber before the first node starts gets the events and the
+//! spans (with their timings) there instead; no sink sees them unless that
+//! subscriber stacks [`forward()`] among its layers. The
+//! store's counters (`metrics.rs`) are not fed from the spans: they are
+//! bumped in the retry loop itself, which costs a relaxed add whether or
+//! not anyone traces.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Once, RwLock};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event as TracingEvent, Metadata, Subscriber};
+use tracing_subscriber::filter::{filter_fn, Filtered};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+// The macros below expand to `$crate::log::__tracing::...`, so a crate
+// that logs through them (the NIF) needs no `tracing` dependency of its own.
+#[doc(hidden)]
+pub use tracing as __tracing;
+
+/// The `tracing` target of every event and span of couch_workers.
+pub const TARGET: &str = "couch_workers";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -23,6 +75,16 @@ impl Level {
             Level::Error => "error",
         }
     }
+
+    fn of(level: &tracing::Level, notice: bool) -> Level {
+        match *level {
+            tracing::Level::ERROR => Level::Error,
+            tracing::Level::WARN => Level::Warning,
+            tracing::Level::INFO if notice => Level::Notice,
+            tracing::Level::INFO => Level::Info,
+            _ => Level::Debug,
+        }
+    }
 }
 
 /// A field value of a log event.
@@ -33,59 +95,12 @@ pub enum Value {
     Int(i64),
 }
 
-impl From<&[u8]> for Value {
-    fn from(v: &[u8]) -> Self {
-        Value::Bytes(v.to_vec())
-    }
-}
-impl From<&Vec<u8>> for Value {
-    fn from(v: &Vec<u8>) -> Self {
-        Value::Bytes(v.clone())
-    }
-}
-impl From<String> for Value {
-    fn from(v: String) -> Self {
-        Value::Str(v)
-    }
-}
-impl From<&str> for Value {
-    fn from(v: &str) -> Self {
-        Value::Str(v.to_string())
-    }
-}
-impl From<i64> for Value {
-    fn from(v: i64) -> Self {
-        Value::Int(v)
-    }
-}
-impl From<u64> for Value {
-    fn from(v: u64) -> Self {
-        Value::Int(i64::try_from(v).unwrap_or(i64::MAX))
-    }
-}
-impl From<usize> for Value {
-    fn from(v: usize) -> Self {
-        Value::Int(i64::try_from(v).unwrap_or(i64::MAX))
-    }
-}
-
 /// One structured event: `what` names it, `fields` say the rest.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub level: Level,
     pub what: &'static str,
     pub fields: Vec<(&'static str, Value)>,
-}
-
-impl Event {
-    pub fn new(level: Level, what: &'static str) -> Self {
-        Event { level, what, fields: Vec::new() }
-    }
-
-    pub fn with(mut self, key: &'static str, value: impl Into<Value>) -> Self {
-        self.fields.push((key, value.into()));
-        self
-    }
 }
 
 /// Where events go.
@@ -100,4 +115,267 @@ impl Sink for Discard {
     fn log(&self, _event: Event) {}
 }
 
-pub type Logger = Arc<dyn Sink>;
+/// Logs an event through `tracing` (see the module doc):
+/// `log_event!(logger, Level, "what", field = value, ...)` with `Level` one
+/// of `Debug`, `Info`, `Notice`, `Warning`, `Error` and fields as in
+/// `tracing::event!` (`"type" = bytes`, `reason = %error`, `count = n`).
+#[macro_export]
+macro_rules! log_event {
+    ($log:expr, Debug, $what:literal $(, $($field:tt)+)?) => {
+        $crate::__log_event!($log, DEBUG, false, $what $(, $($field)+)?)
+    };
+    ($log:expr, Info, $what:literal $(, $($field:tt)+)?) => {
+        $crate::__log_event!($log, INFO, false, $what $(, $($field)+)?)
+    };
+    ($log:expr, Notice, $what:literal $(, $($field:tt)+)?) => {
+        $crate::__log_event!($log, INFO, true, $what $(, $($field)+)?)
+    };
+    ($log:expr, Warning, $what:literal $(, $($field:tt)+)?) => {
+        $crate::__log_event!($log, WARN, false, $what $(, $($field)+)?)
+    };
+    ($log:expr, Error, $what:literal $(, $($field:tt)+)?) => {
+        $crate::__log_event!($log, ERROR, false, $what $(, $($field)+)?)
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __log_event {
+    ($log:expr, $level:ident, $notice:literal, $what:literal $(, $($field:tt)+)?) => {
+        $crate::log::__tracing::event!(
+            name: $what,
+            target: "couch_workers",
+            $crate::log::__tracing::Level::$level,
+            node = $crate::log::Logger::node(&$log),
+            notice = $notice
+            $(, $($field)+)?
+        )
+    };
+}
+
+/// A node's handle for logging: names the sink its events go to. Clones
+/// share the route; it is removed when the last clone is dropped (events
+/// logged after that go nowhere).
+#[derive(Clone)]
+pub struct Logger {
+    route: Option<Arc<Route>>,
+}
+
+struct Route {
+    node: u64,
+}
+
+static NEXT_ROUTE: AtomicU64 = AtomicU64::new(1);
+static ROUTES: RwLock<BTreeMap<u64, Arc<dyn Sink>>> = RwLock::new(BTreeMap::new());
+static PROCESS_SINK: RwLock<Option<Arc<dyn Sink>>> = RwLock::new(None);
+
+impl Logger {
+    /// Events that belong to no node (the NIF's own, a panic): they go to
+    /// the process sink.
+    pub const PROCESS: Logger = Logger { route: None };
+
+    /// A new route to `sink`.
+    pub fn new(sink: Arc<dyn Sink>) -> Logger {
+        install();
+        let node = NEXT_ROUTE.fetch_add(1, Ordering::Relaxed);
+        write(&ROUTES).insert(node, sink);
+        Logger { route: Some(Arc::new(Route { node })) }
+    }
+
+    /// The route's number, as the `node` field of its events.
+    pub fn node(&self) -> Option<u64> {
+        self.route.as_ref().map(|r| r.node)
+    }
+}
+
+impl Drop for Route {
+    fn drop(&mut self) {
+        write(&ROUTES).remove(&self.node);
+    }
+}
+
+impl fmt::Debug for Logger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Logger").field("node", &self.node()).finish()
+    }
+}
+
+/// Sets (or, with `None`, clears) the sink of events that name no node.
+pub fn set_process_sink(sink: Option<Arc<dyn Sink>>) {
+    install();
+    *write(&PROCESS_SINK) = sink;
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
+}
+
+fn sink_of(node: Option<u64>) -> Option<Arc<dyn Sink>> {
+    match node {
+        Some(n) => ROUTES.read().unwrap_or_else(|p| p.into_inner()).get(&n).cloned(),
+        None => PROCESS_SINK.read().unwrap_or_else(|p| p.into_inner()).clone(),
+    }
+}
+
+/// Installs the process-wide subscriber (once). If the host set one
+/// before, that one stays and gets the events (see the module doc).
+fn install() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let subscriber = tracing_subscriber::registry().with(forward());
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    });
+}
+
+/// The forwarding layer, filtered to the events of [`TARGET`] (a filter of
+/// its own, so that a layer stacked beside it may still enable spans).
+pub fn forward<S>() -> Filtered<Forward, impl tracing_subscriber::layer::Filter<S>, S>
+where
+    S: Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    Forward.with_filter(filter_fn(|m: &Metadata<'_>| m.is_event() && m.target() == TARGET))
+}
+
+/// The layer that hands couch_workers' `tracing` events to their sinks.
+pub struct Forward;
+
+impl<S: Subscriber> Layer<S> for Forward {
+    fn on_event(&self, event: &TracingEvent<'_>, _ctx: Context<'_, S>) {
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let Some(sink) = sink_of(fields.node) else { return };
+        let meta = event.metadata();
+        sink.log(Event { level: Level::of(meta.level(), fields.notice), what: meta.name(), fields: fields.rest });
+    }
+}
+
+/// An event's fields, read back: the route, the notice flag, the rest.
+#[derive(Default)]
+struct Fields {
+    node: Option<u64>,
+    notice: bool,
+    rest: Vec<(&'static str, Value)>,
+}
+
+impl Visit for Fields {
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if field.name() == "node" {
+            self.node = Some(value);
+        } else {
+            self.rest.push((field.name(), Value::Int(i64::try_from(value).unwrap_or(i64::MAX))));
+        }
+    }
+
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.rest.push((field.name(), Value::Int(value)));
+    }
+
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        if field.name() == "notice" {
+            self.notice = value;
+        } else {
+            self.rest.push((field.name(), Value::Str(value.to_string())));
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.rest.push((field.name(), Value::Str(value.to_string())));
+    }
+
+    fn record_bytes(&mut self, field: &Field, value: &[u8]) {
+        self.rest.push((field.name(), Value::Bytes(value.to_vec())));
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        // `%x` fields arrive here, Display-formatted through their Debug.
+        self.rest.push((field.name(), Value::Str(format!("{value:?}"))));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<Event>>);
+
+    impl Sink for Collect {
+        fn log(&self, event: Event) {
+            self.0.lock().unwrap().push(event);
+        }
+    }
+
+    impl Collect {
+        fn take(&self) -> Vec<Event> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    #[test]
+    fn events_reach_their_nodes_sink_with_their_levels_and_field_kinds() {
+        let (a, b) = (Arc::new(Collect::default()), Arc::new(Collect::default()));
+        let (log_a, log_b) = (Logger::new(a.clone()), Logger::new(b.clone()));
+        let id = b"w-1".to_vec();
+        // From another thread, as a runtime's worker would log.
+        let l = log_a.clone();
+        std::thread::spawn(move || {
+            log_event!(l, Notice, "worker_reaped", "type" = b"idx".as_slice(), id = id.as_slice(), jobs = 2usize);
+        })
+        .join()
+        .unwrap();
+        log_event!(log_b, Warning, "reap_failed", reason = %"store busy", failures = 3u32);
+        log_event!(log_b, Debug, "accept_watch_deferred");
+        log_event!(log_b, Info, "job_released");
+        log_event!(log_b, Error, "rust_panic", message = "boom");
+        assert_eq!(
+            a.take(),
+            vec![Event {
+                level: Level::Notice,
+                what: "worker_reaped",
+                fields: vec![("type", Value::Bytes(b"idx".to_vec())), ("id", Value::Bytes(b"w-1".to_vec())), ("jobs", Value::Int(2))],
+            }]
+        );
+        let got: Vec<_> = b.take().into_iter().map(|e| (e.level, e.what, e.fields)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Level::Warning, "reap_failed", vec![("reason", Value::Str("store busy".into())), ("failures", Value::Int(3))]),
+                (Level::Debug, "accept_watch_deferred", vec![]),
+                (Level::Info, "job_released", vec![]),
+                (Level::Error, "rust_panic", vec![("message", Value::Str("boom".into()))]),
+            ]
+        );
+    }
+
+    /// With only the forwarding layer installed, a span is off at its call
+    /// site (what makes the store's transaction span free), and events
+    /// still reach their sinks.
+    #[test]
+    fn spans_are_off_with_only_the_forwarding_layer() {
+        let sink = Arc::new(Collect::default());
+        let log = Logger::new(sink.clone());
+        for _ in 0..2 {
+            // The second time through, the call site's cached interest.
+            let span = tracing::debug_span!(target: TARGET, "transaction", attempts = tracing::field::Empty);
+            assert!(span.is_disabled());
+            let _in = span.enter();
+            log_event!(log, Notice, "store_opened");
+        }
+        assert_eq!(sink.take().len(), 2);
+    }
+
+    #[test]
+    fn a_dropped_loggers_events_go_nowhere() {
+        let sink = Arc::new(Collect::default());
+        let log = Logger::new(sink.clone());
+        let node = log.node();
+        let clone = log.clone();
+        drop(log);
+        log_event!(clone, Notice, "store_closed");
+        assert_eq!(sink.take().len(), 1, "a clone keeps the route");
+        drop(clone);
+        assert!(sink_of(node).is_none(), "the route is removed with its last clone");
+        assert_eq!(Arc::strong_count(&sink), 1, "and the sink released");
+    }
+}

@@ -15,7 +15,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
 use crate::keyspace::{Incarnation, Keyspace};
-use crate::log::{Event, Level, Logger};
+use crate::log::{Logger, Sink};
+use crate::log_event;
 use crate::services::heartbeat::{HeartbeatService, Heartbeats};
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
@@ -74,19 +75,17 @@ pub struct Node {
 
 impl Node {
     /// Opens the store and starts the reaper. Must run on the runtime.
-    pub async fn start(config: &StoreConfig, settings: Settings, log: Logger) -> Result<Arc<Node>, Error> {
+    pub async fn start(config: &StoreConfig, settings: Settings, sink: Arc<dyn Sink>) -> Result<Arc<Node>, Error> {
         let db = store::open(config).await?;
-        let node = Node::with_db(db, settings, log);
-        node.log.log(
-            Event::new(Level::Notice, "store_opened")
-                .with("store", node.db.kind())
-                .with("durability", node.db.durability()),
-        );
+        let node = Node::with_db(db, settings, sink);
+        log_event!(node.log, Notice, "store_opened", store = node.db.kind(), durability = %node.db.durability());
         Ok(node)
     }
 
-    /// A node on an already open store (tests, benchmarks).
-    pub fn with_db(db: Db, settings: Settings, log: Logger) -> Arc<Node> {
+    /// A node on an already open store (tests, benchmarks). Its events go
+    /// to `sink`.
+    pub fn with_db(db: Db, settings: Settings, sink: Arc<dyn Sink>) -> Arc<Node> {
+        let log = Logger::new(sink);
         let ks = Keyspace::new(&db.prefix());
         let (shutdown, tasks) = (CancellationToken::new(), TaskTracker::new());
         let tx = TxOptions { writes: true, timeout: settings.tx_timeout, retry_limit: settings.tx_retry_limit };
@@ -144,7 +143,7 @@ impl Node {
         // A registration added while `stop` began has no service left.
         self.heartbeats.clear();
         self.db.close();
-        self.log.log(Event::new(Level::Notice, "store_closed").with("store", self.db.kind()));
+        log_event!(self.log, Notice, "store_closed", store = self.db.kind());
     }
 
     pub fn is_stopped(&self) -> bool {
@@ -324,13 +323,7 @@ impl Node {
     /// learns of a reap's from `worker_reaped`.
     fn log_requeued(&self, worker_type: &[u8], id: &[u8], jobs: usize, reason: &str) {
         if jobs > 0 {
-            self.log.log(
-                Event::new(Level::Notice, "worker_jobs_requeued")
-                    .with("type", worker_type)
-                    .with("id", id)
-                    .with("jobs", jobs)
-                    .with("reason", reason),
-            );
+            log_event!(self.log, Notice, "worker_jobs_requeued", "type" = worker_type, id = id, jobs = jobs, reason = reason);
         }
     }
 
@@ -443,11 +436,13 @@ impl Drop for Registration {
         let n = node.clone();
         node.spawn(async move {
             if let Err(e) = n.remove_worker(&spec.worker_type, &spec.id, &incarnation, false).await {
-                n.log.log(
-                    Event::new(Level::Warning, "worker_remove_failed")
-                        .with("type", &spec.worker_type)
-                        .with("id", &spec.id)
-                        .with("reason", e.to_string()),
+                log_event!(
+                    n.log,
+                    Warning,
+                    "worker_remove_failed",
+                    "type" = spec.worker_type.as_slice(),
+                    id = spec.id.as_slice(),
+                    reason = %e
                 );
             }
         });

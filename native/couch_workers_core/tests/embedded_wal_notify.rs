@@ -133,7 +133,7 @@ async fn an_idle_node_writes_nothing_to_the_embedded_store() {
     let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let store = open(dir.path(), true);
-    let log: couch_workers_core::log::Logger = Arc::new(couch_workers_core::log::Discard);
+    let log: Arc<dyn couch_workers_core::log::Sink> = Arc::new(couch_workers_core::log::Discard);
     let node = couch_workers_core::Node::with_db(store.clone(), couch_workers_core::Settings::default(), log);
     // The reaper's first passes (500 ms apart at most), after start-up.
     tokio::time::sleep(Duration::from_millis(300)).await;

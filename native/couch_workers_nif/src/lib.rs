@@ -43,7 +43,7 @@ mod workers;
 use rustler::{Env, Term};
 
 fn load(env: Env, _info: Term) -> bool {
-    log::install_panic_hook();
+    log::install();
     // Resource types: each module registers its own.
     workers::load(env) && membership::load(env) && jobs::load(env)
 }

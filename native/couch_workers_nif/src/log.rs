@@ -1,16 +1,20 @@
-//! Log events of the core, forwarded to Erlang's `logger`.
+//! Log events of the core and of this crate, forwarded to Erlang's `logger`.
 //!
-//! The core never prints. Its events (and Rust panics, through a panic
-//! hook that replaces the default one, which would print to stderr) are
-//! sent as `{couch_workers_log, Level, What, Fields}` to the process set
-//! with `set_log_pid/1` (`couch_workers_events`), which calls
+//! The core never prints. Its events and this crate's go through
+//! `tracing` (`log_event!`, see the core's `log.rs`), whose one layer hands
+//! each to a sink: the node's and the process's are both [`ErlangSink`].
+//! Rust panics reach it too, through a panic hook that replaces the default
+//! one (which would print to stderr). Each event is sent as
+//! `{couch_workers_log, Level, What, Fields}` to the process set with
+//! `set_log_pid/1` (`couch_workers_events`), which calls
 //! `logger:log(Level, Fields#{what => What})`. `Level` is one of `debug`,
 //! `info`, `notice`, `warning`, `error`; `Fields` is a map with atom keys
 //! and binary or integer values. With no such process, events are dropped.
 
 use std::sync::{Arc, Once, RwLock};
 
-use couch_workers_core::log::{Event, Level, Logger, Sink, Value};
+use couch_workers_core::log::{self as core_log, Event, Level, Logger, Sink, Value};
+use couch_workers_core::log_event;
 use rustler::{Encoder, Env, LocalPid, OwnedEnv, Term};
 
 use crate::atoms;
@@ -27,7 +31,7 @@ fn pid() -> Option<LocalPid> {
     *LOG_PID.read().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The sink handed to the core.
+/// The sink of every event: the node's (`Node::start`) and the process's.
 pub struct ErlangSink;
 
 impl Sink for ErlangSink {
@@ -36,15 +40,15 @@ impl Sink for ErlangSink {
     }
 }
 
-/// A logger for `Node::start`.
-pub fn logger() -> Logger {
+/// The sink for `Node::start`.
+pub fn sink() -> Arc<dyn Sink> {
     Arc::new(ErlangSink)
 }
 
 /// Sends `event` to the log process. Off the scheduler threads it is sent
 /// at once; on one (a NIF, a resource destructor) it is handed to the
 /// runtime, since an `OwnedEnv` cannot send from a scheduler.
-pub fn emit(event: Event) {
+fn emit(event: Event) {
     let Some(pid) = pid() else { return };
     if rustler::thread::is_scheduler_thread() {
         if let Some(rt) = crate::runtime::handle() {
@@ -77,23 +81,20 @@ fn level_name(level: Level) -> &'static str {
     level.name()
 }
 
-/// Routes Rust panics to the log (as `rust_panic` events at `error`)
-/// instead of stderr. The panic itself still unwinds to whoever catches
-/// it: rustler turns a NIF's into an exception, `reply.rs` a task's into
-/// `{error, {panic, Msg}}`.
-pub fn install_panic_hook() {
+/// Sends the events that belong to no node (this crate's own, panics) to
+/// Erlang too; and routes Rust panics to the log (as `rust_panic` events
+/// at `error`) instead of stderr. The panic itself still unwinds to
+/// whoever catches it: rustler turns a NIF's into an exception,
+/// `reply.rs` a task's into `{error, {panic, Msg}}`.
+pub fn install() {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
+        core_log::set_process_sink(Some(sink()));
         std::panic::set_hook(Box::new(|info| {
             let message = crate::reply::panic_message(info.payload());
             let location = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
             let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
-            emit(
-                Event::new(Level::Error, "rust_panic")
-                    .with("message", message)
-                    .with("location", location)
-                    .with("thread", thread),
-            );
+            log_event!(Logger::PROCESS, Error, "rust_panic", message = message, location = location, thread = thread);
         }));
     });
 }

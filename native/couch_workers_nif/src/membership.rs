@@ -31,7 +31,8 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Mutex;
 
-use couch_workers_core::log::{Event, Level};
+use couch_workers_core::log::Logger;
+use couch_workers_core::log_event;
 use couch_workers_core::services::membership::{MemberChange, MembershipUpdate, OnMembershipUpdate};
 use couch_workers_core::MembershipWatch;
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
@@ -131,7 +132,7 @@ fn membership_watch<'a>(env: Env<'a>, worker_type: Term<'a>, tag: Term<'a>) -> N
         // (which goes whole: the receiver missed this one).
         let sent = std::panic::catch_unwind(AssertUnwindSafe(|| notifier.send(&update)));
         if sent.is_err() {
-            crate::log::emit(Event::new(Level::Error, "membership_notify_failed").with("type", update.worker_type));
+            log_event!(Logger::PROCESS, Error, "membership_notify_failed", "type" = update.worker_type);
         }
     });
     match node.watch_membership_updates(worker_type, on_update) {

@@ -13,7 +13,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use couch_workers_core::log::{Event, Level};
+use couch_workers_core::log::Logger;
+use couch_workers_core::log_event;
 use couch_workers_core::store::embedded::EmbeddedOptions;
 use couch_workers_core::store::StoreConfig;
 use couch_workers_core::{Node, Settings};
@@ -113,16 +114,13 @@ fn start<'a>(env: Env<'a>, reference: Term<'a>, config: Term<'a>) -> NifResult<T
     let (rt, honoured) = match runtime::ensure(config.threads) {
         Ok(r) => r,
         Err(why) => {
-            crate::log::emit(Event::new(Level::Error, "runtime_build_failed").with("reason", why));
+            log_event!(Logger::PROCESS, Error, "runtime_build_failed", reason = why.as_str());
             return Ok(error_tuple(env, "runtime_failed"));
         }
     };
     if !honoured {
-        crate::log::emit(
-            Event::new(Level::Notice, "runtime_threads_unchanged")
-                .with("requested", config.threads)
-                .with("running", runtime::threads().unwrap_or(0)),
-        );
+        let running = runtime::threads().unwrap_or(0);
+        log_event!(Logger::PROCESS, Notice, "runtime_threads_unchanged", requested = config.threads, running = running);
     }
     let guard = match runtime::begin_start() {
         Ok(g) => g,
@@ -130,14 +128,14 @@ fn start<'a>(env: Env<'a>, reference: Term<'a>, config: Term<'a>) -> NifResult<T
     };
     let replier = Replier::new(env, reference);
     reply::spawn(rt.handle(), replier, async move {
-        match Node::start(&config.store, config.settings, crate::log::logger()).await {
+        match Node::start(&config.store, config.settings, crate::log::sink()).await {
             Ok(node) => {
                 guard.complete(node);
                 reply::ok()
             }
             Err(e) => {
                 drop(guard);
-                crate::log::emit(Event::new(Level::Error, "node_start_failed").with("reason", e.to_string()));
+                log_event!(Logger::PROCESS, Error, "node_start_failed", reason = %e);
                 reply::error(e.name())
             }
         }

@@ -31,7 +31,8 @@
 
 use std::sync::{Arc, Weak};
 
-use couch_workers_core::log::{Event, Level};
+use couch_workers_core::log::Logger;
+use couch_workers_core::log_event;
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Node, Registration};
 use couch_workers_core::services::owner_events::{OnOwnerEvent, OwnerEvent};
@@ -102,12 +103,7 @@ fn register<'a>(
     let worker_type = bytes_arg(worker_type)?.to_vec();
     let id = bytes_arg(id)?.to_vec();
     let options = match json::map_arg(env, opts, sched, atoms::invalid_options(), |e| {
-        crate::log::emit(
-            Event::new(Level::Debug, "invalid_options")
-                .with("type", short(&worker_type))
-                .with("id", short(&id))
-                .with("reason", e.to_string()),
-        );
+        log_event!(Logger::PROCESS, Debug, "invalid_options", "type" = short(&worker_type), id = short(&id), reason = %e);
     }) {
         Ok(options) => options,
         Err(answer) => return answer,
@@ -255,7 +251,7 @@ impl OwnerTarget {
             });
         }));
         if sent.is_err() {
-            crate::log::emit(Event::new(Level::Error, "owner_event_send_failed"));
+            log_event!(Logger::PROCESS, Error, "owner_event_send_failed");
         }
     }
 }

@@ -77,7 +77,9 @@ use super::commit::{complete_handle_vs, run_committed};
 use super::service::{Live, ServiceState};
 use crate::error::Error;
 use crate::keyspace::Incarnation;
-use crate::log::{Event, Level};
+use crate::log::TARGET;
+use tracing::Instrument;
+use crate::log_event;
 use crate::services::watch_limit::is_too_many_watches;
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError, Watch};
@@ -261,7 +263,8 @@ impl Dispatcher {
                 while let Ok(w) = self.receiver.try_recv() {
                     self.push(w);
                 }
-                match self.round().await {
+                let span = tracing::debug_span!(target: TARGET, "accept_round", "type" = self.job_type.as_slice());
+                match self.round().instrument(span).await {
                     Ok((more, w)) => {
                         failures = 0;
                         need_round = more;
@@ -274,12 +277,8 @@ impl Dispatcher {
                             self.close();
                             return;
                         }
-                        self.shared.log.log(
-                            Event::new(Level::Warning, "job_accept_round_failed")
-                                .with("type", &self.job_type)
-                                .with("reason", e.to_string())
-                                .with("failures", u64::from(failures)),
-                        );
+                        let t = self.job_type.as_slice();
+                        log_event!(self.shared.log, Warning, "job_accept_round_failed", "type" = t, reason = %e, failures = failures);
                         let pause = jittered(Duration::from_millis(20u64 << failures.min(6)), 0.5);
                         if !sleep_or_cancel(pause, &self.cancel).await {
                             self.close();
@@ -333,11 +332,8 @@ impl Dispatcher {
                             // arrive are still served at once.
                             at_limit += 1;
                             let pause = self.shared.watch_limit.reached(at_limit);
-                            self.shared.log.log(
-                                Event::new(Level::Debug, "accept_watch_deferred")
-                                    .with("type", &self.job_type)
-                                    .with("delay_ms", pause.as_millis() as u64),
-                            );
+                            let (t, delay_ms) = (self.job_type.as_slice(), pause.as_millis() as u64);
+                            log_event!(self.shared.log, Debug, "accept_watch_deferred", "type" = t, delay_ms = delay_ms);
                             rearm_at = Some(Instant::now() + pause);
                             need_round = false;
                         }
@@ -545,14 +541,12 @@ impl ServiceState {
                 match given {
                     Ok(n) => {
                         if n > 0 {
-                            shared.log.log(Event::new(Level::Info, "job_accept_reclaimed").with("type", j).with("count", n));
+                            log_event!(shared.log, Info, "job_accept_reclaimed", "type" = j.as_slice(), count = n);
                         }
                         return;
                     }
                     Err(e) => {
-                        shared.log.log(
-                            Event::new(Level::Warning, "job_accept_reclaim_failed").with("type", j).with("reason", e.to_string()),
-                        );
+                        log_event!(shared.log, Warning, "job_accept_reclaim_failed", "type" = j.as_slice(), reason = %e);
                         if matches!(e, StoreError::Closed)
                             || !sleep_or_cancel(jittered(Duration::from_millis(50u64 << failures.min(6)), 0.5), &shared.cancel).await
                         {
@@ -571,19 +565,15 @@ impl ServiceState {
         let f = &fence;
         let released = run(self.db.as_ref(), self.write, |tx| async move { ops::give_back(&tx, ks, f).await }).await;
         match released {
-            Ok(true) => self.log.log(
-                Event::new(Level::Info, "job_released")
-                    .with("type", &fence.job_type)
-                    .with("id", &fence.job_id)
-                    .with("worker", &fence.worker),
-            ),
+            Ok(true) => {
+                let (t, id, worker) = (fence.job_type.as_slice(), fence.job_id.as_slice(), fence.worker.as_slice());
+                log_event!(self.log, Info, "job_released", "type" = t, id = id, worker = worker)
+            }
             Ok(false) => {}
-            Err(e) => self.log.log(
-                Event::new(Level::Warning, "job_release_failed")
-                    .with("type", &fence.job_type)
-                    .with("id", &fence.job_id)
-                    .with("reason", e.to_string()),
-            ),
+            Err(e) => {
+                let (t, id) = (fence.job_type.as_slice(), fence.job_id.as_slice());
+                log_event!(self.log, Warning, "job_release_failed", "type" = t, id = id, reason = %e)
+            }
         }
     }
 }

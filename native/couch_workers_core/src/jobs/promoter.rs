@@ -29,7 +29,7 @@ use super::ops;
 use super::place::wall_ms;
 use super::service::{Live, ServiceState};
 use super::wake::{Waiter, Woke};
-use crate::log::{Event, Level};
+use crate::log_event;
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError, Watch};
 
@@ -62,7 +62,7 @@ pub(crate) async fn run_promoter(shared: Arc<ServiceState>, cancel: Cancellation
                     return;
                 }
                 failures += 1;
-                shared.log.log(Event::new(Level::Warning, "job_promote_failed").with("reason", e.to_string()));
+                log_event!(shared.log, Warning, "job_promote_failed", reason = %e);
                 if !sleep_or_cancel(jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5), &cancel).await {
                     return;
                 }

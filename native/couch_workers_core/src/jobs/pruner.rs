@@ -31,7 +31,7 @@ use super::receipt;
 use super::place::wall_ms;
 use super::service::{Live, ServiceState};
 use super::wake::{Waiter, Woke};
-use crate::log::{Event, Level};
+use crate::log_event;
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError};
 
@@ -73,7 +73,7 @@ pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationTo
             };
             match cleared {
                 Ok(()) => receipts_cleared = Some(minute),
-                Err(e) => shared.log.log(Event::new(Level::Warning, "job_receipts_clear_failed").with("reason", e.to_string())),
+                Err(e) => log_event!(shared.log, Warning, "job_receipts_clear_failed", reason = %e),
             }
         }
         // A read first: most looks find nothing due and write nothing.
@@ -108,7 +108,7 @@ pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationTo
                     *per_type.entry(job_type.as_slice()).or_default() += 1;
                 }
                 for (job_type, count) in per_type {
-                    shared.log.log(Event::new(Level::Info, "jobs_pruned").with("type", job_type).with("count", count));
+                    log_event!(shared.log, Info, "jobs_pruned", "type" = job_type, count = count);
                 }
                 let cap = jittered(MAX_SLEEP, 0.2);
                 let sleep = match pruned.next {
@@ -133,7 +133,7 @@ pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationTo
                     return;
                 }
                 failures += 1;
-                shared.log.log(Event::new(Level::Warning, "job_prune_failed").with("reason", e.to_string()));
+                log_event!(shared.log, Warning, "job_prune_failed", reason = %e);
                 if !sleep_or_cancel(jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5), &cancel).await {
                     return;
                 }

@@ -31,7 +31,8 @@ use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
 use super::sweeper::run_sweeper;
 use crate::error::{check_key, Error};
 use crate::keyspace::{Incarnation, Keyspace};
-use crate::log::{Event, Level, Logger};
+use crate::log::Logger;
+use crate::log_event;
 use crate::services::watch_limit::WatchLimit;
 use crate::store::{run, Db, StoreError, TxOptions};
 
@@ -151,12 +152,7 @@ impl ServiceState {
     /// it (`ops::accept`): the one word of it besides its error.
     pub(crate) fn log_unrunnable(&self, job_type: &[u8], ids: &[Vec<u8>]) {
         for id in ids {
-            self.log.log(
-                Event::new(Level::Error, "job_failed_unrunnable")
-                    .with("type", job_type)
-                    .with("id", id)
-                    .with("reason", "value_too_large"),
-            );
+            log_event!(self.log, Error, "job_failed_unrunnable", "type" = job_type, id = id.as_slice(), reason = "value_too_large");
         }
     }
 

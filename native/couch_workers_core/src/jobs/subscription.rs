@@ -32,7 +32,7 @@ use super::job::{Job, JobEvent, JobVs};
 use super::ops;
 use super::service::{Live, ServiceState};
 use crate::error::Error;
-use crate::log::{Event, Level};
+use crate::log_event;
 use crate::services::sleep_or_cancel;
 use crate::services::watch_limit::is_too_many_watches;
 use crate::store::{run, StoreError, Watch};
@@ -157,7 +157,7 @@ async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
     let mut at_limit: u32 = 0;
     loop {
         let Some(s) = shared.upgrade() else { return };
-        let (job_type, id) = (&watcher.key.0, &watcher.key.1);
+        let (job_type, id) = (watcher.key.0.as_slice(), watcher.key.1.as_slice());
         let ks = &s.ks;
         let read = run(s.db.as_ref(), s.read, |tx| async move {
             let job = ops::get(&tx, ks, job_type, id).await?;
@@ -201,12 +201,7 @@ async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
                     return;
                 }
                 failures += 1;
-                s.log.log(
-                    Event::new(Level::Warning, "job_watch_read_failed")
-                        .with("type", job_type)
-                        .with("id", id)
-                        .with("reason", e.to_string()),
-                );
+                log_event!(s.log, Warning, "job_watch_read_failed", "type" = job_type, id = id, reason = %e);
                 let backoff = Duration::from_millis(50u64 << failures.min(5));
                 drop(s);
                 if !sleep_or_cancel(backoff, &watcher.cancel).await {
@@ -237,12 +232,8 @@ async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
                 // growing, and let the node log the episode once.
                 at_limit += 1;
                 let pause = watch_limit.reached(at_limit);
-                log.log(
-                    Event::new(Level::Debug, "job_watch_deferred")
-                        .with("type", job_type)
-                        .with("id", id)
-                        .with("delay_ms", pause.as_millis() as u64),
-                );
+                let delay_ms = pause.as_millis() as u64;
+                log_event!(log, Debug, "job_watch_deferred", "type" = job_type, id = id, delay_ms = delay_ms);
                 pause
             }
             // A store hiccup (a recovery's lost watch): read again soon.

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ops::{self, SweepCursor, SweepStep};
 use super::service::{Live, ServiceState};
-use crate::log::{Event, Level};
+use crate::log_event;
 use crate::services::watch_limit::is_too_many_watches;
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError};
@@ -47,7 +47,7 @@ pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: Ca
                     return;
                 }
                 failures += 1;
-                shared.log.log(Event::new(Level::Warning, "job_sweep_failed").with("reason", e.to_string()));
+                log_event!(shared.log, Warning, "job_sweep_failed", reason = %e);
                 if !sleep_or_cancel(jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5), &cancel).await {
                     return;
                 }
@@ -60,12 +60,8 @@ pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: Ca
             match sweep_one(&shared, &cancel, &worker_type, &worker).await {
                 Ok(moved) => {
                     if moved > 0 {
-                        shared.log.log(
-                            Event::new(Level::Notice, "orphaned_jobs_requeued")
-                                .with("type", &worker_type)
-                                .with("worker", &worker)
-                                .with("count", moved),
-                        );
+                        let (t, w) = (worker_type.as_slice(), worker.as_slice());
+                        log_event!(shared.log, Notice, "orphaned_jobs_requeued", "type" = t, worker = w, count = moved);
                     }
                 }
                 Err(e) => {
@@ -73,12 +69,8 @@ pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: Ca
                         return;
                     }
                     ok = false;
-                    shared.log.log(
-                        Event::new(Level::Warning, "job_sweep_failed")
-                            .with("type", &worker_type)
-                            .with("worker", &worker)
-                            .with("reason", e.to_string()),
-                    );
+                    let (t, w) = (worker_type.as_slice(), worker.as_slice());
+                    log_event!(shared.log, Warning, "job_sweep_failed", "type" = t, worker = w, reason = %e);
                 }
             }
         }

@@ -30,12 +30,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+use tracing::Instrument;
 use tokio_util::sync::CancellationToken;
 
 use super::owner_events::{OwnerEvent, OwnerEvents};
 use super::{jittered, wall_clock_s, Live};
 use crate::keyspace::{Incarnation, Keyspace};
-use crate::log::{Event, Level, Logger};
+use crate::log::{Logger, TARGET};
+use crate::log_event;
 use crate::store::{run, Db, StoreError, TxOptions};
 use crate::workers::{self, Beat, Heartbeat, WorkerSpec};
 
@@ -257,6 +259,7 @@ impl HeartbeatService {
             let beats: Vec<Beat<'_>> = chunk.iter().map(|d| Beat { spec: &d.spec, incarnation: &d.incarnation }).collect();
             workers::heartbeat_many(&tx, ks, &beats, wall_clock_s(), |i| chunk[i].cancel.is_cancelled()).await
         })
+        .instrument(tracing::debug_span!(target: TARGET, "heartbeat", workers = chunk.len()))
         .await
     }
 
@@ -281,22 +284,27 @@ impl HeartbeatService {
                         entry.open = started + p / 2;
                         entry.due = next_due(started, p);
                         if outcome == Some(Heartbeat::Reinstated) {
-                            events.push((entry.events.clone(), OwnerEvent::Reaped, "worker_reinstated", d.spec.clone()));
+                            events.push((entry.events.clone(), OwnerEvent::Reaped, d.spec.clone()));
                         }
                     }
                     Some(Heartbeat::Gone) => {
-                        events.push((entry.events.clone(), OwnerEvent::Superseded, "worker_superseded", d.spec.clone()));
+                        events.push((entry.events.clone(), OwnerEvent::Superseded, d.spec.clone()));
                         entries.remove(&d.incarnation);
                     }
                 }
             }
         }
         for (spec, failures) in recovered {
-            self.log.log(worker_event(Level::Notice, "heartbeat_recovered", &spec).with("failures", u64::from(failures)));
+            let (t, id) = (spec.worker_type.as_slice(), spec.id.as_slice());
+            log_event!(self.log, Notice, "heartbeat_recovered", "type" = t, id = id, failures = failures);
         }
         // Outside the lock: a listener may call back into the node.
-        for (sink, event, what, spec) in events {
-            self.log.log(worker_event(Level::Warning, what, &spec));
+        for (sink, event, spec) in events {
+            let (t, id) = (spec.worker_type.as_slice(), spec.id.as_slice());
+            match event {
+                OwnerEvent::Reaped => log_event!(self.log, Warning, "worker_reinstated", "type" = t, id = id),
+                OwnerEvent::Superseded => log_event!(self.log, Warning, "worker_superseded", "type" = t, id = id),
+            }
             sink.emit(event);
         }
     }
@@ -318,17 +326,9 @@ impl HeartbeatService {
                 failed.push((d.spec.clone(), entry.failures));
             }
         }
-        let reason = e.to_string();
         for (spec, failures) in failed {
-            self.log.log(
-                worker_event(Level::Warning, "heartbeat_failed", &spec)
-                    .with("reason", reason.clone())
-                    .with("failures", u64::from(failures)),
-            );
+            let (t, id) = (spec.worker_type.as_slice(), spec.id.as_slice());
+            log_event!(self.log, Warning, "heartbeat_failed", "type" = t, id = id, reason = %e, failures = failures);
         }
     }
-}
-
-fn worker_event(level: Level, what: &'static str, spec: &WorkerSpec) -> Event {
-    Event::new(level, what).with("type", &spec.worker_type).with("id", &spec.id)
 }

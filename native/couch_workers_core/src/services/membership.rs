@@ -29,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 use super::watch_limit::{is_too_many_watches, WatchLimit};
 use super::{sleep_or_cancel, Live};
 use crate::keyspace::Keyspace;
-use crate::log::{Event, Level, Logger};
+use crate::log::Logger;
+use crate::log_event;
 use crate::store::{run, Db, StoreError, Tx, TxOptions, Versionstamp, Watch};
 use crate::workers::{self, Membership};
 
@@ -115,7 +116,7 @@ impl MembershipWatcher {
             let watch = match outcome {
                 Ok((read, watch)) => {
                     if failures > 0 {
-                        self.log.log(self.event(Level::Notice, "membership_watch_recovered"));
+                        log_event!(self.log, Notice, "membership_watch_recovered", "type" = self.worker_type.as_slice());
                         failures = 0;
                     }
                     self.apply(&mut known, read);
@@ -123,7 +124,7 @@ impl MembershipWatcher {
                 }
                 Err(e) => {
                     failures += 1;
-                    self.log.log(self.event(Level::Warning, "membership_read_failed").with("reason", e.to_string()));
+                    log_event!(self.log, Warning, "membership_read_failed", "type" = self.worker_type.as_slice(), reason = %e);
                     let backoff = Duration::from_millis(50u64 << failures.min(5));
                     if !sleep_or_cancel(backoff, &self.cancel).await {
                         return;
@@ -146,10 +147,8 @@ impl MembershipWatcher {
                         // the node log the episode once (watch_limit.rs).
                         at_limit += 1;
                         let pause = self.watch_limit.reached(at_limit);
-                        self.log.log(
-                            self.event(Level::Debug, "membership_watch_deferred")
-                                .with("delay_ms", pause.as_millis() as u64),
-                        );
+                        let delay_ms = pause.as_millis() as u64;
+                        log_event!(self.log, Debug, "membership_watch_deferred", "type" = self.worker_type.as_slice(), delay_ms = delay_ms);
                         if !sleep_or_cancel(pause, &self.cancel).await {
                             return;
                         }
@@ -157,7 +156,7 @@ impl MembershipWatcher {
                     Err(e) => {
                         // A store hiccup: read again after a pause rather
                         // than spin.
-                        self.log.log(self.event(Level::Warning, "membership_watch_failed").with("reason", e.to_string()));
+                        log_event!(self.log, Warning, "membership_watch_failed", "type" = self.worker_type.as_slice(), reason = %e);
                         if !sleep_or_cancel(Duration::from_millis(100), &self.cancel).await {
                             return;
                         }
@@ -227,10 +226,6 @@ impl MembershipWatcher {
         let changes = if k.resync { None } else { changes.as_deref() };
         (self.on_update)(MembershipUpdate { worker_type: &self.worker_type, vs: k.vs, members: &k.members, changes });
         k.resync = false;
-    }
-
-    fn event(&self, level: Level, what: &'static str) -> Event {
-        Event::new(level, what).with("type", &self.worker_type)
     }
 }
 

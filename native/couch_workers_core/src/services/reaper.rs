@@ -40,11 +40,13 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::{jittered, Live};
 use crate::keyspace::{Keyspace, WorkerKey};
 use crate::liveness::{Look, Observer, Restart, Verdict, WorkerId};
-use crate::log::{Event, Level, Logger};
+use crate::log::{Logger, TARGET};
+use crate::log_event;
 use crate::jobs::receipt::{self, Receipt};
 use crate::store::{run_attempts, Attempt, Db, RangeRequest, StoreError, Tx, TxOptions, Watch};
 use crate::workers;
@@ -100,7 +102,7 @@ impl Reaper {
                     // A failed transaction of its own: what it saw may
                     // span a stretch where the store took no writes.
                     observer.restart();
-                    self.log.log(Event::new(Level::Warning, "reaper_scan_failed").with("reason", e.to_string()));
+                    log_event!(self.log, Warning, "reaper_scan_failed", reason = %e);
                     (None, None)
                 }
             };
@@ -211,11 +213,7 @@ impl Reaper {
 
     fn note_restart(&self, why: Restart, bound: Duration) {
         let bound_ms = i64::try_from(bound.as_millis()).unwrap_or(i64::MAX);
-        self.log.log(
-            Event::new(Level::Notice, "reaper_observation_restarted")
-                .with("reason", why.name())
-                .with("stall_bound_ms", bound_ms),
-        );
+        log_event!(self.log, Notice, "reaper_observation_restarted", reason = why.name(), stall_bound_ms = bound_ms);
     }
 
     /// Reaps one suspect if its record is still the one observed. Returns
@@ -251,15 +249,14 @@ impl Reaper {
                 }
                 Ok((reaped, read_version))
             })
+            .instrument(tracing::debug_span!(target: TARGET, "reap", "type" = worker_type.as_slice(), id = id.as_slice()))
             .await;
         observer.forget(&suspect.worker);
         match reaped {
             Ok((Some(jobs), _)) => {
                 // `jobs`: its running jobs this reap failed over (the
                 // metrics' `jobs_requeued`).
-                self.log.log(
-                    Event::new(Level::Notice, "worker_reaped").with("type", worker_type).with("id", id).with("jobs", jobs),
-                );
+                log_event!(self.log, Notice, "worker_reaped", "type" = worker_type.as_slice(), id = id.as_slice(), jobs = jobs);
             }
             Ok((None, _)) => {}
             Err(e) if is_this_workers_fault(&e) => self.log_reap_failed(suspect, &e),
@@ -272,12 +269,8 @@ impl Reaper {
     }
 
     fn log_reap_failed(&self, suspect: &Suspect, e: &StoreError) {
-        self.log.log(
-            Event::new(Level::Warning, "reap_failed")
-                .with("type", &suspect.worker.0)
-                .with("id", &suspect.worker.1)
-                .with("reason", e.to_string()),
-        );
+        let (t, id) = (suspect.worker.0.as_slice(), suspect.worker.1.as_slice());
+        log_event!(self.log, Warning, "reap_failed", "type" = t, id = id, reason = %e);
     }
 
     async fn scan(&self, observer: &mut Observer) -> Result<Scan, StoreError> {

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use crate::log::{Event, Level, Logger};
+use crate::log::Logger;
+use crate::log_event;
 use crate::store::backoff::BackoffPolicy;
 use crate::store::StoreError;
 
@@ -56,10 +57,12 @@ impl WatchLimit {
     /// answers how long to wait before re-reading.
     pub fn reached(&self, failures: u32) -> Duration {
         if !self.at_limit.swap(true, Ordering::AcqRel) {
-            self.log.log(
-                Event::new(Level::Warning, "watch_limit_reached")
-                    .with("limit", "too_many_watches (1032)")
-                    .with("hint", "watchers back off up to 10 s; raise the database option max_watches or watch fewer keys"),
+            log_event!(
+                self.log,
+                Warning,
+                "watch_limit_reached",
+                limit = "too_many_watches (1032)",
+                hint = "watchers back off up to 10 s; raise the database option max_watches or watch fewer keys"
             );
         }
         delay_at_limit(failures)
@@ -69,7 +72,7 @@ impl WatchLimit {
     /// handle arms watches again.
     pub fn cleared(&self) {
         if self.at_limit.swap(false, Ordering::AcqRel) {
-            self.log.log(Event::new(Level::Notice, "watch_limit_cleared"));
+            log_event!(self.log, Notice, "watch_limit_cleared");
         }
     }
 
@@ -87,7 +90,7 @@ mod tests {
     #[derive(Default)]
     struct Collect(Mutex<Vec<&'static str>>);
     impl crate::log::Sink for Collect {
-        fn log(&self, event: Event) {
+        fn log(&self, event: crate::log::Event) {
             self.0.lock().unwrap().push(event.what);
         }
     }
@@ -108,7 +111,7 @@ mod tests {
     #[test]
     fn one_log_line_per_episode() {
         let sink = Arc::new(Collect::default());
-        let limit = WatchLimit::new(sink.clone());
+        let limit = WatchLimit::new(crate::log::Logger::new(sink.clone()));
         for n in 1..=50 {
             limit.reached(n);
         }

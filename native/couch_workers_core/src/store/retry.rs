@@ -9,7 +9,11 @@
 use std::future::Future;
 use std::time::Instant;
 
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
+
 use super::{CommitInfo, Database, StoreError, Tx, TxOptions};
+use crate::log::TARGET;
 use crate::metrics;
 
 /// Runs `f` in a transaction of `db` until it commits, retrying what is
@@ -53,7 +57,18 @@ where
     Fut: Future<Output = Result<T, StoreError>>,
 {
     let mut seen = Attempt::default();
-    let result = match attempt_loop(db, opts, &mut f, &mut seen).await {
+    // Disabled unless a subscriber wants it (log.rs): then recording costs
+    // nothing but a check.
+    let span = tracing::debug_span!(
+        target: TARGET,
+        "transaction",
+        writes = opts.writes,
+        attempts = Empty,
+        outcome = Empty,
+        duration_us = Empty
+    );
+    let started = Instant::now();
+    let result = match attempt_loop(db, opts, &mut f, &mut seen, &span).instrument(span.clone()).await {
         // Out of time after an attempt that may have committed: that
         // commit is the answer's truth, and it is unknown.
         Err(StoreError::TimedOut) if seen.may_have_committed => Err(StoreError::CommitUnknown),
@@ -62,10 +77,20 @@ where
     if result.is_err() {
         metrics::bump(&metrics::STORE.failures);
     }
+    if !span.is_disabled() {
+        span.record("outcome", result.as_ref().map_or_else(StoreError::name, |_| "committed"));
+        span.record("duration_us", u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+    }
     result
 }
 
-async fn attempt_loop<T, F, Fut>(db: &dyn Database, opts: TxOptions, f: &mut F, seen: &mut Attempt) -> Result<(T, CommitInfo), StoreError>
+async fn attempt_loop<T, F, Fut>(
+    db: &dyn Database,
+    opts: TxOptions,
+    f: &mut F,
+    seen: &mut Attempt,
+    span: &Span,
+) -> Result<(T, CommitInfo), StoreError>
 where
     F: FnMut(Tx, Attempt) -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
@@ -76,6 +101,7 @@ where
     loop {
         attempts += 1;
         metrics::bump(&metrics::STORE.transactions);
+        span.record("attempts", attempts);
         let remaining = opts.timeout.checked_sub(started.elapsed()).ok_or(StoreError::TimedOut)?;
         // Set once the attempt hands its writes to the store.
         let committing = std::sync::atomic::AtomicBool::new(false);

@@ -3,7 +3,8 @@
 
 
 use couch_workers_core::jobs::{AcceptToken, Fence, JobOpts, JobVs, Keep, MaxAttempts, Retry, Schedule};
-use couch_workers_core::log::{Event, Level};
+use couch_workers_core::log::Logger;
+use couch_workers_core::log_event;
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, Error, NifResult, Term, TermType};
 use serde_json::Value;
@@ -33,7 +34,7 @@ pub(super) fn json_arg<'a>(
     invalid: rustler::Atom,
 ) -> Result<Vec<u8>, NifResult<Term<'a>>> {
     let map = json::map_arg(env, term, sched, invalid, |e| {
-        crate::log::emit(Event::new(Level::Debug, "invalid_job_json").with("reason", e.to_string()));
+        log_event!(Logger::PROCESS, Debug, "invalid_job_json", reason = %e);
     })?;
     serde_json::to_vec(&Value::Object(map)).map_err(|_| Ok((atoms::error(), invalid).encode(env)))
 }

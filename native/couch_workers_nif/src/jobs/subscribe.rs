@@ -5,7 +5,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use couch_workers_core::jobs::{Job, JobEvent, JobSubscription};
-use couch_workers_core::log::{Event, Level};
+use couch_workers_core::log::Logger;
+use couch_workers_core::log_event;
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 
 use super::args::{check_ref, job_args};
@@ -93,7 +94,7 @@ fn job_subscribe<'a>(
             return;
         }
         if std::panic::catch_unwind(AssertUnwindSafe(|| notifier.notify(&event))).is_err() {
-            crate::log::emit(Event::new(Level::Error, "job_notify_failed"));
+            log_event!(Logger::PROCESS, Error, "job_notify_failed");
         }
     });
     spawn_call(env, reference, move |jobs| async move { jobs.subscribe(&job_type, &id, on_event).await }, |(job, sub)| {
