@@ -66,6 +66,8 @@
 //! * `commit.rs`: a job write run to its commit: the once-only run of an
 //!   `Ok(())` write (add, resubmit, remove: its receipt) and the commit's
 //!   versionstamp in the answer;
+//! * `finish_next.rs`: a finish and the worker's next accept in one
+//!   transaction (`job_finish_accept/3`);
 //! * [`sweeper`]: finishes the failover of workers removed with more
 //!   running jobs than one transaction may move;
 //! * `pruner.rs`: removes ended jobs past their `keep`;
@@ -73,6 +75,7 @@
 
 mod commit;
 pub mod dispatcher;
+mod finish_next;
 pub mod job;
 pub mod ops;
 pub(crate) mod place;
@@ -85,6 +88,7 @@ pub mod subscription;
 mod sweeper;
 
 pub use dispatcher::{AcceptReply, ReplyFn};
+pub use finish_next::NextFor;
 pub use job::{
     AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts, NewJob,
     Schedule,
