@@ -87,7 +87,7 @@
 %% schedulers, so their time is not measured here.
 -define(DIRTY_NIFS, [
     {job_add_many, 3}, {worker_register_dirty, 4}, {job_add_dirty, 5}, {job_update_dirty, 3}, {job_finish_dirty, 3},
-    {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}
+    {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}, {job_finish_accept_dirty, 4}
 ]).
 %% Lifecycle and test hooks: no stored term passes through them.
 -define(UNMEASURED_NIFS, [{start, 2}, {stop, 1}, {set_log_pid, 1}, {test_panic, 1}]).
@@ -216,6 +216,7 @@ measured_nifs() ->
         {job_accept_abandon, 1},
         {job_update, 3},
         {job_finish, 3},
+        {job_finish_accept, 4},
         {job_cancel, 3},
         {job_pending_count, 2},
         {job_remove, 3},
@@ -332,6 +333,13 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
         ok -> ok;
         {error, value_too_large} -> ok = call(job_fail, small, [H4, #{}, false])
     end,
+    %% Queued again (small info), accepted, then finished with it as
+    %% result by the call that also takes the next job (none is left).
+    ok = call(job_resubmit, small, [T, Id, #{}, ?OPTS(undefined), undefined]),
+    {{ok, #{id := Id} = H5}, W5} = call(job_accept, small, [T, WReg, 0]),
+    delivered = sync(job_accept_abandon, small, [W5]),
+    {{ok, none}, W6} = call(job_finish_accept, Name, [H5, Info, WReg]),
+    delivered = sync(job_accept_abandon, small, [W6]),
     ok = call(job_set_paused, Name, [T, true]),
     {ok, true} = call(ops_job_paused, Name, [T]),
     ok = call(job_set_paused, Name, [T, false]),
@@ -352,9 +360,10 @@ call(Nif, Shape, Args) ->
         dirty ->
             case erlang:apply(couch_workers_nif, dirty_twin(Nif), [Ref | Args]) of
                 ok -> wait(Ref);
+                {ok, Waiter} -> {wait(Ref), Waiter};
                 {error, _} = Error -> Error
             end;
-        {ok, Waiter} when Nif =:= job_accept ->
+        {ok, Waiter} when Nif =:= job_accept; Nif =:= job_finish_accept ->
             {wait(Ref), Waiter};
         {error, _} = Error ->
             Error
@@ -374,6 +383,7 @@ dirty_twin(worker_register) -> worker_register_dirty;
 dirty_twin(job_add) -> job_add_dirty;
 dirty_twin(job_update) -> job_update_dirty;
 dirty_twin(job_finish) -> job_finish_dirty;
+dirty_twin(job_finish_accept) -> job_finish_accept_dirty;
 dirty_twin(job_fail) -> job_fail_dirty;
 dirty_twin(job_release) -> job_release_dirty;
 dirty_twin(job_resubmit) -> job_resubmit_dirty.
