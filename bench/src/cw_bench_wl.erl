@@ -111,6 +111,7 @@ run(Workload, Params) ->
         'J1' -> with_app(Params, fun j1/1);
         'J1b' -> with_app(Params, fun j1b/1);
         'J2' -> with_app(Params, fun(P) -> j2(P, 'J2') end);
+        'J2n' -> with_app(Params, fun(P) -> j2(P#{finish_accept => true}, 'J2n') end);
         'J2t0' -> with_app(Params, fun(P) -> j2(P#{accept_timeout_ms => 0}, 'J2t0') end);
         'J2f' -> with_app(Params, fun j2f/1);
         'J3' -> with_app(Params, fun j3/1);
@@ -171,7 +172,9 @@ add_batches(Type, I, N, B) ->
 %% the start signal to the last job_finish returning. With a positive
 %% accept timeout (default 1000 ms) waiting accepts go through the push
 %% path (the dispatcher); `J2t0' uses timeout 0 (one transaction per
-%% accept, no waiting).
+%% accept, no waiting). `J2n' finishes each job with job_finish_accept/3,
+%% which takes the worker's next job in the same transaction (a
+%% job_accept only when that took none).
 j2(P, Name) ->
     N = maps:get(jobs, P, 20000),
     W = maps:get(workers, P, 8),
@@ -180,7 +183,8 @@ j2(P, Name) ->
     ok = add_batches(Type, 1, N, 1000),
     N = couch_workers:job_pending_count(Type),
     Self = self(),
-    Pids = [spawn_link(?MODULE, j2_worker, [Self, Type, I, AT, go]) || I <- lists:seq(1, W)],
+    Next = maps:get(finish_accept, P, false),
+    Pids = [spawn_link(?MODULE, j2_worker, [Self, Type, I, {AT, Next}, go]) || I <- lists:seq(1, W)],
     [receive {ready, Pid} -> ok after 10000 -> error(worker_register_timeout) end || Pid <- Pids],
     T0 = now_us(),
     [Pid ! go || Pid <- Pids],
@@ -199,21 +203,27 @@ j2(P, Name) ->
         jobs_per_s => rate(Total, Us)
     }.
 
-j2_worker(Parent, Type, I, AT, go) ->
+j2_worker(Parent, Type, I, How, go) ->
     Ref = couch_workers:worker_register(Type, <<"w", (integer_to_binary(I))/binary>>, #{}, self()),
     true = is_reference(Ref),
     Parent ! {ready, self()},
     receive go -> ok end,
-    {Count, Last} = j2_loop(Ref, AT, 0, now_us()),
+    {Count, Last} = j2_loop(Ref, How, 0, now_us()),
     Parent ! {done, self(), Count, Last}.
 
-j2_loop(Ref, AT, Count, Last) ->
+j2_loop(Ref, {AT, _} = How, Count, Last) ->
     case couch_workers:job_accept(Ref, #{timeout => AT}) of
-        {ok, Job} ->
-            ok = couch_workers:job_finish(Job, #{}),
-            j2_loop(Ref, AT, Count + 1, now_us());
-        {error, not_found} ->
-            {Count, Last}
+        {ok, Job} -> j2_run(Ref, How, Job, Count, Last);
+        {error, not_found} -> {Count, Last}
+    end.
+
+j2_run(Ref, {_, false} = How, Job, Count, _Last) ->
+    ok = couch_workers:job_finish(Job, #{}),
+    j2_loop(Ref, How, Count + 1, now_us());
+j2_run(Ref, {_, true} = How, Job, Count, _Last) ->
+    case couch_workers:job_finish_accept(Job, #{}, Ref) of
+        {ok, none} -> j2_loop(Ref, How, Count + 1, now_us());
+        {ok, Next} -> j2_run(Ref, How, Next, Count + 1, now_us())
     end.
 
 %% J2f: J2 where a tenth of the jobs fail their first run
