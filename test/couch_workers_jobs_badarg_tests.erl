@@ -274,8 +274,9 @@ value_too_large(#{type := T}) ->
     [?assertEqual({error, value_too_large}, couch_workers:job_update(Job, I)) || I <- [Huge, HugeList, Edge]],
     [?assertEqual({error, value_too_large}, couch_workers:job_finish(Job, I)) || I <- [Huge, HugeList, Edge]],
     ?assertMatch({ok, #{state := running, info := #{<<"v">> := 1}}}, couch_workers:job_get(T, <<"j1">>)),
-    %% A big but legal info is stored.
-    Legal = #{<<"blob">> => binary:copy(<<"v">>, ?VALUE_LIMIT - 1000)},
+    %% A big but legal info is stored: one that leaves room to run for the
+    %% longest worker id the key limit allows (about 10,000 bytes).
+    Legal = #{<<"blob">> => binary:copy(<<"v">>, ?VALUE_LIMIT - 11000)},
     ?assertMatch({ok, #{info := Legal}}, couch_workers:job_update(Job, Legal)),
     ok = couch_workers:job_remove(T, <<"j1">>),
     ok = couch_workers:worker_unregister(W).

@@ -340,7 +340,7 @@ async fn big_records_stop_a_batch_at_the_byte_budget_and_the_node_sweeper_finish
     let db = open(dir.path());
     let ks = Keyspace::new(&db.prefix());
     let n = 40;
-    setup_running(&db, &ks, b"w", n, 90_000).await;
+    setup_running(&db, &ks, b"w", n, 85_000).await;
     let (moved, written) = remove_metered(&db, &ks, b"w").await;
     assert!(moved > 0 && moved < n, "moved {moved}");
     assert!(written <= BATCH_WRITE_BUDGET + 100_000, "wrote {written} bytes");

@@ -462,6 +462,7 @@ impl Dispatcher {
         // pending jobs only because it was full: the waiters behind it are
         // due a round now, since no watch fires for jobs already pending.
         let batch_drained = !round.takes.iter().any(|t| matches!(t, Take::NoJob));
+        self.shared.log_unrunnable(job_type, &round.unrunnable);
         self.next_due = round.next_due;
         self.paused = round.paused;
         let again = round.more || (rest > 0 && batch_drained);

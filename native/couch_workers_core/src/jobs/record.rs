@@ -184,6 +184,47 @@ impl Record {
         self.encode(0).len()
     }
 
+    /// [`Record::value_len`] of this record as an accept writes it for
+    /// `worker`: running, with a token, accepted once more.
+    pub fn running_len(&self, worker: &[u8]) -> usize {
+        let mut running = self.clone();
+        running.state = JobState::Running;
+        running.worker = Some(worker.to_vec());
+        running.token = Some([0; 16]);
+        running.attempts += 1;
+        running.cancel_requested = false;
+        running.run_at = None;
+        running.expire_at = None;
+        running.queued_at = None;
+        running.value_len()
+    }
+
+    /// [`Record::value_len`] of the widest record this one can become
+    /// with no new data from a caller (whose own writes are checked when
+    /// they are made): running for a worker whose id adds `worker_len`
+    /// bytes to the tuple, with a token; its attempts and `max_attempts`
+    /// at their widest encoding (each accept and release moves them); and
+    /// the `worker_lost` error that a lost run leaves while it is queued
+    /// again, unless the error it has is longer. A record that fits this
+    /// can always be accepted by a worker of that id length, again after
+    /// any run, so it never sits at the head of its queue unacceptable.
+    pub fn largest_len(&self, worker_len: usize) -> usize {
+        let mut widest = self.clone();
+        widest.state = JobState::Running;
+        widest.worker = Some(vec![b'w'; worker_len]);
+        widest.token = Some([0; 16]);
+        widest.attempts = u64::MAX;
+        widest.max_attempts = MaxAttempts::Limit(u64::MAX);
+        widest.run_at = None;
+        widest.expire_at = None;
+        widest.queued_at = None;
+        let lost = super::place::worker_lost_error();
+        if widest.error.as_ref().map_or(0, Vec::len) < lost.len() {
+            widest.error = Some(lost);
+        }
+        widest.value_len()
+    }
+
     pub fn decode(value: &[u8]) -> Result<Record, StoreError> {
         let e: Vec<Element> = unpack(value).map_err(|e| corrupt(&e.to_string()))?;
         let len = match e.first().and_then(Element::as_i64) {

@@ -32,7 +32,7 @@ use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
 use super::sweeper::run_sweeper;
 use crate::error::{check_key, Error};
 use crate::keyspace::{Incarnation, Keyspace};
-use crate::log::Logger;
+use crate::log::{Event, Level, Logger};
 use crate::services::watch_limit::WatchLimit;
 use crate::store::{run, Db, StoreError, TxOptions};
 
@@ -127,6 +127,7 @@ impl ServiceState {
                     return Err(e.into());
                 }
             };
+            self.log_unrunnable(worker_type, &round.unrunnable);
             let more = round.more;
             let due = round.next_due.is_some_and(|t| t <= wall_ms()) && !round.paused;
             match round.takes.into_iter().next() {
@@ -147,6 +148,19 @@ impl ServiceState {
 }
 
 impl ServiceState {
+    /// Logs each job an accept round failed because no worker can hold
+    /// it (`ops::accept`): the one word of it besides its error.
+    pub(crate) fn log_unrunnable(&self, job_type: &[u8], ids: &[Vec<u8>]) {
+        for id in ids {
+            self.log.log(
+                Event::new(Level::Error, "job_failed_unrunnable")
+                    .with("type", job_type)
+                    .with("id", id)
+                    .with("reason", "value_too_large"),
+            );
+        }
+    }
+
     /// Moves the type's due scheduled jobs to pending (bounded batches),
     /// by this node's wall clock. Returns the earliest `run_at` left.
     pub(crate) async fn promote(&self, job_type: &[u8]) -> Result<Option<u64>, StoreError> {

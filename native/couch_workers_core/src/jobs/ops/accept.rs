@@ -7,12 +7,12 @@ use std::collections::{HashMap, HashSet};
 use rand::RngCore;
 
 use super::BATCH_WRITE_BUDGET;
-use super::helpers::{bump_pending, get_many, get_some, read_record};
-use crate::jobs::job::{AcceptToken, JobHandle, JobState, JobVs};
+use super::helpers::{bump_pending, can_hold, get_many, get_some, read_record};
+use crate::jobs::job::{AcceptToken, JobHandle, JobState, JobVs, Keep};
 use crate::jobs::place::{self, earliest_scheduled, key_i64, place, unplace};
 use crate::jobs::record::Record;
 use crate::keyspace::{Incarnation, Keyspace};
-use crate::store::{RangeRequest, StoreError, Tx, Watch, MAX_KEY_SIZE};
+use crate::store::{RangeRequest, StoreError, Tx, Watch, MAX_VALUE_SIZE};
 
 fn new_token() -> AcceptToken {
     let mut token = [0u8; 16];
@@ -94,6 +94,9 @@ pub struct AcceptRound {
     pub next_due: Option<u64>,
     /// The type is paused: nothing was taken.
     pub paused: bool,
+    /// The ids of the queued jobs this round failed because no worker can
+    /// hold them ([`fail_unrunnable`]), for the node's log.
+    pub unrunnable: Vec<Vec<u8>>,
 }
 
 /// Takes up to one pending job for each waiter (a waiter is the worker id
@@ -120,7 +123,7 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
     }
     let mut takes = vec![Take::NoJob; waiters.len()];
     if waiters.is_empty() {
-        return Ok(AcceptRound { takes, more: false, next_due: None, paused: false });
+        return Ok(AcceptRound { takes, more: false, next_due: None, paused: false, unrunnable: Vec::new() });
     }
     // Not a snapshot: a pause that commits while this round runs makes it
     // retry, and the retry sees the pause.
@@ -156,7 +159,7 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
         }
     }
     if queue.is_empty() || paused {
-        return Ok(AcceptRound { takes, more: false, next_due, paused });
+        return Ok(AcceptRound { takes, more: false, next_due, paused, unrunnable: Vec::new() });
     }
 
     let (begin, end) = ks.pending_range(worker_type);
@@ -192,6 +195,7 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
     let mut budget_left = true;
     let mut written = 0usize;
     let mut user_version: u16 = 0;
+    let mut unrunnable = Vec::new();
     for Candidate { key: pending_key, due, parsed, value } in candidates {
         let pending_key = &pending_key;
         if next == queue.len() {
@@ -220,12 +224,21 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
                 continue;
             }
         };
-        // The first waiter (FIFO) whose active key fits the key limit; a
-        // job no waiter here can hold stays pending for other workers.
-        let Some(pos) = queue[next..]
-            .iter()
-            .position(|&i| ks.active(worker_type, &waiters[i], &id).len() <= MAX_KEY_SIZE)
-        else {
+        // The first waiter (FIFO) that can hold the job (its active key
+        // and the running record fit the limits); a job no waiter here can
+        // hold stays pending for other workers, unless no worker at all
+        // can: then it fails, rather than stop the queue behind it.
+        let Some(pos) = queue[next..].iter().position(|&i| can_hold(ks, worker_type, &id, &rec, &waiters[i])) else {
+            if rec.running_len(b"") > MAX_VALUE_SIZE {
+                let mut rec = rec;
+                if fail_unrunnable(tx, ks, worker_type, &id, &mut rec, user_version, now) {
+                    tx.add_read_conflict_key(pending_key);
+                    tx.add_read_conflict_key(&ks.job(worker_type, &id));
+                    user_version = user_version.wrapping_add(1);
+                    progress = true;
+                    unrunnable.push(id);
+                }
+            }
             continue;
         };
         let active_len = ks.active(worker_type, &waiters[queue[next + pos]], &id).len();
@@ -260,7 +273,36 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
     }
     let waiting = next < queue.len();
     let more = waiting && (!budget_left || (full && progress));
-    Ok(AcceptRound { takes, more, next_due, paused })
+    Ok(AcceptRound { takes, more, next_due, paused, unrunnable })
+}
+
+/// Fails a queued job whose running record would be over the value limit
+/// for any worker (one stored before `add` and `update` reserved that
+/// room, issue 14): nothing can run it, and left pending it would stop
+/// every accept round of its type that reaches it. Failing loses nothing:
+/// info, result, error, attempts and options stay in the record (it can be
+/// read, resubmitted with smaller info, or removed). The reason is in the
+/// node's log (`job_failed_unrunnable`), not in the record: a reason
+/// would make the failed record longer than the running one that did not
+/// fit. `false`, nothing written, if even the failed record would not fit
+/// (a finite `keep` whose expiry encodes longer than `queued_at` did).
+fn fail_unrunnable(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, user_version: u16, now: u64) -> bool {
+    let mut failed = rec.clone();
+    failed.state = JobState::Failed;
+    failed.run_at = None;
+    failed.queued_at = None;
+    // As `place` writes it: a finite keep starts now.
+    failed.expire_at = match failed.keep {
+        Keep::Seconds(s) => Some(now.saturating_add(s.saturating_mul(1000))),
+        Keep::Infinity => None,
+    };
+    if failed.value_len() > MAX_VALUE_SIZE {
+        return false;
+    }
+    unplace(tx, ks, job_type, id, rec);
+    rec.state = JobState::Failed;
+    place(tx, ks, job_type, id, rec, user_version, now);
+    true
 }
 
 /// The incarnation that holds each registered worker id some waiter

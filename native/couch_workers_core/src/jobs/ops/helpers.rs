@@ -8,7 +8,7 @@ use crate::jobs::place;
 use crate::jobs::record::Record;
 use crate::error::{check_key, Error};
 use crate::keyspace::Keyspace;
-use crate::store::{StoreError, Tx, MAX_VALUE_SIZE};
+use crate::store::{StoreError, Tx, MAX_KEY_SIZE, MAX_VALUE_SIZE};
 
 /// How many point reads are in flight at once (add_many, requeues).
 const READ_CONCURRENCY: usize = 256;
@@ -48,10 +48,36 @@ pub(super) fn new_record(ks: &Keyspace, job_type: &[u8], job: &JobSpec, now: u64
     check_index_keys(ks, job_type, &job.id, job.opts.priority.unwrap_or(0))?;
     let mut rec = Record::new(job.info.clone(), &job.opts);
     place::queue_state(&mut rec, job.opts.schedule, now);
-    if rec.value_len() > MAX_VALUE_SIZE {
+    check_room_to_run(ks, job_type, &job.id, &rec)?;
+    Ok(rec)
+}
+
+/// The longest worker id, in the bytes it adds to a tuple, that can hold
+/// this job: its active key must fit the key limit (the accept round
+/// gives the job to no worker whose key would not).
+fn longest_worker(ks: &Keyspace, job_type: &[u8], id: &[u8]) -> usize {
+    MAX_KEY_SIZE.saturating_sub(ks.active(job_type, b"", id).len())
+}
+
+/// Checks that a record that is or may again be queued fits the value
+/// limit as it is and in the widest state it can reach without new data
+/// ([`Record::largest_len`]) for the longest worker id that can hold it.
+/// Otherwise its pending record would fit and its running one would not:
+/// no accept could take it, and at the head of its queue it would stop
+/// its type's accepts (issue 14).
+pub(super) fn check_room_to_run(ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &Record) -> Result<(), Error> {
+    let widest = rec.largest_len(longest_worker(ks, job_type, id));
+    if rec.value_len().max(widest) > MAX_VALUE_SIZE {
         return Err(Error::Store(StoreError::ValueTooLarge));
     }
-    Ok(rec)
+    Ok(())
+}
+
+/// Whether `worker` can hold the job `rec` runs now: its active key fits
+/// the key limit and the record, running for it, the value limit. (Only
+/// records written before [`check_room_to_run`] can fail the second.)
+pub(super) fn can_hold(ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &Record, worker: &[u8]) -> bool {
+    ks.active(job_type, worker, id).len() <= MAX_KEY_SIZE && rec.running_len(worker) <= MAX_VALUE_SIZE
 }
 
 /// Checks the longest keys a job of this id may get (its record, its

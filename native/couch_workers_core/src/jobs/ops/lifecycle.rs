@@ -5,9 +5,9 @@
 use std::collections::HashSet;
 
 use super::OpResult;
-use super::helpers::{check_index_keys, check_job_key, get_many, new_record, read_record};
+use super::helpers::{check_index_keys, check_job_key, check_room_to_run, get_many, new_record, read_record};
 use super::run_end::{end_run, Retry, RunEnd};
-use crate::jobs::job::{AddManyError, Fence, Job, JobHandle, JobSpec, JobState, JobVs, NewJob, Schedule};
+use crate::jobs::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState, JobVs, NewJob, Schedule};
 use crate::jobs::place::{self, earliest_scheduled, place, queue_state, unplace, write_record, Queued};
 use crate::jobs::record::{self, Record};
 use crate::error::Error;
@@ -152,8 +152,9 @@ pub async fn update(tx: &Tx, ks: &Keyspace, fence: &Fence, info: &[u8]) -> Resul
         return Ok(Err(Error::Canceled));
     }
     rec.info = info.to_vec();
-    if rec.value_len() > MAX_VALUE_SIZE {
-        return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
+    // Room to run again too (a release or a lost run queues it).
+    if let Err(e) = check_room_to_run(ks, &fence.job_type, &fence.job_id, &rec) {
+        return Ok(Err(e));
     }
     write_record(tx, ks, &fence.job_type, &fence.job_id, &mut rec, 0);
     Ok(Ok(JobHandle { job: rec.to_job(&fence.job_type, &fence.job_id, now), token: fence.token, queued_at: None }))
@@ -176,7 +177,16 @@ pub async fn end(tx: &Tx, ks: &Keyspace, fence: &Fence, end: RunEnd) -> Result<O
         RunEnd::Released { info: Some(info), .. } => probe.info = info.clone(),
         _ => {}
     }
-    if probe.value_len() > MAX_VALUE_SIZE {
+    if let RunEnd::Released { opts: JobOpts { priority: Some(p), .. }, .. } = &end {
+        probe.priority = *p;
+    }
+    // A finished job stays ended (a resubmit checks its own info); a
+    // failed or released one may be queued again, and must fit to run.
+    let fits = match &end {
+        RunEnd::Finished(_) => probe.value_len() <= MAX_VALUE_SIZE,
+        _ => check_room_to_run(ks, &fence.job_type, &fence.job_id, &probe).is_ok(),
+    };
+    if !fits {
         return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
     }
     if let RunEnd::Released { opts, .. } = &end {

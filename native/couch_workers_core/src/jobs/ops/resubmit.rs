@@ -1,7 +1,7 @@
 //! `resubmit`: add the job, or run it again.
 
 use super::OpResult;
-use super::helpers::{check_index_keys, read_record};
+use super::helpers::{check_index_keys, check_room_to_run, read_record};
 use super::lifecycle::add_job;
 use super::run_end::{apply_opts, apply_resubmit};
 use crate::jobs::job::{JobOpts, JobSpec, JobState, JobVs, Schedule};
@@ -54,7 +54,13 @@ pub async fn resubmit(
     match rec.state {
         JobState::Running => {
             rec.resubmit = Some(Resubmit { info: info.to_vec(), opts: *opts });
-            if rec.value_len() > MAX_VALUE_SIZE {
+            // The running record holds both infos; the job queued again
+            // at the run's end holds the new one, and must fit to run.
+            let mut after = rec.clone();
+            if let Some(r) = after.resubmit.take() {
+                apply_resubmit(&mut after, r, now);
+            }
+            if rec.value_len() > MAX_VALUE_SIZE || check_room_to_run(ks, job_type, id, &after).is_err() {
                 return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
             }
             write_record(tx, ks, job_type, id, &mut rec, 0);
@@ -68,8 +74,8 @@ pub async fn resubmit(
                 None => next.run_at.filter(|_| next.state == JobState::Scheduled).map(Schedule::RunAt),
             };
             queue_state(&mut next, schedule, now);
-            if next.value_len() > MAX_VALUE_SIZE {
-                return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
+            if let Err(e) = check_room_to_run(ks, job_type, id, &next) {
+                return Ok(Err(e));
             }
             unplace(tx, ks, job_type, id, &rec);
             place(tx, ks, job_type, id, &mut next, 0, now);
@@ -78,8 +84,8 @@ pub async fn resubmit(
         JobState::Finished | JobState::Canceled | JobState::Failed => {
             let mut next = rec.clone();
             apply_resubmit(&mut next, Resubmit { info: info.to_vec(), opts: *opts }, now);
-            if next.value_len() > MAX_VALUE_SIZE {
-                return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
+            if let Err(e) = check_room_to_run(ks, job_type, id, &next) {
+                return Ok(Err(e));
             }
             unplace(tx, ks, job_type, id, &rec);
             place(tx, ks, job_type, id, &mut next, 0, now);

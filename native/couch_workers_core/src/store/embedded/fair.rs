@@ -27,9 +27,21 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use tokio::sync::OwnedMutexGuard;
 
 use super::clock::monotonic_us;
+use super::schema;
+use super::Shared;
+use crate::store::StoreError;
+
+/// The longest sleep between two attempts to take SQLite's write lock from
+/// another process: short, so that this process notices the lock free
+/// while the holder steps aside; the holder's transactions last tens of
+/// microseconds.
+const MAX_LOCK_BACKOFF: Duration = Duration::from_millis(1);
 
 /// The side file, next to the database.
 pub(crate) const WAIT_FILE: &str = "couch_workers.wait";
@@ -39,7 +51,7 @@ const FRESH_US: u64 = 3_000;
 /// A process steps aside at most once per quantum.
 pub(crate) const QUANTUM: Duration = Duration::from_millis(5);
 /// How long it steps aside.
-pub(crate) const STEP_ASIDE: Duration = Duration::from_millis(2);
+const STEP_ASIDE: Duration = Duration::from_millis(2);
 /// The signal is read at most this often (µs): a waiter's signal stays
 /// fresh for [`FRESH_US`], so it is still seen; a writer that commits
 /// back to back saves a `pread` per transaction.
@@ -113,6 +125,51 @@ impl WaitSignal {
         self.last_step_aside.store(now, Ordering::Relaxed);
         true
     }
+}
+
+/// Opens the write transaction on the write connection (`guard`: its
+/// writer lock, held across the sleeps and given back) with `BEGIN
+/// IMMEDIATE`: steps aside first if another process waits, then retries
+/// while another process writes, signalling that this one waits, until
+/// `timeout` from `started` ([`StoreError::Busy`]).
+pub(crate) async fn begin_immediate(
+    shared: &Shared,
+    guard: OwnedMutexGuard<Connection>,
+    started: Instant,
+    timeout: Duration,
+) -> Result<OwnedMutexGuard<Connection>, StoreError> {
+    if shared.fair.should_step_aside() {
+        // Another process has been waiting for the lock: let it in.
+        tokio::time::sleep(STEP_ASIDE).await;
+    }
+    let mut attempt = 0u32;
+    loop {
+        if shared.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        match schema::exec_cached(&guard, "BEGIN IMMEDIATE") {
+            Ok(()) => return Ok(guard),
+            Err(e) if schema::is_busy(&e) => {
+                // Another process writes. Keep this process's writer
+                // lock meanwhile: the other local writers stay queued
+                // in order instead of all polling SQLite.
+                shared.fair.signal_waiting();
+                attempt += 1;
+                if started.elapsed() >= timeout {
+                    return Err(StoreError::Busy);
+                }
+                tokio::time::sleep(lock_backoff(attempt)).await;
+            }
+            Err(e) => return Err(schema::store_error("cannot begin a write transaction", &e)),
+        }
+    }
+}
+
+/// Jittered sleep before the next attempt to take SQLite's write lock.
+fn lock_backoff(attempt: u32) -> Duration {
+    use rand::Rng;
+    let ceiling = (250u64 << attempt.min(2)).min(MAX_LOCK_BACKOFF.as_micros() as u64);
+    Duration::from_micros(rand::rng().random_range(ceiling / 2..=ceiling))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! writer lock share one SQLite commit.
 //!
 //! Writers of a process run one at a time on the store's write connection
-//! (`transaction.rs`). Without grouping each pays a whole SQLite commit
+//! (`transaction/`). Without grouping each pays a whole SQLite commit
 //! (WAL frames for the pages it touched, the WAL-index update, the lock
 //! hand-over), so concurrent callers are bounded by the commit rate: J2's
 //! eight `job_finish` calls queued behind each other, each paying ~35 µs.
@@ -101,7 +101,7 @@ impl GroupCommit {
     }
 
     /// Whether a writer about to commit alone should first let the tasks
-    /// that are ready run (`transaction.rs`): only while writers come
+    /// that are ready run (`transaction/commit.rs`): only while writers come
     /// together, so that a lone caller never pays for it.
     pub(crate) fn worth_waiting(&self) -> bool {
         self.queued.load(Ordering::Acquire) == 0 && self.grouping.load(Ordering::Relaxed)
@@ -173,6 +173,54 @@ impl GroupCommit {
     fn unsaved_version(&self) -> Option<u64> {
         let batch = self.lock();
         batch.last_version.filter(|_| batch.version_unsaved)
+    }
+}
+
+/// The savepoint a writer that joins an open batch runs under: its failure
+/// rolls back its own work only.
+const SAVEPOINT: &str = "SAVEPOINT cw";
+const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO cw";
+const RELEASE_SAVEPOINT: &str = "RELEASE cw";
+
+impl GroupCommit {
+    /// A writer found the write connection's SQLite transaction open (a
+    /// batch): it joins it under a savepoint. Called with the writer lock
+    /// held.
+    pub(crate) fn join_open(&self, conn: &Connection) -> Result<(), StoreError> {
+        schema::exec_cached(conn, SAVEPOINT).map_err(|e| schema::store_error("cannot begin a write transaction", &e))
+    }
+
+    /// A joined writer's work becomes the batch's: its savepoint goes. A
+    /// failure from here on must not roll back to it.
+    pub(crate) fn keep_joined(&self, conn: &Connection) -> Result<(), StoreError> {
+        schema::exec_cached(conn, RELEASE_SAVEPOINT).map_err(|e| schema::store_error("cannot commit", &e))
+    }
+
+    /// Rolls back a writer that did not commit (or gave its work to the
+    /// batch) before the writer lock is let go. A joined (`nested`) writer
+    /// rolls back to its savepoint only: the batch it ran in keeps the
+    /// work of the writers before it.
+    pub(crate) fn release(&self, conn: &Connection, nested: bool) {
+        if conn.is_autocommit() {
+            // Nothing open (committed), or SQLite rolled back by
+            // itself after an error: then a batch's members lost
+            // their work too.
+            if nested && self.has_members() {
+                let _ = commit_batch(self, conn);
+            }
+            self.closed();
+        } else if nested {
+            let undone = schema::exec_cached(conn, ROLLBACK_TO_SAVEPOINT)
+                .and_then(|()| schema::exec_cached(conn, RELEASE_SAVEPOINT));
+            if undone.is_err() {
+                // The savepoint cannot be trusted: give up the batch.
+                let _ = schema::exec_cached(conn, "ROLLBACK");
+                let _ = commit_batch(self, conn);
+            }
+        } else {
+            let _ = schema::exec_cached(conn, "ROLLBACK");
+            self.closed();
+        }
     }
 }
 

@@ -13,9 +13,9 @@
 //! | `mod.rs` | [`EmbeddedOptions`], [`EmbeddedStore`]: opening, closing, [`Database`] |
 //! | `schema.rs` | the file's tables, connection settings, setup, SQLite error mapping |
 //! | `clock.rs` | the version clock (`base + CLOCK_MONOTONIC`) |
-//! | `fair.rs` | fair sharing of the write lock between processes |
-//! | `group.rs` | group commit of this process's queued writers |
-//! | `transaction.rs` | [`Transaction`](crate::store::Transaction): write and read modes |
+//! | `fair.rs` | taking SQLite's write lock (`BEGIN IMMEDIATE`, retries) and sharing it fairly between processes |
+//! | `group.rs` | group commit of this process's queued writers; a joining writer's savepoint |
+//! | `transaction/` | [`Transaction`](crate::store::Transaction): read and write modes (`mod.rs`), writes (`write.rs`), commit (`commit.rs`), versions (`version.rs`) |
 //! | `watch.rs` | watch registry and the `cw-embed-watch` thread |
 //! | `wal_notify.rs` | wake-on-write: the `cw-embed-wal` thread (inotify on the WAL) |
 //! | `checkpoint.rs` | WAL checkpoints: the `cw-embed-ckpt` thread |

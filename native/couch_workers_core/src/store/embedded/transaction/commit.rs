@@ -1,0 +1,140 @@
+//! The commit of an embedded transaction: the watches armed with the
+//! values it saw, the commit version fixed, and the SQLite commit done
+//! alone or left to the group commit (`group.rs`).
+
+use rusqlite::OptionalExtension;
+
+use super::{release, EmbeddedTransaction, Slot, TxState};
+use crate::store::embedded::group;
+use crate::store::embedded::schema::{self, SQL_GET};
+use crate::store::embedded::watch::WatchSender;
+use crate::store::mutation as ops;
+use crate::store::{CommitInfo, StoreError};
+
+impl EmbeddedTransaction {
+    /// [`Transaction::commit`](crate::store::Transaction::commit).
+    pub(super) async fn commit_all(&self) -> Result<CommitInfo, StoreError> {
+        self.flush_adds(|_| true);
+        if self.shared.group.worth_waiting() && self.lock().writer_with_writes() {
+            // About to commit alone while this process's writers come
+            // together: let the tasks already ready run first. Those that
+            // write queue for the lock, and this commit becomes a group
+            // commit that they join (bench/RESULTS.md, "Session 5: J2").
+            tokio::task::yield_now().await;
+        }
+        let mut armed = Vec::new();
+        let written;
+        let (info, deferred) = {
+            let mut st = self.lock();
+            if let Err(e) = self.usable(&mut st) {
+                self.fail(&mut st, e.clone());
+                st.finished = true;
+                return Err(e);
+            }
+            let result = self.commit_locked(&mut st, &mut armed);
+            st.finished = true;
+            written = std::mem::take(&mut st.written);
+            match result {
+                Ok((info, deferred)) => {
+                    if deferred.is_some() {
+                        // The work stays in the batch: let the next writer
+                        // in without rolling anything back.
+                        st.slot = Slot::Released;
+                    } else {
+                        release(&self.shared, &mut st);
+                    }
+                    (info, deferred)
+                }
+                Err(e) => {
+                    self.fail(&mut st, e.clone());
+                    for (_, _, tx) in armed {
+                        let _ = tx.send(Err(e.clone()));
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        if let Some((seq, outcome)) = deferred {
+            if let Err(e) = group::wait(&self.shared, seq, outcome).await {
+                self.lock().error = Some(e.clone());
+                for (_, _, tx) in armed {
+                    let _ = tx.send(Err(e.clone()));
+                }
+                return Err(e);
+            }
+        }
+        if info.version.is_some() {
+            self.shared.watches.notify_commit(&written);
+        }
+        for (key, value, tx) in armed {
+            self.shared.watches.register(key, value, tx);
+        }
+        Ok(info)
+    }
+}
+
+/// A watch to arm: key, the value the transaction saw, its sender.
+type Armed = (Vec<u8>, Option<Vec<u8>>, WatchSender);
+
+impl EmbeddedTransaction {
+    /// Reads the watched values, fixes the version, commits. The watches
+    /// go to `armed`, also on failure (the caller fails them).
+    /// A writer that leaves its commit to the group (`group.rs`) gets the
+    /// batch to wait for.
+    fn commit_locked(
+        &self,
+        st: &mut TxState,
+        armed: &mut Vec<Armed>,
+    ) -> Result<(CommitInfo, Option<(u64, group::Outcome)>), StoreError> {
+        let watches = std::mem::take(&mut st.watches);
+        let TxState { slot, wrote, commit, nested, .. } = st;
+        let writer = matches!(slot, Slot::Writer(_));
+        let conn = match slot.conn() {
+            Ok(conn) => conn,
+            Err(e) => {
+                armed.extend(watches.into_iter().map(|(k, tx)| (k, None, tx)));
+                return Err(e);
+            }
+        };
+        // The values the watches were set on: this transaction's view.
+        let mut failure = None;
+        for (key, tx) in watches {
+            let value = if failure.is_some() {
+                None
+            } else {
+                let read = conn
+                    .prepare_cached(SQL_GET)
+                    .and_then(|mut s| s.query_row([&key], |row| row.get::<_, Vec<u8>>(0)).optional());
+                read.unwrap_or_else(|e| {
+                    failure = Some(schema::store_error("cannot read a watched key", &e));
+                    None
+                })
+            };
+            armed.push((key, value, tx));
+        }
+        if let Some(err) = failure {
+            return Err(err);
+        }
+        let info = if *wrote {
+            let version = self.version(conn, commit)?;
+            CommitInfo { version: Some(version), versionstamp: commit.stamped.then(|| ops::versionstamp(version)) }
+        } else {
+            CommitInfo::default()
+        };
+        if !writer {
+            schema::exec_cached(conn, "COMMIT").map_err(|e| schema::store_error("cannot commit", &e))?;
+            return Ok((info, None));
+        }
+        if *nested {
+            self.shared.group.keep_joined(conn)?;
+            // Its work now belongs to the batch: a failure from here on
+            // must not roll back to a savepoint that is gone.
+            *nested = false;
+        }
+        if self.shared.group.should_defer() {
+            return Ok((info, Some(self.shared.group.join())));
+        }
+        group::commit_batch(&self.shared.group, conn)?;
+        Ok((info, None))
+    }
+}

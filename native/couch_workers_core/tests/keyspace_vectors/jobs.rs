@@ -1,0 +1,275 @@
+//! Jobs: records, the pending and active indexes, counts, orphans,
+//! receipts, and issue 13's schedules, per-state indexes, types, expiry
+//! and pause.
+
+use super::*;
+
+// ---- jobs -----------------------------------------------------------------
+
+#[test]
+fn job_key() {
+    for (ks, p) in both() {
+        same(&ks.job(b"repl", b"job-1"), &hs(&[p, ROOT, JOBS, "01 'repl' 00", "01 'job-1' 00"]));
+        same(&ks.job(b"", b"\x00\xff"), &hs(&[p, ROOT, JOBS, "01 00", "01 00ff ff 00"]));
+    }
+}
+
+/// The tuple range `[P ++ 00, P ++ ff)`; see `user_element_ranges_exclude_longer_names_with_nul`.
+#[test]
+fn jobs_range_bytes() {
+    for (ks, p) in both() {
+        let (b, e) = ks.jobs_range(b"repl");
+        same(&b, &hs(&[p, ROOT, JOBS, "01 'repl' 00", "00"]));
+        same(&e, &hs(&[p, ROOT, JOBS, "01 'repl' 00", "ff"]));
+    }
+}
+
+#[test]
+fn pending_key_every_priority_shape() {
+    for (ks, p) in both() {
+        for (prio, prio_hex) in INTS {
+            same(
+                &ks.pending(b"repl", *prio, &VS12, b"j1"),
+                &hs(&[p, ROOT, PENDING, "01 'repl' 00", prio_hex, "33", VS12_HEX, "01 'j1' 00"]),
+            );
+        }
+    }
+}
+
+#[test]
+fn pending_new_versionstamp_offset_counts_the_prefix() {
+    // Empty prefix: ROOT (15) + PENDING (9) + "repl" (6) + priority 0 (1)
+    // = 31 bytes before the 0x33, so the placeholder starts at 32 = 0x20.
+    let ks = Keyspace::new(b"");
+    same(
+        &ks.pending_new(b"repl", 0, 5, b"j1"),
+        &hs(&[ROOT, PENDING, "01 'repl' 00", "14", "33 ffffffffffffffffffff 0005", "01 'j1' 00", "20000000"]),
+    );
+    // Priority -1 takes two bytes: placeholder at 33 = 0x21.
+    same(
+        &ks.pending_new(b"repl", -1, 0, b"j1"),
+        &hs(&[ROOT, PENDING, "01 'repl' 00", "13 fe", "33 ffffffffffffffffffff 0000", "01 'j1' 00", "21000000"]),
+    );
+    // Under the 2-byte directory prefix everything moves by 2: 34 = 0x22.
+    let ks = Keyspace::new(&h(DIR));
+    same(
+        &ks.pending_new(b"repl", 0, 0xffff, b"j1"),
+        &hs(&[DIR, ROOT, PENDING, "01 'repl' 00", "14", "33 ffffffffffffffffffff ffff", "01 'j1' 00", "22000000"]),
+    );
+}
+
+/// The tuple range `[P ++ 00, P ++ ff)`; see `user_element_ranges_exclude_longer_names_with_nul`.
+#[test]
+fn pending_range_bytes() {
+    for (ks, p) in both() {
+        let (b, e) = ks.pending_range(b"repl");
+        same(&b, &hs(&[p, ROOT, PENDING, "01 'repl' 00", "00"]));
+        same(&e, &hs(&[p, ROOT, PENDING, "01 'repl' 00", "ff"]));
+    }
+}
+
+#[test]
+fn active_key_and_range() {
+    for (ks, p) in both() {
+        same(
+            &ks.active(b"repl", b"w1", b"job-1"),
+            &hs(&[p, ROOT, ACTIVE, "01 'repl' 00", "01 'w1' 00", "01 'job-1' 00"]),
+        );
+        let (b, e) = ks.active_range(b"repl", b"w1");
+        same(&b, &hs(&[p, ROOT, ACTIVE, "01 'repl' 00", "01 'w1' 00", "00"]));
+        same(&e, &hs(&[p, ROOT, ACTIVE, "01 'repl' 00", "01 'w1' 00", "ff"]));
+    }
+}
+
+#[test]
+fn counts_and_jobs_vs_keys() {
+    for (ks, p) in both() {
+        same(&ks.pending_count(b"repl"), &hs(&[p, ROOT, COUNTS, "01 'repl' 00", PENDING]));
+        same(&ks.jobs_vs(b"repl"), &hs(&[p, ROOT, JOBS_VS, "01 'repl' 00"]));
+    }
+}
+
+// ---- orphans ----------------------------------------------------------------
+
+#[test]
+fn orphan_keys_and_range() {
+    for (ks, p) in both() {
+        same(&ks.orphan(b"repl", b"w1"), &hs(&[p, ROOT, ORPHANS, "01 'repl' 00", "01 'w1' 00"]));
+        same(&ks.orphan(b"", b"\x00"), &hs(&[p, ROOT, ORPHANS, "01 00", "01 00ff 00"]));
+        same(&ks.orphans_vs(), &hs(&[p, ROOT, ORPHANS_VS]));
+        let (b, e) = ks.orphans_range();
+        same(&b, &hs(&[p, ROOT, ORPHANS, "00"]));
+        same(&e, &hs(&[p, ROOT, ORPHANS, "ff"]));
+        // ("orphans_vs",) shares the bytes "orphans" but is not in the range:
+        // after them comes 5f ('_'), not the terminator 00.
+        let vs = ks.orphans_vs();
+        assert!(!(b <= vs && vs < e));
+    }
+}
+
+// ---- receipts ---------------------------------------------------------------
+
+#[test]
+fn receipt_keys_and_old_range() {
+    for (ks, p) in both() {
+        same(&ks.receipt(1, b"tok"), &hs(&[p, ROOT, RECEIPTS, "15 01", "01 'tok' 00"]));
+        same(&ks.receipt(256, b"\x00"), &hs(&[p, ROOT, RECEIPTS, "16 0100", "01 00ff 00"]));
+        let (b, e) = ks.receipts_before(256);
+        same(&b, &hs(&[p, ROOT, RECEIPTS, "00"]));
+        same(&e, &hs(&[p, ROOT, RECEIPTS, "16 0100"]));
+        // Minute 255 is cleared with everything before 256; 256 is kept.
+        assert!(b <= ks.receipt(255, b"tok") && ks.receipt(255, b"tok") < e);
+        assert!(ks.receipt(256, b"") >= e);
+    }
+}
+
+// ---- issue 13: scheduled jobs, per-state counts and indexes, types,
+// ---- expiry, pause ----------------------------------------------------------
+
+const SCHEDULED: &str = "01 7363686564756c6564 00";
+const BY_STATE: &str = "01 62795f7374617465 00";
+const TYPES: &str = "01 7479706573 00";
+const EXPIRY: &str = "01 657870697279 00";
+const PAUSED: &str = "01 706175736564 00";
+
+#[test]
+fn state_count_keys() {
+    for (ks, p) in both() {
+        same(&ks.state_count(b"repl", b"failed"), &hs(&[p, ROOT, COUNTS, "01 'repl' 00", "01 'failed' 00"]));
+        // The pending count is the state count of `pending`.
+        same(&ks.state_count(b"repl", b"pending"), &ks.pending_count(b"repl"));
+    }
+}
+
+#[test]
+fn scheduled_keys_and_ranges() {
+    for (ks, p) in both() {
+        same(
+            &ks.scheduled(b"repl", 1_700_000_000, b"j\x00"),
+            &hs(&[p, ROOT, SCHEDULED, "01 'repl' 00", "18 6553f100", "01 6a 00ff 00"]),
+        );
+        let (b, e) = ks.scheduled_range(b"repl");
+        same(&b, &hs(&[p, ROOT, SCHEDULED, "01 'repl' 00", "00"]));
+        same(&e, &hs(&[p, ROOT, SCHEDULED, "01 'repl' 00", "ff"]));
+        // Everything due at or before 255 sorts before the key of 256.
+        same(&ks.scheduled_after(b"repl", 255), &hs(&[p, ROOT, SCHEDULED, "01 'repl' 00", "16 0100"]));
+        assert!(ks.scheduled(b"repl", 255, b"\xff\xff") < ks.scheduled_after(b"repl", 255));
+        assert!(ks.scheduled(b"repl", 256, b"") >= ks.scheduled_after(b"repl", 255));
+        same(&ks.scheduled_after(b"repl", i64::MAX), &e);
+        assert_eq!(ks.parse_scheduled(b"repl", &ks.scheduled(b"repl", 7, b"j")), Some((7, b"j".to_vec())));
+        assert_eq!(ks.parse_scheduled(b"other", &ks.scheduled(b"repl", 7, b"j")), None);
+    }
+}
+
+#[test]
+fn by_state_keys_and_range() {
+    for (ks, p) in both() {
+        same(
+            &ks.by_state(b"repl", b"running", b"job-1"),
+            &hs(&[p, ROOT, BY_STATE, "01 'repl' 00", "01 'running' 00", "01 'job-1' 00"]),
+        );
+        let (b, e) = ks.by_state_range(b"repl", b"running");
+        same(&b, &hs(&[p, ROOT, BY_STATE, "01 'repl' 00", "01 'running' 00", "00"]));
+        same(&e, &hs(&[p, ROOT, BY_STATE, "01 'repl' 00", "01 'running' 00", "ff"]));
+        let key = ks.by_state(b"repl", b"running", b"job-1");
+        assert_eq!(ks.parse_by_state(b"repl", b"running", &key), Some(b"job-1".to_vec()));
+        assert_eq!(ks.parse_by_state(b"repl", b"pending", &key), None);
+    }
+}
+
+#[test]
+fn job_type_count_keys() {
+    for (ks, p) in both() {
+        same(&ks.job_type_count(b"repl"), &hs(&[p, ROOT, TYPES, "01 'repl' 00"]));
+        let (b, e) = ks.job_types_range();
+        same(&b, &hs(&[p, ROOT, TYPES, "00"]));
+        same(&e, &hs(&[p, ROOT, TYPES, "ff"]));
+        assert_eq!(ks.parse_job_type(&ks.job_type_count(b"a\x00b")), Some(b"a\x00b".to_vec()));
+        assert_eq!(ks.parse_job_type(&ks.jobs_vs(b"repl")), None);
+    }
+}
+
+#[test]
+fn expiry_keys_and_ranges() {
+    for (ks, p) in both() {
+        same(
+            &ks.expiry(1_000_000, b"repl", b"job-1"),
+            &hs(&[p, ROOT, EXPIRY, "17 0f4240", "01 'repl' 00", "01 'job-1' 00"]),
+        );
+        let (b, e) = ks.expiry_range();
+        same(&b, &hs(&[p, ROOT, EXPIRY, "00"]));
+        same(&e, &hs(&[p, ROOT, EXPIRY, "ff"]));
+        same(&ks.expiry_after(255), &hs(&[p, ROOT, EXPIRY, "16 0100"]));
+        assert_eq!(
+            ks.parse_expiry(&ks.expiry(9, b"t", b"i")),
+            Some((9, b"t".to_vec(), b"i".to_vec()))
+        );
+    }
+}
+
+#[test]
+fn paused_key() {
+    for (ks, p) in both() {
+        same(&ks.paused(b"repl"), &hs(&[p, ROOT, PAUSED, "01 'repl' 00"]));
+    }
+}
+
+#[test]
+fn job_types_named_like_the_new_subspaces_do_not_collide() {
+    for (ks, _) in both() {
+        let names: [&[u8]; 5] = [b"scheduled", b"by_state", b"types", b"expiry", b"paused"];
+        let mut keys = Vec::new();
+        for name in names {
+            keys.extend([
+                ks.job(name, b"j"),
+                ks.scheduled(name, 1, b"j"),
+                ks.by_state(name, b"pending", b"j"),
+                ks.job_type_count(name),
+                ks.expiry(1, name, b"j"),
+                ks.paused(name),
+                ks.state_count(name, b"pending"),
+            ]);
+        }
+        let n = keys.len();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), n);
+    }
+}
+
+/// The job record as a job write stores it, format 3: a pending job added
+/// at Unix ms 1,700,000,000,000 (`0x018bcfe56800`, six bytes), default
+/// options, read raw from an embedded store. Every byte but the commit's
+/// 10-byte versionstamp is pinned; the last element, `QueuedAt`, is the
+/// time it became pending.
+#[test]
+fn job_record_value_bytes() {
+    use couch_workers_core::jobs::{ops, JobOpts, JobSpec};
+    use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+    use couch_workers_core::store::{run, Db, TxOptions};
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let stored = rt.block_on(async {
+        let db: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
+        let ks = &Keyspace::new(&db.prefix());
+        let jobs = [JobSpec { id: b"j".to_vec(), info: b"{}".to_vec(), opts: JobOpts::default() }];
+        let j = &jobs;
+        run(db.as_ref(), TxOptions::write(), |tx| async move { ops::add_many_jobs(&tx, ks, b"t", j, 1_700_000_000_000).await })
+            .await
+            .expect("add")
+            .expect("added");
+        let key = ks.job(b"t", b"j");
+        let k = &key;
+        let v = run(db.as_ref(), TxOptions::read(), |tx| async move { tx.get(k, false).await }).await.expect("read");
+        db.close();
+        v.expect("the record")
+    });
+    // (3, "pending", nil, 0, 0, nil, false, VS
+    let head = h("15 03 01 'pending' 00 00 14 14 00 26 33");
+    // VS's user version 0, then "{}", nil, nil, 20, nil, -1, nil, nil, 1700000000000)
+    let tail = h("0000 01 '{}' 00 00 00 15 14 00 13 fe 00 00 1a 018bcfe56800");
+    assert_eq!(stored.len(), head.len() + 10 + tail.len(), "{}", hex(&stored));
+    same(&stored[..head.len()], &head);
+    same(&stored[head.len() + 10..], &tail);
+}
