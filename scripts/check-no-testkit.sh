@@ -21,7 +21,7 @@ if [ ! -f "$lib" ]; then
 fi
 # Names of the test kit's modules as the debug info and symbols spell them
 # (paths and mangled names).
-found=$(strings "$lib" | grep -E 'couch_workers_core(::|\.\.)(conformance|store(::|\.\.)(faulty|sim))|18couch_workers_core(11conformance|20conformance_keyspace)|5store(6faulty|3sim)' | head -n 5 || true)
+found=$(strings "$lib" | grep -E 'couch_workers_core(::|\.\.)(conformance|store(::|\.\.)(faulty|hooked|sim))|18couch_workers_core(11conformance|20conformance_keyspace)|5store(6faulty|6hooked|3sim)' | head -n 5 || true)
 if [ -n "$found" ]; then
     echo "check-no-testkit.sh: $lib contains test-kit code:" >&2
     echo "$found" >&2
@@ -33,4 +33,4 @@ if [ "$(strings "$lib" | grep -c couch_workers_core || true)" = 0 ]; then
     echo "check-no-testkit.sh: $lib has no couch_workers_core names (stripped?): cannot check" >&2
     exit 1
 fi
-echo "check-no-testkit.sh: $lib holds no test-kit code (conformance suites, store::faulty, store::sim)"
+echo "check-no-testkit.sh: $lib holds no test-kit code (conformance suites, store::faulty, store::hooked, store::sim)"

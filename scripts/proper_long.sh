@@ -35,7 +35,8 @@ fi
 
 EBIN=$(mktemp -d /tmp/cw_proper_long.XXXXXX)
 trap 'rm -rf "$EBIN"' EXIT
-erlc -o "$EBIN" -I test test/couch_workers_test_util.erl test/couch_workers_prop_tests.erl
+erlc -o "$EBIN" -I test test/couch_workers_test_util.erl test/couch_workers_prop_tests.erl test/couch_workers_prop_model.erl \
+    test/couch_workers_prop_cmds.erl test/couch_workers_prop_world.erl
 
 echo "proper_long: $SEQUENCES sequences of 0..$SIZE calls each (about $((SEQUENCES * SIZE / 2)) calls)"
 erl -noshell -pa _build/default/lib/couch_workers/ebin -pa "$EBIN" -eval "

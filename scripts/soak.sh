@@ -64,7 +64,7 @@ fi
 
 EBIN=$(mktemp -d /tmp/cw_soak_ebin.XXXXXX)
 trap 'rm -rf "$EBIN"' EXIT
-erlc -o "$EBIN" scripts/soak/cw_soak.erl
+erlc -o "$EBIN" scripts/soak/cw_soak.erl scripts/soak/cw_soak_node.erl
 
 erl -noshell -noinput -pa "$(pwd)/_build/default/lib/couch_workers/ebin" -pa "$EBIN" -eval "
     cw_soak:main(#{jobs => $JOBS, kill_every => $KILL_EVERY, nodes => $NODES, workers => $WORKERS,

@@ -11,7 +11,7 @@
 //! | --- | --- |
 //! | `log` | structured log events handed to a sink (the NIF forwards them to `logger`) |
 //! | `metrics` | counters of the store's retry loop |
-//! | `store` | the store abstraction (FoundationDB's transaction model) and its stores: `embedded`, `fdb`, `sim` |
+//! | `store` | the store abstraction (FoundationDB's transaction model) and its stores: `embedded`, `fdb`, `sim`; the test wrappers `faulty` (random faults) and `hooked` (a forwarding transaction with a test's hooks), feature `testkit` |
 //! | `error` | [`Error`]: the outcomes a call can have besides success |
 //! | `keyspace` | the key space, packed with the tuple layer: every key's bytes are built here (`docs/keyspace.md`) |
 //! | `liveness` | the liveness rule: what a reaper must have seen before it calls a worker dead (uses one limit of `workers`) |

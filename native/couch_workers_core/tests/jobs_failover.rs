@@ -10,15 +10,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use couch_workers_core::jobs::ops::{self, SweepStep, Take, BATCH_WRITE_BUDGET, REQUEUE_MAX_JOBS};
 use couch_workers_core::jobs::{Fence, JobHandle, JobState, NewJob};
 use couch_workers_core::keyspace::{Incarnation, Keyspace};
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
-use couch_workers_core::store::{
-    run, CommitInfo, Db, KeyValue, RangeRequest, StoreError, Transaction, Tx, TxOptions, Watch,
-    MAX_TRANSACTION_SIZE,
-};
+use couch_workers_core::store::hooked::{Hooked, TxHooks, Write};
+use couch_workers_core::store::{run, Db, RangeRequest, StoreError, Tx, TxOptions, MAX_TRANSACTION_SIZE};
 use couch_workers_core::workers;
 use couch_workers_core::Error;
 use jobs_common::*;
@@ -113,68 +110,15 @@ async fn removal_in_the_workers_transaction_and_by_the_reaper() {
 
 // ---- batching ------------------------------------------------------------
 
-/// A transaction that counts the bytes it writes.
-struct Metered {
-    inner: Tx,
+/// Counts the bytes a transaction writes.
+#[derive(Default)]
+struct Meter {
     written: AtomicUsize,
 }
 
-impl Metered {
-    fn add(&self, n: usize) {
-        self.written.fetch_add(n, Ordering::SeqCst);
-    }
-}
-
-#[async_trait]
-impl Transaction for Metered {
-    async fn get(&self, key: &[u8], snapshot: bool) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get(key, snapshot).await
-    }
-    async fn get_range(&self, range: &RangeRequest) -> Result<Vec<KeyValue>, StoreError> {
-        self.inner.get_range(range).await
-    }
-    async fn read_version(&self) -> Result<u64, StoreError> {
-        self.inner.read_version().await
-    }
-    fn set(&self, key: &[u8], value: &[u8]) {
-        self.add(key.len() + value.len());
-        self.inner.set(key, value)
-    }
-    fn clear(&self, key: &[u8]) {
-        self.add(key.len());
-        self.inner.clear(key)
-    }
-    fn clear_range(&self, begin: &[u8], end: &[u8]) {
-        self.add(begin.len() + end.len());
-        self.inner.clear_range(begin, end)
-    }
-    fn atomic_add(&self, key: &[u8], delta: i64) {
-        self.add(key.len() + 8);
-        self.inner.atomic_add(key, delta)
-    }
-    fn atomic_byte_max(&self, key: &[u8], value: &[u8]) {
-        self.add(key.len() + value.len());
-        self.inner.atomic_byte_max(key, value)
-    }
-    fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
-        self.add(key.len() + value.len());
-        self.inner.set_versionstamped_key(key, value)
-    }
-    fn set_versionstamped_value(&self, key: &[u8], value: &[u8]) {
-        self.add(key.len() + value.len());
-        self.inner.set_versionstamped_value(key, value)
-    }
-    fn add_read_conflict_key(&self, key: &[u8]) {
-        self.inner.add_read_conflict_key(key)
-    }
-    fn watch(&self, key: &[u8]) -> Watch {
-        self.inner.watch(key)
-    }
-    async fn commit(&self) -> Result<CommitInfo, StoreError> {
-        self.inner.commit().await
-    }
-    async fn on_error(&self, err: StoreError) -> Result<(), StoreError> {
-        self.inner.on_error(err).await
+impl TxHooks for Meter {
+    fn write(&self, write: Write<'_>) {
+        self.written.fetch_add(write.size(), Ordering::SeqCst);
     }
 }
 
@@ -183,12 +127,12 @@ impl Transaction for Metered {
 async fn remove_metered(db: &Db, ks: &Keyspace, worker: &[u8]) -> (usize, usize) {
     let before = count(db, ks).await;
     let tx = db.create_transaction(&TxOptions::write()).await.unwrap();
-    let metered = Arc::new(Metered { inner: tx, written: AtomicUsize::new(0) });
+    let metered = Arc::new(Hooked::new(tx, Meter::default()));
     let as_tx: Tx = metered.clone();
     assert!(workers::remove(&as_tx, ks, T, worker, &INC).await.unwrap());
     as_tx.commit().await.unwrap();
     let moved = (count(db, ks).await - before) as usize;
-    (moved, metered.written.load(Ordering::SeqCst))
+    (moved, metered.hooks().written.load(Ordering::SeqCst))
 }
 
 async fn write<F, Fut, R>(db: &Db, f: F) -> R
@@ -296,11 +240,11 @@ async fn a_worker_with_5000_running_jobs_is_requeued_in_bounded_batches() {
     let mut total = 0;
     loop {
         let tx = db.create_transaction(&TxOptions::write()).await.unwrap();
-        let metered = Arc::new(Metered { inner: tx, written: AtomicUsize::new(0) });
+        let metered = Arc::new(Hooked::new(tx, Meter::default()));
         let as_tx: Tx = metered.clone();
         let step = ops::sweep_orphan(&as_tx, &ks, T, b"w", cursor.as_ref()).await.unwrap();
         as_tx.commit().await.unwrap();
-        assert!(metered.written.load(Ordering::SeqCst) < BATCH_WRITE_BUDGET + 100_000);
+        assert!(metered.hooks().written.load(Ordering::SeqCst) < BATCH_WRITE_BUDGET + 100_000);
         steps += 1;
         match step {
             SweepStep::Done { moved } => {

@@ -22,9 +22,8 @@ use async_trait::async_trait;
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::log::{Event, Value};
 use couch_workers_core::store::sim::{CommitFault, SimOptions, SimStore};
-use couch_workers_core::store::{
-    run, CommitInfo, Database, Db, KeyValue, RangeRequest, StoreError, Transaction, Tx, TxOptions, Watch,
-};
+use couch_workers_core::store::hooked::{Hooked, TxHooks, Write};
+use couch_workers_core::store::{run, Database, Db, StoreError, Tx, TxOptions};
 use couch_workers_core::workers::{self, WorkerSpec};
 use couch_workers_core::{Node, Settings};
 use faults_common::CaptureLog;
@@ -39,62 +38,26 @@ struct FaultOnClear {
     armed: AtomicBool,
 }
 
+/// One transaction's hooks: whether it cleared the key, so that its
+/// commit gets the fault.
 struct Watching {
-    inner: Tx,
     db: Arc<FaultOnClear>,
     clears_key: AtomicBool,
 }
 
-#[async_trait]
-impl Transaction for Watching {
-    async fn get(&self, key: &[u8], snapshot: bool) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get(key, snapshot).await
-    }
-    async fn get_range(&self, range: &RangeRequest) -> Result<Vec<KeyValue>, StoreError> {
-        self.inner.get_range(range).await
-    }
-    async fn read_version(&self) -> Result<u64, StoreError> {
-        self.inner.read_version().await
-    }
-    fn set(&self, key: &[u8], value: &[u8]) {
-        self.inner.set(key, value)
-    }
-    fn clear(&self, key: &[u8]) {
-        if key == self.db.key.as_slice() {
+impl TxHooks for Watching {
+    fn write(&self, write: Write<'_>) {
+        if write == (Write::Clear { key: self.db.key.as_slice() }) {
             self.clears_key.store(true, Ordering::SeqCst);
         }
-        self.inner.clear(key)
     }
-    fn clear_range(&self, begin: &[u8], end: &[u8]) {
-        self.inner.clear_range(begin, end)
-    }
-    fn atomic_add(&self, key: &[u8], delta: i64) {
-        self.inner.atomic_add(key, delta)
-    }
-    fn atomic_byte_max(&self, key: &[u8], value: &[u8]) {
-        self.inner.atomic_byte_max(key, value)
-    }
-    fn set_versionstamped_key(&self, key: &[u8], value: &[u8]) {
-        self.inner.set_versionstamped_key(key, value)
-    }
-    fn set_versionstamped_value(&self, key: &[u8], value: &[u8]) {
-        self.inner.set_versionstamped_value(key, value)
-    }
-    fn add_read_conflict_key(&self, key: &[u8]) {
-        self.inner.add_read_conflict_key(key)
-    }
-    fn watch(&self, key: &[u8]) -> Watch {
-        self.inner.watch(key)
-    }
-    async fn commit(&self) -> Result<CommitInfo, StoreError> {
+    fn commit(&self) {
         if self.clears_key.load(Ordering::SeqCst) && self.db.armed.swap(false, Ordering::SeqCst) {
             self.db.sim.inject_commit_fault(CommitFault::UnknownCommitted);
         }
-        self.inner.commit().await
     }
-    async fn on_error(&self, err: StoreError) -> Result<(), StoreError> {
+    fn on_error(&self, _err: &StoreError) {
         self.clears_key.store(false, Ordering::SeqCst);
-        self.inner.on_error(err).await
     }
 }
 
@@ -104,7 +67,7 @@ struct Wrapped(Arc<FaultOnClear>);
 impl Database for Wrapped {
     async fn create_transaction(&self, opts: &TxOptions) -> Result<Tx, StoreError> {
         let inner = self.0.sim.create_transaction(opts).await?;
-        Ok(Arc::new(Watching { inner, db: self.0.clone(), clears_key: AtomicBool::new(false) }))
+        Ok(Arc::new(Hooked::new(inner, Watching { db: self.0.clone(), clears_key: AtomicBool::new(false) })))
     }
     fn prefix(&self) -> Vec<u8> {
         self.0.sim.prefix()

@@ -46,8 +46,12 @@ pub mod fdb;
 #[cfg(feature = "testkit")]
 pub mod sim;
 pub mod config;
+// Test wrappers, behind the test kit too: random faults (`faulty`), and
+// a forwarding transaction with a test's hooks (`hooked`).
 #[cfg(feature = "testkit")]
 pub mod faulty;
+#[cfg(feature = "testkit")]
+pub mod hooked;
 // FoundationDB's mutation formats (versionstamp parameters, ADD), shared
 // by the stores that implement them themselves (embedded, sim).
 pub(crate) mod mutation;
