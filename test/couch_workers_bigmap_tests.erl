@@ -25,7 +25,7 @@ bigmap_test_() ->
         "maps of more than 128 keys, built off the schedulers, do not crash the VM",
         "bigmap",
         [
-            ?TDEF_FE(job_info_of_200_and_8000_keys, 60),
+            ?TDEF_FE(job_info_of_200_and_7000_keys, 60),
             ?TDEF_FE(membership_of_129_and_300_workers, 60),
             ?TDEF_FE(worker_options_of_300_keys, 60)
         ]
@@ -33,8 +33,8 @@ bigmap_test_() ->
 
 %% ---- tests -------------------------------------------------------------------
 
-job_info_of_200_and_8000_keys(#{type := T} = Ctx) ->
-    [?assertEqual({ok, N}, on_peer(Ctx, peer_job_info, [T, N])) || N <- [129, 200, 8000]],
+job_info_of_200_and_7000_keys(#{type := T} = Ctx) ->
+    [?assertEqual({ok, N}, on_peer(Ctx, peer_job_info, [T, N])) || N <- [129, 200, 7000]],
     alive(Ctx).
 
 membership_of_129_and_300_workers(#{type := T} = Ctx) ->
