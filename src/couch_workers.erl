@@ -27,6 +27,7 @@
     job_accept/2,
     job_update/2,
     job_finish/2,
+    job_finish_accept/3,
     job_cancel/2,
     job_remove/2,
     job_get/2,
@@ -226,6 +227,20 @@ job_update(Job, Info) ->
 -spec job_finish(job_handle(), map()) -> ok | {error, not_owner | not_found | term()}.
 job_finish(Job, Result) ->
     couch_workers_observe:call(job_finished, none, Job, fun() -> couch_workers_jobs:finish(Job, Result) end).
+
+%% @doc Finishes the job `Job' holds, with `Result', and in the same
+%% transaction takes the next pending job for the worker registered on
+%% this node as `WorkerRef', as `job_accept(WorkerRef, #{timeout => 0})'
+%% would: one store transaction and one call per job for a busy worker.
+%% `{ok, none}': the job is finished and none was taken (none pending,
+%% the type paused, or `WorkerRef' unknown or stale). An error is the
+%% finish's: nothing was written and nothing taken.
+-spec job_finish_accept(job_handle(), map(), reference()) ->
+    {ok, job_handle() | none} | {error, not_owner | not_found | term()}.
+job_finish_accept(Job, Result, WorkerRef) ->
+    couch_workers_observe:call(job_finish_accepted, none, Job, fun() ->
+        couch_workers_jobs:finish_accept(Job, Result, WorkerRef)
+    end).
 
 %% @doc Cancels a pending job at once; asks a running one's worker to stop
 %% (its next `job_update/2' is `{error, canceled}'); a finished or

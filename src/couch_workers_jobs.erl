@@ -24,6 +24,7 @@
     accept/2,
     update/2,
     finish/2,
+    finish_accept/3,
     cancel/2,
     remove/2,
     get/2,
@@ -298,6 +299,31 @@ update(_Job, _Info) ->
 finish(Job, Result) when is_map(Job), is_map(Result) ->
     couch_workers_nif:call(fun(Ref) -> couch_workers_nif:budgeted(job_finish, [Ref, Job, Result]) end);
 finish(_Job, _Result) ->
+    erlang:error(badarg).
+
+-spec finish_accept(map(), map(), reference()) -> {ok, map() | none} | {error, term()}.
+finish_accept(Job, Result, WorkerRef) when is_map(Job), is_map(Result), is_reference(WorkerRef) ->
+    case couch_workers_local:registration(WorkerRef) of
+        {ok, Type, Id, Reg} ->
+            Ref = make_ref(),
+            case couch_workers_nif:budgeted(job_finish_accept, [Ref, Job, Result, Reg]) of
+                {ok, Waiter} ->
+                    %% As a job_accept with timeout 0: the answer comes within
+                    %% the store's budget; one that never comes is abandoned,
+                    %% and a job taken for it goes back to pending.
+                    Deadline = now_ms() + 2 * couch_workers_app:call_timeout(),
+                    wait_accept(Ref, Waiter, Deadline, Type, Id);
+                {error, _} = Error ->
+                    Error
+            end;
+        error ->
+            %% No registration to take for: the finish alone.
+            case finish(Job, Result) of
+                ok -> {ok, none};
+                {error, _} = Error -> Error
+            end
+    end;
+finish_accept(_Job, _Result, _WorkerRef) ->
     erlang:error(badarg).
 
 -spec cancel(binary(), binary()) -> ok | {error, term()}.

@@ -7,7 +7,7 @@
 %% in Rust answers `{Ref, {error, {panic, Message}}}'.
 %%
 %% A NIF never holds a normal scheduler long. `job_add/5', `job_update/3',
-%% `job_finish/3' and `worker_register/4' convert the caller's map (up to
+%% `job_finish/3', `job_finish_accept/4' and `worker_register/4' convert the caller's map (up to
 %% 100 KB of terms) to JSON: on the calling scheduler they convert at most
 %% a budget of terms (2,000, a binary counting one more per 16 bytes:
 %% about 0.3 ms at most) and past it answer `dirty' at once, having done
@@ -59,6 +59,10 @@
 %% job_accept_abandon(Waiter)                 -> abandoned | delivered
 %% job_update(Ref, Handle, Info)              -> ok | {error, _} | dirty  then {Ref, {ok, Handle} | {error, Name}}
 %% job_finish(Ref, Handle, Result)            -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
+%% job_finish_accept(Ref, Handle, Result, Registration)
+%%                                            -> {ok, Waiter} | {error, _} | dirty  then {Ref, {ok, NextHandle} | {ok, none} | {error, Name}}
+%%     finishes Handle's job and takes the next for Registration in one transaction
+%%     (none: finished, nothing taken); Waiter as job_accept's
 %% job_fail(Ref, Handle, Error, Retry)        -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
 %%     Retry = false | {delay, Ms} | {backoff, BaseMs, MaxMs}
 %% job_release(Ref, Handle, Info | undefined, Opts)
@@ -86,7 +90,7 @@
 %% ops_store_counters()                       -> #{transactions, conflicts, retries, failures}   (the retry loop's, since the VM started)
 %%
 %% worker_register_dirty/4, job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3,
-%% job_fail_dirty/4, job_release_dirty/4, job_resubmit_dirty/6
+%% job_finish_accept_dirty/4, job_fail_dirty/4, job_release_dirty/4, job_resubmit_dirty/6
 %%                                            the DirtyCpu twins: as above, never `dirty'
 %% budgeted(Nif, Args)                        Nif's answer, through its twin when it is `dirty'
 %% '''
@@ -124,6 +128,7 @@
     job_accept_abandon/1,
     job_update/3,
     job_finish/3,
+    job_finish_accept/4,
     job_cancel/3,
     job_remove/3,
     job_get/3,
@@ -154,6 +159,7 @@
     job_add_dirty/5,
     job_update_dirty/3,
     job_finish_dirty/3,
+    job_finish_accept_dirty/4,
     job_fail_dirty/4,
     job_release_dirty/4,
     job_resubmit_dirty/6
@@ -168,7 +174,8 @@
 -type watch() :: reference().
 -type waiter() :: reference().
 -type job_subscription() :: reference().
--type budgeted_nif() :: worker_register | job_add | job_update | job_finish | job_fail | job_release | job_resubmit.
+-type budgeted_nif() ::
+    worker_register | job_add | job_update | job_finish | job_finish_accept | job_fail | job_release | job_resubmit.
 -type job_opts() :: {
     integer() | undefined,
     {delay | run_at, non_neg_integer()} | undefined,
@@ -224,7 +231,7 @@ call(Start) ->
 %% there), calls its DirtyCpu twin `Nif_dirty' with the same arguments.
 %% Either way the answer is the NIF's: `ok', `{error, _}' or a `badarg'
 %% error.
--spec budgeted(budgeted_nif(), [term()]) -> ok | {error, atom()}.
+-spec budgeted(budgeted_nif(), [term()]) -> ok | {ok, waiter()} | {error, atom()}.
 budgeted(Nif, Args) ->
     case erlang:apply(?MODULE, Nif, Args) of
         dirty -> erlang:apply(?MODULE, dirty_twin(Nif), Args);
@@ -235,6 +242,7 @@ dirty_twin(worker_register) -> worker_register_dirty;
 dirty_twin(job_add) -> job_add_dirty;
 dirty_twin(job_update) -> job_update_dirty;
 dirty_twin(job_finish) -> job_finish_dirty;
+dirty_twin(job_finish_accept) -> job_finish_accept_dirty;
 dirty_twin(job_fail) -> job_fail_dirty;
 dirty_twin(job_release) -> job_release_dirty;
 dirty_twin(job_resubmit) -> job_resubmit_dirty.
@@ -308,6 +316,12 @@ job_finish(_Ref, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_finish_dirty(reference(), map(), map()) -> ok | {error, atom()}.
 job_finish_dirty(_Ref, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_finish_accept(reference(), map(), map(), registration()) -> {ok, waiter()} | {error, atom()} | dirty.
+job_finish_accept(_Ref, _Handle, _Result, _Registration) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_finish_accept_dirty(reference(), map(), map(), registration()) -> {ok, waiter()} | {error, atom()}.
+job_finish_accept_dirty(_Ref, _Handle, _Result, _Registration) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_cancel(reference(), binary(), binary()) -> ok | {error, atom()}.
 job_cancel(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).

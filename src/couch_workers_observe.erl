@@ -89,6 +89,10 @@ done(job_canceled, Type, Id, ok, D) ->
     job(canceled, Type, Id, D, jobs_canceled, none);
 done(job_removed, Type, Id, ok, D) ->
     job(removed, Type, Id, D, jobs_removed, none);
+done(job_finish_accepted, Type, Job, {ok, Next}, D) ->
+    %% A finish, and an accept when it took a job: each as its own call.
+    done(job_finished, Type, Job, ok, D),
+    done(job_accepted, Type, none, {ok, Next}, D);
 done(_Action, _Type, _Subject, _Failed, _D) ->
     ok.
 

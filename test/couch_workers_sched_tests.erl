@@ -87,7 +87,7 @@
 %% schedulers, so their time is not measured here.
 -define(DIRTY_NIFS, [
     {job_add_many, 3}, {worker_register_dirty, 4}, {job_add_dirty, 5}, {job_update_dirty, 3}, {job_finish_dirty, 3},
-    {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}
+    {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}, {job_finish_accept_dirty, 4}
 ]).
 %% Lifecycle and test hooks: no stored term passes through them.
 -define(UNMEASURED_NIFS, [{start, 2}, {stop, 1}, {set_log_pid, 1}, {test_panic, 1}]).
@@ -188,7 +188,9 @@ terms(size_limit) ->
         infos => [
             {small, #{<<"n">> => 1}},
             %% (the largest job info leaves room to run for the longest
-            %% worker id, about 10,000 bytes: docs/api.md, job_add)
+            %% worker id, about 10,000 bytes: docs/api.md, job_add; each
+            %% of these is 82-89 KB of JSON, where the 94-98 KB shapes
+            %% of before the value-room rule are refused)
             {bin89k, #{<<"bin">> => binary:copy(<<"b">>, 89000)}},
             {map7k, maps:from_list([{integer_to_binary(I), I} || I <- lists:seq(1, 7000)])},
             {strs6k, #{<<"strs">> => [<<"abcdefghij">> || _ <- lists:seq(1, 6800)]}},
@@ -218,6 +220,7 @@ measured_nifs() ->
         {job_accept_abandon, 1},
         {job_update, 3},
         {job_finish, 3},
+        {job_finish_accept, 4},
         {job_cancel, 3},
         {job_pending_count, 2},
         {job_remove, 3},
@@ -334,6 +337,13 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
         ok -> ok;
         {error, value_too_large} -> ok = call(job_fail, small, [H4, #{}, false])
     end,
+    %% Queued again (small info), accepted, then finished with it as
+    %% result by the call that also takes the next job (none is left).
+    ok = call(job_resubmit, small, [T, Id, #{}, ?OPTS(undefined), undefined]),
+    {{ok, #{id := Id} = H5}, W5} = call(job_accept, small, [T, WReg, 0]),
+    delivered = sync(job_accept_abandon, small, [W5]),
+    {{ok, none}, W6} = call(job_finish_accept, Name, [H5, Info, WReg]),
+    delivered = sync(job_accept_abandon, small, [W6]),
     ok = call(job_set_paused, Name, [T, true]),
     {ok, true} = call(ops_job_paused, Name, [T]),
     ok = call(job_set_paused, Name, [T, false]),
@@ -354,9 +364,10 @@ call(Nif, Shape, Args) ->
         dirty ->
             case erlang:apply(couch_workers_nif, dirty_twin(Nif), [Ref | Args]) of
                 ok -> wait(Ref);
+                {ok, Waiter} -> {wait(Ref), Waiter};
                 {error, _} = Error -> Error
             end;
-        {ok, Waiter} when Nif =:= job_accept ->
+        {ok, Waiter} when Nif =:= job_accept; Nif =:= job_finish_accept ->
             {wait(Ref), Waiter};
         {error, _} = Error ->
             Error
@@ -376,6 +387,7 @@ dirty_twin(worker_register) -> worker_register_dirty;
 dirty_twin(job_add) -> job_add_dirty;
 dirty_twin(job_update) -> job_update_dirty;
 dirty_twin(job_finish) -> job_finish_dirty;
+dirty_twin(job_finish_accept) -> job_finish_accept_dirty;
 dirty_twin(job_fail) -> job_fail_dirty;
 dirty_twin(job_release) -> job_release_dirty;
 dirty_twin(job_resubmit) -> job_resubmit_dirty.

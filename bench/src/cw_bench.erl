@@ -9,7 +9,7 @@
 
 -export([main/1]).
 
--define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2t0", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "H1", "J3x"]).
+-define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2n", "J2t0", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "H1", "J3x"]).
 %% Extra workloads, run only when named with --only.
 -define(EXTRA, ["sqlite_shapes"]).
 -define(CHILD_TIMEOUT_MS, 30 * 60 * 1000).
@@ -138,6 +138,8 @@ sizes("J1b", true, _) -> #{jobs => 1000, batch => 100};
 sizes("J1b", false, _) -> #{jobs => 20000, batch => 100};
 sizes("J2", true, _) -> #{jobs => 1000, workers => 8};
 sizes("J2", false, _) -> #{jobs => 20000, workers => 8};
+sizes("J2n", true, _) -> #{jobs => 1000, workers => 8};
+sizes("J2n", false, _) -> #{jobs => 20000, workers => 8};
 sizes("J2t0", true, _) -> #{jobs => 1000, workers => 8};
 sizes("J2t0", false, _) -> #{jobs => 20000, workers => 8};
 sizes("J2f", true, _) -> #{jobs => 1000, workers => 8};

@@ -127,6 +127,7 @@ run(Workload, Params) ->
         'J1' -> with_app(Params, fun cw_bench_wl_jobs:j1/1);
         'J1b' -> with_app(Params, fun cw_bench_wl_jobs:j1b/1);
         'J2' -> with_app(Params, fun(P) -> cw_bench_wl_jobs:j2(P, 'J2') end);
+        'J2n' -> with_app(Params, fun(P) -> cw_bench_wl_jobs:j2(P#{finish_accept => true}, 'J2n') end);
         'J2t0' -> with_app(Params, fun(P) -> cw_bench_wl_jobs:j2(P#{accept_timeout_ms => 0}, 'J2t0') end);
         'J2f' -> with_app(Params, fun cw_bench_wl_jobs:j2f/1);
         'J3' -> with_app(Params, fun cw_bench_wl_jobs:j3/1);

@@ -1,4 +1,4 @@
-%% @doc The job queue's workloads of the benchmark (J1, J1b, J2, J2t0,
+%% @doc The job queue's workloads of the benchmark (J1, J1b, J2, J2n, J2t0,
 %% J2f, J3, J4, J5), run by `cw_bench_wl' in the child VM.
 -module(cw_bench_wl_jobs).
 
@@ -15,7 +15,7 @@
 -spec j3(map()) -> map().
 -spec j4(map()) -> [map()].
 -spec j5(map()) -> map().
--spec j2_worker(pid(), binary(), pos_integer(), non_neg_integer(), go) -> tuple().
+-spec j2_worker(pid(), binary(), pos_integer(), {non_neg_integer(), boolean()}, go) -> tuple().
 -spec j2f_worker(pid(), binary(), pos_integer(), go) -> tuple().
 -spec j5_worker(pid(), binary(), pos_integer(), go) -> tuple().
 
@@ -57,7 +57,9 @@ add_batches(Type, I, N, B) ->
 %% the start signal to the last job_finish returning. With a positive
 %% accept timeout (default 1000 ms) waiting accepts go through the push
 %% path (the dispatcher); `J2t0' uses timeout 0 (one transaction per
-%% accept, no waiting).
+%% accept, no waiting). `J2n' finishes each job with job_finish_accept/3,
+%% which takes the worker's next job in the same transaction (a
+%% job_accept only when that took none).
 j2(P, Name) ->
     N = maps:get(jobs, P, 20000),
     W = maps:get(workers, P, 8),
@@ -66,7 +68,8 @@ j2(P, Name) ->
     ok = add_batches(Type, 1, N, 1000),
     N = couch_workers:job_pending_count(Type),
     Self = self(),
-    Pids = [spawn_link(?MODULE, j2_worker, [Self, Type, I, AT, go]) || I <- lists:seq(1, W)],
+    Next = maps:get(finish_accept, P, false),
+    Pids = [spawn_link(?MODULE, j2_worker, [Self, Type, I, {AT, Next}, go]) || I <- lists:seq(1, W)],
     [receive {ready, Pid} -> ok after 10000 -> error(worker_register_timeout) end || Pid <- Pids],
     T0 = now_us(),
     [Pid ! go || Pid <- Pids],
@@ -85,21 +88,27 @@ j2(P, Name) ->
         jobs_per_s => rate(Total, Us)
     }.
 
-j2_worker(Parent, Type, I, AT, go) ->
+j2_worker(Parent, Type, I, How, go) ->
     Ref = couch_workers:worker_register(Type, <<"w", (integer_to_binary(I))/binary>>, #{}, self()),
     true = is_reference(Ref),
     Parent ! {ready, self()},
     receive go -> ok end,
-    {Count, Last} = j2_loop(Ref, AT, 0, now_us()),
+    {Count, Last} = j2_loop(Ref, How, 0, now_us()),
     Parent ! {done, self(), Count, Last}.
 
-j2_loop(Ref, AT, Count, Last) ->
+j2_loop(Ref, {AT, _} = How, Count, Last) ->
     case couch_workers:job_accept(Ref, #{timeout => AT}) of
-        {ok, Job} ->
-            ok = couch_workers:job_finish(Job, #{}),
-            j2_loop(Ref, AT, Count + 1, now_us());
-        {error, not_found} ->
-            {Count, Last}
+        {ok, Job} -> j2_run(Ref, How, Job, Count, Last);
+        {error, not_found} -> {Count, Last}
+    end.
+
+j2_run(Ref, {_, false} = How, Job, Count, _Last) ->
+    ok = couch_workers:job_finish(Job, #{}),
+    j2_loop(Ref, How, Count + 1, now_us());
+j2_run(Ref, {_, true} = How, Job, Count, _Last) ->
+    case couch_workers:job_finish_accept(Job, #{}, Ref) of
+        {ok, none} -> j2_loop(Ref, How, Count + 1, now_us());
+        {ok, Next} -> j2_run(Ref, How, Next, Count + 1, now_us())
     end.
 
 %% J2f: J2 where a tenth of the jobs fail their first run

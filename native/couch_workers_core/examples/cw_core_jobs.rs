@@ -9,6 +9,8 @@
 //! ```
 //!
 //! `ONLY` (optional) runs one part: `J1`, `J1h`, `J1b`, `J2`, `J2t0`,
+//! `J2fill` (only J2's fill, so that a count of J2's SQLite statements or
+//! WAL frames under `perf stat` can subtract the fill's),
 //! `stages` (for strace/perf of one shape), or `sweep`: `add_many` with
 //! 1, 2, 4, 8, 16, 32 and 100 jobs per transaction, the upper bound of
 //! what a group commit of that many concurrent `add` calls would reach.
@@ -159,6 +161,15 @@ fn main() {
         rt.block_on(fill(&node, b"j1b", n, 100));
         let s = t.elapsed().as_secs_f64();
         line("J1b_in_task", &[("jobs", n as f64), ("seconds", s), ("jobs_per_s", n as f64 / s)]);
+        rt.block_on(node.stop());
+        store.close();
+    }
+    if only.as_deref() == Some("J2fill") {
+        let (node, store) = open_node(&rt, &dir.join("J2"));
+        let t = Instant::now();
+        rt.block_on(fill(&node, b"j2", n, 1000));
+        let s = t.elapsed().as_secs_f64();
+        line("J2_fill", &[("jobs", n as f64), ("seconds", s), ("jobs_per_s", n as f64 / s)]);
         rt.block_on(node.stop());
         store.close();
     }

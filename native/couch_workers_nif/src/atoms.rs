@@ -8,6 +8,7 @@ rustler::atoms! {
     true_ = "true",
     false_ = "false",
     null,
+    none,
     panic,
     // lifecycle
     already_started,

@@ -68,6 +68,8 @@
 //! * `commit.rs`: a job write run to its commit: the once-only run of an
 //!   `Ok(())` write (add, resubmit, remove: its receipt) and the commit's
 //!   versionstamp in the answer;
+//! * `finish_next.rs`: a finish and the worker's next accept in one
+//!   transaction (`job_finish_accept/3`);
 //! * [`sweeper`]: finishes the failover of workers removed with more
 //!   running jobs than one transaction may move;
 //! * `pruner.rs`: removes ended jobs past their `keep`;
@@ -77,6 +79,7 @@
 
 mod commit;
 pub mod dispatcher;
+mod finish_next;
 pub mod job;
 pub mod ops;
 pub(crate) mod place;
@@ -90,6 +93,7 @@ mod sweeper;
 mod wake;
 
 pub use dispatcher::{AcceptReply, ReplyFn};
+pub use finish_next::NextFor;
 pub use job::{
     AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts, NewJob,
     Schedule,

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::dispatcher::{AcceptReply, Dispatchers, Waiter};
+use super::finish_next::NextFor;
 use super::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState, JobVs, NewJob};
 use super::ops::{self, Retry, RunEnd, Take};
 use super::place::wall_ms;
@@ -103,7 +104,7 @@ impl ServiceState {
 
     /// One accept transaction for one worker (for `incarnation` only, if
     /// given), no waiting.
-    async fn accept_now(self: &Arc<Self>, worker_type: &[u8], worker: &[u8], incarnation: Option<Incarnation>) -> Result<JobHandle, Error> {
+    pub(crate) async fn accept_now(self: &Arc<Self>, worker_type: &[u8], worker: &[u8], incarnation: Option<Incarnation>) -> Result<JobHandle, Error> {
         let workers = vec![worker.to_vec()];
         let incarnations = [incarnation];
         let ks = &self.ks;
@@ -397,6 +398,23 @@ impl JobService {
             Ok(ops::finish(&tx, ks, fence, result).await?.map(|_| ()))
         })
         .await?
+    }
+
+    /// Finishes the job the fence's accept holds and, in the same
+    /// transaction, takes the next pending job for `next` (see
+    /// `finish_next.rs`): `Ok(None)` when the finish committed and no job
+    /// was taken. A taken job whose delivery fails goes back with
+    /// [`JobService::give_back`].
+    pub async fn finish_accept(&self, fence: &Fence, result: &[u8], next: NextFor<'_>) -> Result<Option<JobHandle>, Error> {
+        self.shared.check_open()?;
+        check_key(&self.shared.ks.member(next.worker_type, next.worker))?;
+        self.shared.finish_accept(fence, result, next).await
+    }
+
+    /// Gives back a job taken for a caller that no longer waits for it
+    /// (its delivery failed): pending again, if that accept still holds it.
+    pub async fn give_back(&self, handle: JobHandle) {
+        self.shared.release(handle).await
     }
 
     /// Ends the run the fence's accept holds as `end` says.

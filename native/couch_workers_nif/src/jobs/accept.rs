@@ -1,4 +1,4 @@
-//! `job_accept/4` and `job_accept_abandon/1`.
+//! `job_accept/4`, `job_finish_accept/4` and `job_accept_abandon/1`.
 //!
 //! `job_accept/4` hands the core a reply object and returns a `Waiter`
 //! resource that the caller keeps while it waits. The reply object and
@@ -17,20 +17,28 @@
 //! `job_accept_abandon/1` answers `delivered` when the answer was already
 //! on its way: it is then in, or about to be in, the caller's mailbox.
 //! No job can be lost between the two.
+//!
+//! `job_finish_accept/4` (a finish and the next accept in one transaction)
+//! answers through the same waiter: a job it took for a caller that gave
+//! up goes back to pending the same way.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_workers_core::jobs::{AcceptReply, JobHandle};
+use couch_workers_core::jobs::{AcceptReply, JobHandle, NextFor};
 use couch_workers_core::keyspace::Incarnation;
 use couch_workers_core::Error as CoreError;
 use rustler::{Encoder, Env, Error, NifResult, Resource, ResourceArc, Term};
 
-use super::args::check_ref;
+use futures::FutureExt;
+
+use super::args::{check_ref, handle_args, json_arg};
 use super::terms::{core_error, handle_answer};
 use crate::atoms;
-use crate::reply::Replier;
+use crate::json::{budgeted_nif, Sched};
+use crate::reply::{self, Answer, Replier};
 use crate::runtime;
 use crate::stats::{self, LiveResource};
 use crate::term::bytes_arg;
@@ -71,16 +79,24 @@ impl AcceptReply for AcceptReplier {
     }
 
     fn deliver(mut self: Box<Self>, outcome: Result<JobHandle, CoreError>) -> bool {
+        let answer = match outcome {
+            Ok(handle) => handle_answer(handle),
+            Err(e) => core_error(&e),
+        };
+        self.answer(answer)
+    }
+}
+
+impl AcceptReplier {
+    /// Sends `answer` unless the waiter was abandoned; whether it reached
+    /// a live caller (if not, a job in it must go back).
+    fn answer(&mut self, answer: Answer) -> bool {
         let Some(replier) = self.replier.take() else { return false };
         if self.state.compare_exchange(WAITING, DELIVERED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             // Abandoned: nobody waits for this answer.
             replier.discard();
             return false;
         }
-        let answer = match outcome {
-            Ok(handle) => handle_answer(handle),
-            Err(e) => core_error(&e),
-        };
         if rustler::thread::is_scheduler_thread() {
             // Not reached (the NIF calls `accept_with` on the runtime), but
             // an OwnedEnv cannot send from here: hand the send over. Only
@@ -136,13 +152,58 @@ fn job_accept<'a>(
     let (worker, incarnation) = accept_worker(worker, &worker_type)?;
     let timeout_ms: u64 = timeout_ms.decode().map_err(|_| Error::BadArg)?;
     let (jobs, rt) = try_service!(env);
-    let state = Arc::new(AtomicU8::new(WAITING));
-    let waiter = ResourceArc::new(WaiterResource { state: state.clone(), _live: LiveResource::new(&stats::ACCEPT_WAITERS) });
-    let replier = AcceptReplier { state, replier: Some(Replier::new(env, reference)) };
+    let (waiter, replier) = waiter(env, reference);
     // On the runtime, so that every delivery (also an immediate error)
     // happens off the schedulers.
     rt.spawn(async move {
         jobs.accept_registered_with(worker_type, worker, incarnation, Duration::from_millis(timeout_ms), Box::new(replier));
+    });
+    Ok((atoms::ok(), waiter).encode(env))
+}
+
+/// A new waiter and the replier that answers it.
+fn waiter(env: Env<'_>, reference: Term<'_>) -> (ResourceArc<WaiterResource>, AcceptReplier) {
+    let state = Arc::new(AtomicU8::new(WAITING));
+    let waiter = ResourceArc::new(WaiterResource { state: state.clone(), _live: LiveResource::new(&stats::ACCEPT_WAITERS) });
+    (waiter, AcceptReplier { state, replier: Some(Replier::new(env, reference)) })
+}
+
+// ---- finish and accept the next -------------------------------------------
+
+budgeted_nif!(job_finish_accept, job_finish_accept_dirty, finish_accept(reference, handle, result, worker));
+
+/// Finishes `handle`'s job and takes the next one for the registration
+/// `worker` in one transaction; answers `{Ref, {ok, Handle}}`, `{Ref, {ok,
+/// none}}` (finished, nothing taken) or `{Ref, {error, Reason}}`.
+fn finish_accept<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    handle: Term<'a>,
+    result: Term<'a>,
+    worker: Term<'a>,
+    sched: Sched,
+) -> NifResult<Term<'a>> {
+    let fence = handle_args(reference, handle)?;
+    let resource: ResourceArc<RegistrationResource> = worker.decode().map_err(|_| Error::BadArg)?;
+    let reg = resource.registration();
+    let (worker_type, worker, incarnation) = (reg.spec().worker_type.clone(), reg.spec().id.clone(), *reg.incarnation());
+    let result = try_json!(json_arg(env, result, sched, atoms::invalid_result()));
+    let (jobs, rt) = try_service!(env);
+    let (waiter, mut replier) = waiter(env, reference);
+    rt.spawn(async move {
+        let next = NextFor { worker_type: &worker_type, worker: &worker, incarnation: Some(incarnation) };
+        let work = jobs.finish_accept(&fence, &result, next);
+        let (answer, taken) = match AssertUnwindSafe(work).catch_unwind().await {
+            Ok(Ok(Some(handle))) => (handle_answer(handle.clone()), Some(handle)),
+            Ok(Ok(None)) => (reply::ok_with(atoms::none()), None),
+            Ok(Err(e)) => (core_error(&e), None),
+            Err(payload) => (reply::panicked(reply::panic_message(payload.as_ref())), None),
+        };
+        if !replier.answer(answer) {
+            if let Some(handle) = taken {
+                jobs.give_back(handle).await;
+            }
+        }
     });
     Ok((atoms::ok(), waiter).encode(env))
 }

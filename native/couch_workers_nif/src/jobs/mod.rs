@@ -7,7 +7,8 @@
 //! subscriptions keep "exactly one answer".
 //!
 //! Shapes (else `badarg`): `Type`, `Id` binaries; `Worker` a binary, or
-//! (`job_accept/4`) a registration of `Type` (see `accept_worker`); `Info` and
+//! (`job_accept/4`) a registration of `Type` (see `accept_worker`);
+//! `Registration` (`job_finish_accept/4`) a registration of any type; `Info` and
 //! `Result` maps; `Priority` an integer; `TimeoutMs` a non-negative
 //! integer; `Handle` a map with binary `type`, `id`, `worker` and a 16-byte
 //! binary `token` (what `job_accept`/`job_update` answer; a `job_get` map
@@ -38,7 +39,7 @@
 //! | `args.rs` | argument shapes and values answered at once |
 //! | `terms.rs` | a job as a map; the answers the NIFs reply with |
 //! | `calls.rs` | the NIFs that are one service call and one reply (add, update, finish, fail, release, resubmit, cancel, remove, get, counts, list, pause) |
-//! | `accept.rs` | `job_accept/4`, `job_accept_abandon/1`: the waiter resource and its one answer |
+//! | `accept.rs` | `job_accept/4`, `job_finish_accept/4`, `job_accept_abandon/1`: the waiter resource and its one answer |
 //! | `subscribe.rs` | `job_subscribe/5`, `job_unsubscribe/1`: the subscription resource and its notifier |
 
 use std::future::Future;
