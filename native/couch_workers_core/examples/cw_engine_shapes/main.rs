@@ -32,6 +32,7 @@ mod shape;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use engines::{Engine, Kind};
@@ -75,10 +76,12 @@ struct Measured {
     wchar: f64,
     commits: f64,
     jobs: f64,
+    writer_held_us: f64,
 }
 
 fn measure(engine: &Engine, shape: &Shape, jobs: &[u64], threads: usize, group: usize) -> Measured {
     let (c0, w0, t0) = (cpu_us(), wchar(), now_us());
+    engines::WRITER_HELD_NS.store(0, Ordering::Relaxed);
     let commits = engine.run(shape, jobs, threads, group);
     Measured {
         start_us: t0,
@@ -87,6 +90,7 @@ fn measure(engine: &Engine, shape: &Shape, jobs: &[u64], threads: usize, group: 
         wchar: wchar() - w0,
         commits: commits as f64,
         jobs: jobs.len() as f64,
+        writer_held_us: engines::WRITER_HELD_NS.load(Ordering::Relaxed) as f64 / 1e3,
     }
 }
 
@@ -111,7 +115,11 @@ fn report(kind: Kind, variant: &str, group: usize, m: &[Measured]) {
             ("cpu_us_per_job", sum(|x| x.cpu_us) / jobs),
             ("commits_per_job", sum(|x| x.commits) / jobs),
             ("bytes_written_per_job", sum(|x| x.wchar) / jobs),
-            ("sqlite_busy_in_this_process", engines::SQLITE_BUSY.swap(0, std::sync::atomic::Ordering::Relaxed) as f64),
+            // Not measured on the embedded store (its lock is inside it);
+            // with more threads than cores it includes time a holder was
+            // preempted, also just after it let go: read it at 1 thread.
+            ("writer_held_us_per_job", sum(|x| x.writer_held_us) / jobs),
+            ("sqlite_busy_in_this_process", engines::SQLITE_BUSY.swap(0, Ordering::Relaxed) as f64),
         ],
     );
 }
@@ -164,7 +172,7 @@ fn parse_child(out: &[u8]) -> Measured {
         .split(' ')
         .map(|x| x.parse().unwrap())
         .collect();
-    Measured { start_us: v[0], end_us: v[1], cpu_us: v[2], wchar: v[3], commits: v[4], jobs: v[5] }
+    Measured { start_us: v[0], end_us: v[1], cpu_us: v[2], wchar: v[3], commits: v[4], jobs: v[5], writer_held_us: v[6] }
 }
 
 /// `--child ENGINE STORE SHAPE PART PARTS JOBS GROUP`: one of the
@@ -177,7 +185,7 @@ fn child(args: &[String]) {
     let engine = Engine::open(kind, Path::new(&args[1]));
     let mine: Vec<u64> = (0..jobs).filter(|n| n % parts == part).collect();
     let m = measure(&engine, &shape, &mine, 1, group);
-    println!("CHILD {} {} {} {} {} {}", m.start_us, m.end_us, m.cpu_us, m.wchar, m.commits, m.jobs);
+    println!("CHILD {} {} {} {} {} {} {}", m.start_us, m.end_us, m.cpu_us, m.wchar, m.commits, m.jobs, m.writer_held_us);
     engine.close();
 }
 
@@ -255,6 +263,14 @@ fn main() {
     print_shape(&shape, left_out);
     line("recorded", &[("seconds", t.elapsed().as_secs_f64())]);
 
+    // What the replay itself costs (making each job's keys and values
+    // from the shape), included in every run's CPU figure.
+    let (c0, t0) = (cpu_us(), Instant::now());
+    for n in 0..jobs {
+        std::hint::black_box(shape.instantiate(n));
+    }
+    line("replay_itself", &[("cpu_us_per_job", (cpu_us() - c0) / jobs as f64), ("wall_us_per_job", t0.elapsed().as_secs_f64() * 1e6 / jobs as f64)]);
+
     if want("runs") {
         for kind in [Kind::Embedded, Kind::Sqlite, Kind::LmdbNoSync] {
             for threads in [1, 8] {
@@ -268,7 +284,9 @@ fn main() {
         }
         for kind in [Kind::Sqlite, Kind::LmdbNoSync] {
             for group in [8, 32] {
-                run_one(&dir, &shape, kind, jobs, 8, 1, group);
+                for threads in [1, 8] {
+                    run_one(&dir, &shape, kind, jobs, threads, 1, group);
+                }
             }
         }
         run_one(&dir, &shape, Kind::LmdbNoMetaSync, (jobs / 10).max(100), 8, 1, 8);
