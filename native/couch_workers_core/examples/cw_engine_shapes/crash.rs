@@ -8,7 +8,8 @@
 //! * a writer killed while it holds the write lock: the next writer gets
 //!   the lock (LMDB's robust mutexes); while it lives, another process's
 //!   `mdb_txn_begin` blocks with no timeout (`dead_lock_holder`);
-//! * a full map: MDB_MAP_FULL, and what growing it takes (`map_full`).
+//! * a full map: MDB_MAP_FULL, and what growing it takes; the longest
+//!   key (`map_full`).
 //!
 //! Each prints one JSON line of what it saw; none asserts (a benchmark),
 //! the figures go to bench/RESULTS.md.
@@ -214,8 +215,10 @@ fn map_full(dir: &Path) {
     let resized = unsafe { env.resize(8 << 20) }.is_ok();
     let mut wtxn = env.write_txn().unwrap();
     let after = db.put(&mut wtxn, b"after-resize", &[1u8; 1000]).and_then(|_| wtxn.commit()).is_ok();
+    // The store's keys go up to 10,000 bytes (FoundationDB's limit).
+    let max_key = env.max_key_size();
     env.prepare_for_closing().wait();
-    println!("{{\"workload\":\"engine\",\"variant\":\"lmdb_map_full\",\"values_of_1000_bytes_in_1_mib_map\":{written},\"error\":\"{err}\",\"resized_to_8_mib\":{resized},\"write_after_resize\":{after}}}");
+    println!("{{\"workload\":\"engine\",\"variant\":\"lmdb_map_full\",\"values_of_1000_bytes_in_1_mib_map\":{written},\"error\":\"{err}\",\"resized_to_8_mib\":{resized},\"write_after_resize\":{after},\"max_key_size\":{max_key}}}");
 }
 
 pub fn run_all(dir: &Path) {
