@@ -11,6 +11,9 @@
 //! * a full map: MDB_MAP_FULL, and what growing it takes; the longest
 //!   key (`map_full`).
 //!
+//! * a full disk (`disk_full`, run alone on a small file system the caller
+//!   mounts: `cw_engine_shapes MOUNT 0 disk-full`).
+//!
 //! Each prints one JSON line of what it saw; none asserts (a benchmark),
 //! the figures go to bench/RESULTS.md.
 
@@ -219,6 +222,50 @@ fn map_full(dir: &Path) {
     let max_key = env.max_key_size();
     env.prepare_for_closing().wait();
     println!("{{\"workload\":\"engine\",\"variant\":\"lmdb_map_full\",\"values_of_1000_bytes_in_1_mib_map\":{written},\"error\":\"{err}\",\"resized_to_8_mib\":{resized},\"write_after_resize\":{after},\"max_key_size\":{max_key}}}");
+}
+
+/// Fills a small file system under LMDB: a commit that cannot write its
+/// pages fails; once space is back (a filler file removed) the next
+/// commit works, and a reopen finds every commit that was acknowledged.
+pub fn disk_full(mount: &Path) {
+    let dir = mount.join("lmdb-disk-full");
+    let filler = mount.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    std::io::Write::write_all(&mut f, &vec![0u8; 1 << 20]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let env = open_env(&dir, 1 << 30);
+    let db = db_of(&env);
+    let mut committed = 0u64;
+    let err = loop {
+        let mut wtxn = env.write_txn().unwrap();
+        let r = db
+            .put(&mut wtxn, format!("k{committed:09}").as_bytes(), &[3u8; 1000])
+            .and_then(|_| db.put(&mut wtxn, COUNTER, &(committed + 1).to_be_bytes()))
+            .and_then(|_| wtxn.commit());
+        match r {
+            Ok(()) => committed += 1,
+            Err(e) => break e.to_string(),
+        }
+        if committed > 1_000_000 {
+            break "no error".into();
+        }
+    };
+    std::fs::remove_file(&filler).unwrap();
+    let mut wtxn = env.write_txn().unwrap();
+    let after = db.put(&mut wtxn, b"after-space-freed", b"x").and_then(|_| wtxn.commit()).is_ok();
+    env.prepare_for_closing().wait();
+    let env = open_env(&dir, 1 << 30);
+    let rtxn = env.read_txn().unwrap();
+    let db: heed::Database<Bytes, Bytes> = env.open_database(&rtxn, None).unwrap().expect("the database");
+    let counter = db.get(&rtxn, COUNTER).unwrap().map(|v| u64::from_be_bytes(v.try_into().unwrap())).unwrap_or(0);
+    let all_there = (0..counter).all(|i| db.get(&rtxn, format!("k{i:09}").as_bytes()).unwrap().is_some());
+    drop(rtxn);
+    env.prepare_for_closing().wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "{{\"workload\":\"engine\",\"variant\":\"lmdb_disk_full\",\"commits_before_error\":{committed},\"error\":\"{err}\",\"commit_after_space_freed\":{after},\"counter_after_reopen\":{counter},\"every_key_up_to_counter\":{all_there}}}"
+    );
 }
 
 pub fn run_all(dir: &Path) {

@@ -22,7 +22,8 @@
 //! ```
 //!
 //! `ONLY`: `shape` (print the recorded shape), `runs`, an engine's name
-//! (`embedded`, `sqlite`, `lmdb_nosync`, `lmdb_nometasync`: its runs), or `crash`. Prints
+//! (`embedded`, `sqlite`, `lmdb_nosync`, `lmdb_nometasync`: its runs), `crash`,
+//! or `disk-full` (DIR: a small file system mounted for it; `crash.rs`). Prints
 //! one flat JSON object per figure. DIR is removed at the end.
 
 mod crash;
@@ -255,6 +256,9 @@ fn main() {
     ONLY_KIND.with(|k| k.set(engine_only));
     let want = |part: &str| only.as_deref().is_none_or(|o| o == part) || (part == "runs" && engine_only.is_some());
     std::fs::create_dir_all(&dir).unwrap();
+    if only.as_deref() == Some("disk-full") {
+        return crash::disk_full(&dir);
+    }
 
     let t = Instant::now();
     let (shape, left_out) = record::record(&dir.join("record"));
