@@ -111,7 +111,7 @@ impl Engine {
                 let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
                 // Two processes opening a store that no process holds open
                 // can meet one's WAL recovery: the other's open then
-                // answers "database is locked" (seen once in 3 runs), so
+                // answers "database is locked" (seen once in 17 runs), so
                 // a child tries again.
                 let mut tries = 0;
                 let store = loop {
