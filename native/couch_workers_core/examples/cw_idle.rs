@@ -77,7 +77,7 @@ fn caller(backtrace: &str) -> String {
         .filter_map(|l| l.trim().split_once(": ").map(|(_, sym)| sym))
         .filter(|sym| sym.starts_with("couch_workers_core::") || sym.starts_with("<couch_workers_core::"))
         .find(|sym| !PLUMBING.iter().any(|p| sym.contains(p)))
-        .map(|sym| sym.replace("::{{closure}}", "").trim_end_matches(|c: char| c == '>').to_string())
+        .map(|sym| sym.replace("::{{closure}}", "").trim_end_matches('>').to_string())
         .unwrap_or_else(|| "(unknown)".to_string())
 }
 
