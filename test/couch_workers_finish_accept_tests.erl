@@ -86,6 +86,16 @@ bad_arguments(#{type := T}) ->
     ?assertError(badarg, couch_workers:job_finish_accept(maps:remove(token, A), #{}, W)),
     ?assertError(badarg, couch_workers:job_finish_accept(A, not_a_map, W)),
     ?assertError(badarg, couch_workers:job_finish_accept(A, #{}, not_a_ref)),
+    %% At the NIF: only a registration resource names the worker (an id,
+    %% which job_accept takes, or a reference is badarg), and the handle
+    %% and result keep their shapes.
+    {ok, T, <<"w1">>, Reg} = couch_workers_local:registration(W),
+    Nif = fun(Handle, Result, Worker) -> couch_workers_nif:job_finish_accept(make_ref(), Handle, Result, Worker) end,
+    ?assertError(badarg, Nif(A, #{}, <<"w1">>)),
+    ?assertError(badarg, Nif(A, #{}, W)),
+    ?assertError(badarg, Nif(maps:remove(token, A), #{}, Reg)),
+    ?assertError(badarg, Nif(A, not_a_map, Reg)),
+    ?assertError(badarg, couch_workers_nif:job_finish_accept(not_a_ref, A, #{}, Reg)),
     ?assertEqual(running, job_state(T, <<"a">>)).
 
 counts_a_finish_and_an_accept(#{type := T}) ->

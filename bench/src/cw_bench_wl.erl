@@ -20,7 +20,7 @@
 -export([log/2]).
 %% shared with the workload modules
 -export([start_app/1, stop_app/1, start_peer/1, stop_peer/1]).
--export([now_us/0, rate/2, pct/2, large_over_small/1, job_id/1, worker_id/1, field/2]).
+-export([now_us/0, rate/2, pct/2, by_size/3, job_id/1, worker_id/1, field/2]).
 
 -spec start_app(map()) -> file:filename().
 -spec stop_app(file:filename()) -> ok.
@@ -29,7 +29,7 @@
 -spec now_us() -> integer().
 -spec rate(non_neg_integer(), number()) -> float().
 -spec pct([number()], number()) -> number().
--spec large_over_small([map(), ...]) -> fun((atom()) -> float()).
+-spec by_size(map(), [map(), ...], [{atom(), atom()}]) -> map().
 -spec job_id(integer()) -> binary().
 -spec worker_id(integer()) -> binary().
 -spec field(atom(), map()) -> term().
@@ -186,12 +186,15 @@ pct(Sorted, P) ->
     Rank = max(1, min(N, ceil(P * N / 100))),
     lists:nth(Rank, Sorted).
 
-%% For a workload measured at several sizes (rows, smallest first): a
-%% figure's value at the largest size over its value at the smallest.
-large_over_small(Rows) ->
+%% The result of a workload measured at several sizes (J4, M4): its
+%% `Fields', its `Rows' (one per size, smallest first) and, for each
+%% `{Key, Figure}' of `Ratios', the figure's value at the largest size over
+%% its value at the smallest (how far it grew with the size).
+by_size(Fields, Rows, Ratios) ->
     [Small | _] = Rows,
     Large = lists:last(Rows),
-    fun(Key) -> maps:get(Key, Large) / max(1.0e-9, maps:get(Key, Small)) end.
+    Ratio = fun(Figure) -> maps:get(Figure, Large) / max(1.0e-9, maps:get(Figure, Small)) end,
+    maps:merge(Fields#{rows => Rows}, maps:from_list([{Key, Ratio(Figure)} || {Key, Figure} <- Ratios])).
 
 job_id(I) -> <<"job-", (integer_to_binary(I))/binary>>.
 worker_id(I) -> <<"w-", (integer_to_binary(I))/binary>>.

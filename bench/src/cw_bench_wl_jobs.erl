@@ -6,7 +6,7 @@
 %% spawned
 -export([j2_worker/5, j2f_worker/4, j5_worker/4]).
 
--import(cw_bench_wl, [start_app/1, stop_app/1, now_us/0, rate/2, pct/2, job_id/1, field/2, large_over_small/1]).
+-import(cw_bench_wl, [start_app/1, stop_app/1, now_us/0, rate/2, pct/2, job_id/1, field/2, by_size/3]).
 
 -spec j1(map()) -> map().
 -spec j1b(map()) -> map().
@@ -294,18 +294,13 @@ j4(P) ->
     Sizes = maps:get(sizes, P, [1000, 1000000]),
     K = maps:get(samples, P, 200),
     Rows = [j4_size(P, Size, K) || Size <- Sizes],
-    Ratio = large_over_small(Rows),
     [
-        #{
-            workload => 'J4',
-            sizes => Sizes,
-            samples => K,
-            rows => Rows,
-            t0_p50_ratio => Ratio(t0_p50_ms),
-            t0_p99_ratio => Ratio(t0_p99_ms),
-            push_p50_ratio => Ratio(push_p50_ms),
-            push_p99_ratio => Ratio(push_p99_ms)
-        }
+        by_size(#{workload => 'J4', sizes => Sizes, samples => K}, Rows, [
+            {t0_p50_ratio, t0_p50_ms},
+            {t0_p99_ratio, t0_p99_ms},
+            {push_p50_ratio, push_p50_ms},
+            {push_p99_ratio, push_p99_ms}
+        ])
     ].
 
 j4_size(P, Size, K) ->

@@ -5,7 +5,7 @@
 
 -export([m1/1, m2/1, m3/1, m4/1]).
 
--import(cw_bench_wl, [start_app/1, stop_app/1, now_us/0, rate/2, pct/2, worker_id/1, start_peer/1, stop_peer/1, large_over_small/1]).
+-import(cw_bench_wl, [start_app/1, stop_app/1, now_us/0, rate/2, pct/2, worker_id/1, start_peer/1, stop_peer/1, by_size/3]).
 
 %% A call into node B (as `cw_bench_wl:start_peer/1' makes it).
 -define(PEER_TIMEOUT, 30000).
@@ -171,18 +171,8 @@ m4(P) ->
     Sizes = maps:get(sizes, P, [100, 10000]),
     K = maps:get(changes, P, 20),
     Rows = [m4_size(P, Size, K) || Size <- Sizes],
-    Ratio = large_over_small(Rows),
-    [
-        #{
-            workload => 'M4',
-            sizes => Sizes,
-            changes => K,
-            rows => Rows,
-            p50_ratio => Ratio(p50_ms),
-            cpu_per_change_ratio => Ratio(cpu_ms_per_change),
-            size_ratio => lists:last(Sizes) / hd(Sizes)
-        }
-    ].
+    Fields = #{workload => 'M4', sizes => Sizes, changes => K, size_ratio => lists:last(Sizes) / hd(Sizes)},
+    [by_size(Fields, Rows, [{p50_ratio, p50_ms}, {cpu_per_change_ratio, cpu_ms_per_change}])].
 
 m4_size(P, Size, K) ->
     Dir = start_app(P),

@@ -16,7 +16,7 @@ use couch_workers_core::log::Discard;
 use couch_workers_core::store::sim::{CommitFault, SimOptions, SimStore};
 use couch_workers_core::store::Db;
 use couch_workers_core::workers::WorkerSpec;
-use couch_workers_core::{Error, Node, Settings};
+use couch_workers_core::{Error, Node, Registration, Settings};
 use jobs_common::*;
 
 const T: &[u8] = b"t";
@@ -25,15 +25,22 @@ fn next_for(worker: &[u8]) -> NextFor<'_> {
     NextFor { worker_type: T, worker, incarnation: None }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn finish_accept_finishes_and_takes_the_next_job_in_queue_order() {
+/// A node with worker `w` of `T` registered, then `ids` added (pending in
+/// that order). The cluster holds the store's directory: keep it.
+async fn node_with_jobs(ids: &[&[u8]]) -> (Cluster, Arc<Node>, Registration) {
     let c = Cluster::new();
     let node = c.node();
-    let _w = register(&node, T, b"w").await;
-    let jobs = node.jobs();
-    for id in [&b"a"[..], b"b", b"c"] {
-        add(jobs, T, id, 0).await;
+    let w = register(&node, T, b"w").await;
+    for id in ids {
+        add(node.jobs(), T, id, 0).await;
     }
+    (c, node, w)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn finish_accept_finishes_and_takes_the_next_job_in_queue_order() {
+    let (_c, node, _w) = node_with_jobs(&[b"a", b"b", b"c"]).await;
+    let jobs = node.jobs();
     let first = accept_now(jobs, T, b"w").await;
     assert_eq!(first.job.id, b"a");
     let second = jobs.finish_accept(&fence(&first), b"{\"r\":1}", next_for(b"w")).await.expect("finish_accept").expect("a next job");
@@ -57,12 +64,8 @@ async fn finish_accept_finishes_and_takes_the_next_job_in_queue_order() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refused_finish_writes_nothing_and_takes_nothing() {
-    let c = Cluster::new();
-    let node = c.node();
-    let _w = register(&node, T, b"w").await;
+    let (_c, node, _w) = node_with_jobs(&[b"a", b"b"]).await;
     let jobs = node.jobs();
-    add(jobs, T, b"a", 0).await;
-    add(jobs, T, b"b", 0).await;
     let h = accept_now(jobs, T, b"w").await;
     jobs.finish(&fence(&h), b"{}").await.unwrap();
     // The handle no longer holds the job: not_owner, and b stays pending.
@@ -74,13 +77,8 @@ async fn a_refused_finish_writes_nothing_and_takes_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn no_next_job_while_paused_or_for_an_ended_registration() {
-    let c = Cluster::new();
-    let node = c.node();
-    let w = register(&node, T, b"w").await;
+    let (_c, node, w) = node_with_jobs(&[b"a", b"b", b"c"]).await;
     let jobs = node.jobs();
-    for id in [&b"a"[..], b"b", b"c"] {
-        add(jobs, T, id, 0).await;
-    }
     let h = accept_now(jobs, T, b"w").await;
     jobs.set_paused(T, true).await.unwrap();
     assert_eq!(jobs.finish_accept(&fence(&h), b"{}", next_for(b"w")).await, Ok(None), "paused: the finish only");

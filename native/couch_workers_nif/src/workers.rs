@@ -31,6 +31,7 @@
 
 use std::sync::{Arc, Weak};
 
+use couch_workers_core::keyspace::Incarnation;
 use couch_workers_core::log::Logger;
 use couch_workers_core::log_event;
 use couch_workers_core::workers::WorkerSpec;
@@ -60,12 +61,21 @@ pub struct RegistrationResource {
 #[rustler::resource_impl(register = false)]
 impl Resource for RegistrationResource {}
 
-impl RegistrationResource {
-    /// The core's registration: what an accept for it names (its worker
-    /// id and incarnation, see `jobs/accept.rs`).
-    pub fn registration(&self) -> &Registration {
-        &self.reg
-    }
+/// The worker a registration argument names: its type, its id, and the
+/// incarnation of that registration (an accept for it takes nothing once
+/// a later registration holds the id, see `jobs/accept.rs`).
+pub struct RegisteredWorker {
+    pub worker_type: Vec<u8>,
+    pub id: Vec<u8>,
+    pub incarnation: Incarnation,
+}
+
+/// A registration argument (what `worker_register` answered); `badarg`
+/// for any other term.
+pub fn registration_arg(term: Term<'_>) -> NifResult<RegisteredWorker> {
+    let resource: ResourceArc<RegistrationResource> = term.decode().map_err(|_| Error::BadArg)?;
+    let spec = resource.reg.spec();
+    Ok(RegisteredWorker { worker_type: spec.worker_type.clone(), id: spec.id.clone(), incarnation: *resource.reg.incarnation() })
 }
 
 pub fn load(env: Env) -> bool {

@@ -34,7 +34,7 @@ use rustler::{Encoder, Env, Error, NifResult, Resource, ResourceArc, Term};
 
 use futures::FutureExt;
 
-use super::args::{check_ref, handle_args, json_arg};
+use super::args::{check_ref, finish_args};
 use super::terms::{core_error, handle_answer};
 use crate::atoms;
 use crate::json::{budgeted_nif, Sched};
@@ -42,7 +42,7 @@ use crate::reply::{self, Answer, Replier};
 use crate::runtime;
 use crate::stats::{self, LiveResource};
 use crate::term::bytes_arg;
-use crate::workers::RegistrationResource;
+use crate::workers::registration_arg;
 
 const WAITING: u8 = 0;
 const DELIVERED: u8 = 1;
@@ -165,12 +165,11 @@ fn accept_worker(worker: Term<'_>, worker_type: &[u8]) -> NifResult<(Vec<u8>, Op
     if let Ok(id) = bytes_arg(worker) {
         return Ok((id.to_vec(), None));
     }
-    let resource: ResourceArc<RegistrationResource> = worker.decode().map_err(|_| Error::BadArg)?;
-    let reg = resource.registration();
-    if reg.spec().worker_type != worker_type {
+    let reg = registration_arg(worker)?;
+    if reg.worker_type != worker_type {
         return Err(Error::BadArg);
     }
-    Ok((reg.spec().id.clone(), Some(*reg.incarnation())))
+    Ok((reg.id, Some(reg.incarnation)))
 }
 
 #[rustler::nif]
@@ -217,15 +216,12 @@ fn finish_accept<'a>(
     worker: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
-    let fence = handle_args(reference, handle)?;
-    let resource: ResourceArc<RegistrationResource> = worker.decode().map_err(|_| Error::BadArg)?;
-    let reg = resource.registration();
-    let (worker_type, worker, incarnation) = (reg.spec().worker_type.clone(), reg.spec().id.clone(), *reg.incarnation());
-    let result = try_json!(json_arg(env, result, sched, atoms::invalid_result()));
+    let reg = registration_arg(worker)?;
+    let (fence, result) = try_json!(finish_args(env, reference, handle, result, sched));
     let (jobs, rt) = try_service!(env);
     let (waiter, mut replier) = waiter(env, reference);
     rt.spawn(async move {
-        let next = NextFor { worker_type: &worker_type, worker: &worker, incarnation: Some(incarnation) };
+        let next = NextFor { worker_type: &reg.worker_type, worker: &reg.id, incarnation: Some(reg.incarnation) };
         let work = jobs.finish_accept(&fence, &result, next);
         let (answer, taken) = match AssertUnwindSafe(work).catch_unwind().await {
             Ok(Ok(Some(handle))) => (handle_answer(handle.clone()), Some(handle)),

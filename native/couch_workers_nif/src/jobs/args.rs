@@ -122,6 +122,20 @@ pub(super) fn handle_args(reference: Term, handle: Term) -> NifResult<Fence> {
     fence_arg(handle)
 }
 
+/// The handle and result of a finish (`job_finish`, `job_finish_accept`),
+/// after the reference: `badarg` for a wrong shape, or `Err(Ok(term))`,
+/// the answer to give at once (see `json_arg`).
+pub(super) fn finish_args<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    handle: Term<'a>,
+    result: Term<'a>,
+    sched: Sched,
+) -> Result<(Fence, Vec<u8>), NifResult<Term<'a>>> {
+    let fence = handle_args(reference, handle).map_err(Err)?;
+    Ok((fence, json_arg(env, result, sched, atoms::invalid_result())?))
+}
+
 pub(super) fn check_ref(reference: Term) -> NifResult<()> {
     if reference.is_ref() {
         Ok(())

@@ -8,7 +8,7 @@ use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
 use super::spawn_call;
-use super::args::{check_ref, handle_args, job_args, json_arg, opts_arg, retry_arg, type_args, vs_arg};
+use super::args::{check_ref, finish_args, handle_args, job_args, json_arg, opts_arg, retry_arg, type_args, vs_arg};
 use super::terms::{counts_answer, handle_answer, job_answer, ok_answer, page_answer, types_answer};
 use crate::atoms;
 use crate::json::{budgeted_nif, Sched};
@@ -103,8 +103,7 @@ fn finish<'a>(
     result: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
-    let fence = handle_args(reference, handle)?;
-    let result = try_json!(json_arg(env, result, sched, atoms::invalid_result()));
+    let (fence, result) = try_json!(finish_args(env, reference, handle, result, sched));
     spawn_call(env, reference, move |jobs| async move { jobs.finish(&fence, &result).await }, ok_answer)
 }
 
