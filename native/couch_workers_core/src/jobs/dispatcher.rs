@@ -45,6 +45,11 @@
 //!   at once;
 //! * a waiter whose deadline passes gets `not_found`; an accept with
 //!   timeout 0 never comes here (one transaction, no dispatcher);
+//! * while nothing happens the dispatcher sleeps on its watch, the timer
+//!   of the earliest scheduled job and its waiters' deadlines, nothing
+//!   else: a waiter's reply rings it when the acceptor goes away
+//!   ([`AcceptReply::signal_gone`]), so no timer looks for gone waiters
+//!   (one that cannot ring is looked at every [`PRUNE_INTERVAL`]);
 //! * when no waiter is left the dispatcher exits (it is started again on
 //!   demand), and it stops with the node (a child of the node's token),
 //!   answering its waiters `store_closed`.
