@@ -426,6 +426,47 @@ async fn queued_writers_share_commits_and_lose_nothing() {
     assert!(commits < 3_200, "{commits} SQLite commits for 3,200 queued transactions: no grouping");
 }
 
+/// A writer about to commit alone while the next one waits for a runtime
+/// thread (spawned from outside the runtime, as a NIF call's request is):
+/// it lets that one reach the lock first, and both share one commit
+/// (bench/RESULTS.md, "Session 7: J2"). One worker thread, kept busy by
+/// the first writer until the second is spawned: nothing here depends on
+/// timing.
+#[test]
+fn a_writer_waiting_for_a_runtime_thread_joins_the_commit_before_it() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = rt.block_on(async { open(dir.path()) });
+    // A lone commit first: nothing says that writers come together.
+    rt.block_on(put(&db, b"warm", b"up"));
+    let before = db.sqlite_commits();
+    let (wrote_tx, wrote_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let first = {
+        let db = db.clone();
+        rt.spawn(async move {
+            let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
+            tx.set(b"first", b"1");
+            wrote_tx.send(()).expect("main waits");
+            // Holds the only runtime thread until the second is spawned.
+            go_rx.recv().expect("main sends");
+            tx.commit().await.expect("commit").version.expect("version")
+        })
+    };
+    wrote_rx.recv().expect("first wrote");
+    let second = {
+        let db = db.clone();
+        rt.spawn(async move { put(&db, b"second", b"2").await })
+    };
+    go_tx.send(()).expect("first waits");
+    let (v1, v2) = rt.block_on(async { (first.await.expect("first"), second.await.expect("second")) });
+    assert_ne!(v1, v2, "each keeps its own version");
+    assert_eq!(db.sqlite_commits() - before, 1, "the second writer did not join the first one's commit");
+    let other = rt.block_on(async { open(dir.path()) });
+    assert_eq!(rt.block_on(get(&other, b"first")), Some(b"1".to_vec()));
+    assert_eq!(rt.block_on(get(&other, b"second")), Some(b"2".to_vec()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_writer_in_a_group_loses_only_its_own_work() {
     let dir = tempfile::tempdir().expect("temp dir");

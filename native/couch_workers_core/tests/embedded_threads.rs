@@ -1,6 +1,7 @@
-//! The embedded store's background threads (the watcher and the WAL
-//! notifier) stop with their store: live counts that return to zero. Alone in its test binary, so that no other
-//! test's stores are counted.
+//! The embedded store's background threads (the watcher and the notify
+//! thread) stop with their store, and its wake socket's file goes with
+//! them: live counts that return to zero. Alone in its test binary, so
+//! that no other test's stores are counted.
 
 use std::time::{Duration, Instant};
 
@@ -22,14 +23,20 @@ fn threads_named(name: &str) -> usize {
         .count()
 }
 
-fn wait_for(count: usize) {
+/// Wake sockets in the store directory `dir`.
+fn sockets(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("wake")).map(|d| d.count()).unwrap_or(0)
+}
+
+fn wait_for(dir: &std::path::Path, count: usize) {
     let started = Instant::now();
-    while watcher_threads() != count || threads_named("cw-embed-wal") != count {
+    while watcher_threads() != count || threads_named("cw-embed-notify") != count || sockets(dir) != count {
         assert!(
             started.elapsed() < Duration::from_secs(2),
-            "expected {count} watcher and {count} WAL-notify threads, have {} and {}",
+            "expected {count} watcher and {count} notify threads and {count} sockets, have {}, {} and {}",
             watcher_threads(),
-            threads_named("cw-embed-wal")
+            threads_named("cw-embed-notify"),
+            sockets(dir)
         );
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -45,21 +52,21 @@ fn watcher_threads_stop_with_their_store() {
     let a: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
     let b: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
     let c: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
-    wait_for(3);
+    wait_for(dir.path(), 3);
     a.close();
-    wait_for(2);
+    wait_for(dir.path(), 2);
     a.close();
     drop(a);
     drop(b);
-    wait_for(1);
+    wait_for(dir.path(), 1);
     // A transaction keeps the store's shared state, not its thread.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
         let tx = c.create_transaction(&couch_workers_core::store::TxOptions::write()).await.expect("tx");
         drop(c);
-        wait_for(0);
+        wait_for(dir.path(), 0);
         tx.set(b"k", b"v");
         tx.commit().await.expect("commit after the last handle is gone");
     });
-    wait_for(0);
+    wait_for(dir.path(), 0);
 }

@@ -1,7 +1,8 @@
-//! Wake-on-write (`store/embedded/wal_notify.rs`): a commit through another
-//! handle (another connection, as another process's) fires watches with and
-//! without WAL notifications, none is missed when commits follow each
-//! other closely, and a quiet store does not wake the watcher thread.
+//! Wake-ups of the watcher (`store/embedded/notify.rs`, `wake.rs`): a
+//! commit through another handle (another connection, as another
+//! process's) fires watches with and without notifications, none is
+//! missed when commits follow each other closely, a quiet store does not
+//! wake the watcher thread, and neither do the handle's own commits.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -119,6 +120,43 @@ async fn a_quiet_store_does_not_wake_the_watcher() {
     }
     assert!(seen[0] <= 6, "with WAL notifications a quiet store wakes the watcher only for its safety check: {seen:?}");
     assert!(seen[1] >= 100, "polling wakes it every few ms: {seen:?}");
+}
+
+/// A handle's own commits never wake its watcher thread (they reach it
+/// directly, and only when they write a watched key): with a watch
+/// pending on a key nobody writes, 200 commits through the same handle
+/// leave the thread asleep but for its once-a-second safety look, while
+/// every one of them is sent to the other handle. (With inotify on the WAL
+/// each of them woke it: inotify cannot tell whose write it reports.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_commits_do_not_wake_the_watcher() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (a, tid) = open_with_watcher(dir.path(), true);
+    let b = open(dir.path(), true);
+    assert!(a.wake_stats().listening && b.wake_stats().listening, "{:?} {:?}", a.wake_stats(), b.wake_stats());
+    let w = run(&*a, TxOptions::read(), |tx| async move { Ok(tx.watch(b"never_written")) }).await.expect("watch");
+    // Past the registration's look.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = wakeups(&tid);
+    let started = std::time::Instant::now();
+    let commits = 200u32;
+    for i in 0..commits {
+        set(&a, b"other", &i.to_be_bytes()).await;
+    }
+    let woke = wakeups(&tid) - before;
+    let span = started.elapsed();
+    let (sa, sb) = (a.wake_stats(), b.wake_stats());
+    eprintln!("{commits} own commits in {span:?}: watcher wake-ups {woke}; a {sa:?}; b {sb:?}");
+    // One safety look per second at most, plus one for the second begun.
+    let allowed = span.as_secs() + 2;
+    assert!(woke <= allowed, "the watcher woke {woke} times for {commits} of its own commits (allowed {allowed})");
+    assert_eq!(sa.received, 0, "a received nothing: its commits are not sent to itself");
+    assert_eq!(sa.sent + sa.dropped, u64::from(commits), "each commit was sent to b: {sa:?}");
+    assert!(sb.received >= 1 && sb.sent == 0, "b was woken and sent nothing: {sb:?}");
+    drop(w);
+    a.close();
+    b.close();
 }
 
 /// The tests of this binary run one at a time (one counts threads).

@@ -22,10 +22,11 @@ async fn an_idle_node_runs_few_transactions() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     let ran = metrics::STORE.snapshot().transactions - before;
     eprintln!("an idle node ran {ran} transactions in 8 s");
-    // Reaper passes (3 transactions each: the writable look and the scan)
-    // about twice per heartbeat period plus any change, heartbeats every
-    // ~5 s, the pruner's look every ~3 s: about 15 in 8 s. The reaper's
-    // former half-second cadence alone was ~50, the pruner's second 8.
+    // Reaper passes (2 transactions each with one worker type: the
+    // writable look and the scan; `tests/reaper_pass.rs`) about twice per
+    // heartbeat period, heartbeats every ~5 s, the sweeper's safety pass
+    // every ~10 s: about 9 in 8 s. The reaper's former half-second cadence
+    // alone was ~50, the pruner's second 8.
     assert!(ran <= 30, "an idle node ran {ran} transactions in 8 s");
     drop(reg);
     node.stop().await;

@@ -66,7 +66,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -88,8 +88,24 @@ use crate::store::{run, StoreError, Watch};
 pub const ROUND_MAX_WAITERS: usize = 100;
 
 /// How often waiters are checked for having gone away while nothing else
-/// happens (so that a dispatcher whose acceptors all left stops watching).
+/// happens (so that a dispatcher whose acceptors all left stops watching),
+/// while any waiter's reply cannot say so itself
+/// ([`AcceptReply::signal_gone`]). With only replies that can, an idle
+/// dispatcher has no timer but its waiters' deadlines.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Rung by a waiter's reply when its acceptor stops waiting (it gave up,
+/// or died): the dispatcher wakes and drops it, with no timer to poll on.
+/// A ring with no waiter gone costs one look at the waiters.
+#[derive(Clone)]
+pub struct GoneSignal(Arc<Notify>);
+
+impl GoneSignal {
+    /// Wakes the dispatcher (never blocks; a ring before it waits is kept).
+    pub fn ring(&self) {
+        self.0.notify_one();
+    }
+}
 
 /// Where the outcome of an accept goes. The NIF implements it with a
 /// message to the calling process; [`oneshot::Sender`] implements it for
@@ -100,6 +116,15 @@ pub trait AcceptReply: Send + 'static {
     /// taken for it: a waiter that no longer waits is dropped unanswered.
     fn is_waiting(&self) -> bool {
         true
+    }
+
+    /// Called once, when the waiter joins a dispatcher: a reply that will
+    /// ring `gone` as soon as [`AcceptReply::is_waiting`] turns false (and
+    /// at once if it is false already) keeps it and returns true. The
+    /// default returns false: the dispatcher then asks `is_waiting` every
+    /// [`PRUNE_INTERVAL`] while it holds this waiter.
+    fn signal_gone(&mut self, _gone: GoneSignal) -> bool {
+        false
     }
 
     /// Delivers the outcome. Returns false if the acceptor is gone (the
@@ -114,6 +139,68 @@ impl AcceptReply for oneshot::Sender<Result<JobHandle, Error>> {
 
     fn deliver(self: Box<Self>, outcome: Result<JobHandle, Error>) -> bool {
         (*self).send(outcome).is_ok()
+    }
+}
+
+/// The reply of [`JobService::accept`](super::JobService::accept)'s future:
+/// a oneshot sender that also rings the dispatcher when the future is
+/// dropped unanswered ([`GoneGuard`]).
+pub(crate) struct FutureReply {
+    sender: oneshot::Sender<Result<JobHandle, Error>>,
+    gone: Arc<Mutex<GoneState>>,
+}
+
+#[derive(Default)]
+struct GoneState {
+    gone: bool,
+    signal: Option<GoneSignal>,
+}
+
+/// Held by the accept future: dropped before its answer came, it rings.
+pub(crate) struct GoneGuard(Option<Arc<Mutex<GoneState>>>);
+
+impl GoneGuard {
+    /// The answer came: nothing to ring.
+    pub fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for GoneGuard {
+    fn drop(&mut self) {
+        if let Some(state) = self.0.take() {
+            let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+            st.gone = true;
+            if let Some(signal) = &st.signal {
+                signal.ring();
+            }
+        }
+    }
+}
+
+/// A reply for a future and the guard the future holds.
+pub(crate) fn future_reply() -> (FutureReply, GoneGuard, oneshot::Receiver<Result<JobHandle, Error>>) {
+    let (sender, receiver) = oneshot::channel();
+    let gone = Arc::new(Mutex::new(GoneState::default()));
+    (FutureReply { sender, gone: gone.clone() }, GoneGuard(Some(gone)), receiver)
+}
+
+impl AcceptReply for FutureReply {
+    fn is_waiting(&self) -> bool {
+        !self.sender.is_closed()
+    }
+
+    fn signal_gone(&mut self, gone: GoneSignal) -> bool {
+        let mut st = self.gone.lock().unwrap_or_else(|e| e.into_inner());
+        if st.gone {
+            gone.ring();
+        }
+        st.signal = Some(gone);
+        true
+    }
+
+    fn deliver(self: Box<Self>, outcome: Result<JobHandle, Error>) -> bool {
+        self.sender.send(outcome).is_ok()
     }
 }
 
@@ -138,6 +225,8 @@ pub(crate) struct Waiter {
     pub incarnation: Option<Incarnation>,
     pub deadline: Instant,
     pub reply: Box<dyn AcceptReply>,
+    /// Its reply rings the dispatcher's [`GoneSignal`] (set when it joins).
+    pub signals: bool,
 }
 
 /// The live dispatchers of a node, by job type. Sending a waiter and a
@@ -182,6 +271,7 @@ impl Dispatchers {
             waiters: VecDeque::new(),
             next_due: None,
             paused: false,
+            gone: Arc::new(Notify::new()),
         };
         shared.spawn(dispatcher.run());
     }
@@ -215,6 +305,8 @@ struct Dispatcher {
     next_due: Option<u64>,
     /// The type was paused at the last round.
     paused: bool,
+    /// Rung by the replies of waiters that stop waiting.
+    gone: Arc<Notify>,
 }
 
 /// The monotonic instant at which this node's wall clock reads `at_ms`.
@@ -288,21 +380,38 @@ impl Dispatcher {
                 }
                 continue;
             }
+            // Waiters and no watch, and not held off at the watch limit:
+            // a round arms one. (A waiter taken over in `try_exit` comes
+            // here with `need_round` unset; with no timer left to wake the
+            // dispatcher it would wait to its deadline.)
+            if watch.is_none() && rearm_at.is_none_or(|t| Instant::now() >= t) {
+                rearm_at = None;
+                need_round = true;
+                continue;
+            }
             let now = Instant::now();
-            let wake = self.waiters.iter().map(|w| w.deadline).min().unwrap_or(now).min(now + PRUNE_INTERVAL);
+            let mut wake = self.waiters.iter().map(|w| w.deadline).min().unwrap_or(now);
+            if self.waiters.iter().any(|w| !w.signals) {
+                wake = wake.min(now + PRUNE_INTERVAL);
+            }
             let wake = rearm_at.map_or(wake, |t| wake.min(t));
             let timer = match self.next_due {
                 Some(at) if !self.paused => instant_of(at),
                 _ => now + Duration::from_secs(86_400),
             };
             let mut armed = watch.take();
-            let woke = tokio::select! {
-                _ = self.cancel.cancelled() => Wake::Nothing,
-                w = self.receiver.recv() => w.map_or(Wake::Nothing, Wake::Waiter),
-                fired = wait_armed(&mut armed) => Wake::Watch(fired),
-                _ = tokio::time::sleep_until(timer) => Wake::Due,
-                _ = tokio::time::sleep_until(wake) => Wake::Nothing,
+            let (woke, why) = tokio::select! {
+                _ = self.cancel.cancelled() => (Wake::Nothing, "cancelled"),
+                w = self.receiver.recv() => (w.map_or(Wake::Nothing, Wake::Waiter), "waiter"),
+                fired = wait_armed(&mut armed) => (Wake::Watch(fired), "watch"),
+                // A waiter went away: the loop's prune drops it.
+                _ = self.gone.notified() => (Wake::Nothing, "gone"),
+                _ = tokio::time::sleep_until(timer) => (Wake::Due, "due"),
+                _ = tokio::time::sleep_until(wake) => (Wake::Nothing, "timer"),
             };
+            // For tests that count an idle dispatcher's wake-ups (off, and
+            // free, unless a subscriber enables it).
+            let _ = tracing::debug_span!(target: TARGET, "dispatcher_wake", why = why);
             match woke {
                 Wake::Nothing => watch = armed,
                 Wake::Due => {
@@ -359,7 +468,8 @@ impl Dispatcher {
         }
     }
 
-    fn push(&mut self, w: Waiter) {
+    fn push(&mut self, mut w: Waiter) {
+        w.signals = w.reply.signal_gone(GoneSignal(self.gone.clone()));
         self.waiters.push_back(w);
     }
 

@@ -92,7 +92,7 @@ pub mod subscription;
 mod sweeper;
 mod wake;
 
-pub use dispatcher::{AcceptReply, ReplyFn};
+pub use dispatcher::{AcceptReply, GoneSignal, ReplyFn};
 pub use finish_next::NextFor;
 pub use job::{
     AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts, NewJob,

@@ -13,12 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::dispatcher::{AcceptReply, Dispatchers, Waiter};
+use super::dispatcher::{future_reply, AcceptReply, Dispatchers, Waiter};
 use super::finish_next::NextFor;
 use super::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState, JobVs, NewJob};
 use super::ops::{self, Retry, RunEnd, Take};
@@ -324,7 +323,7 @@ impl JobService {
         let now = Instant::now();
         let deadline = now.checked_add(timeout).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
         shared.dispatchers.waiting.fetch_add(1, Ordering::Relaxed);
-        shared.dispatchers.submit(shared, &worker_type, Waiter { worker, incarnation, deadline, reply });
+        shared.dispatchers.submit(shared, &worker_type, Waiter { worker, incarnation, deadline, reply, signals: false });
     }
 
     /// [`JobService::accept_with`] as a future. Dropping the future before
@@ -347,9 +346,11 @@ impl JobService {
             check_key(&self.shared.ks.member(worker_type, worker))?;
             return self.shared.accept_now(worker_type, worker, incarnation).await;
         }
-        let (sender, receiver) = oneshot::channel();
-        self.accept_registered_with(worker_type.to_vec(), worker.to_vec(), incarnation, timeout, Box::new(sender));
-        receiver.await.unwrap_or(Err(Error::Store(StoreError::Closed)))
+        let (reply, guard, receiver) = future_reply();
+        self.accept_registered_with(worker_type.to_vec(), worker.to_vec(), incarnation, timeout, Box::new(reply));
+        let outcome = receiver.await.unwrap_or(Err(Error::Store(StoreError::Closed)));
+        guard.disarm();
+        outcome
     }
 
     /// Replaces the info of the job the fence's accept holds. `Canceled`

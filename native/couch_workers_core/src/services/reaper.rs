@@ -13,8 +13,9 @@
 //! every 2 s, a 2 s step the observer would take for a jump), so once a
 //! dead node's heartbeats stop, the reapers' own commits are what the
 //! version measure counts. Then the health records of every
-//! worker type in small read transactions (skipping from type to type, so
-//! member options are never read), each judged by the [`Observer`]; then
+//! worker type in read transactions of at most [`SCAN_BATCH`] keys
+//! (skipping from type to type, so member options are never read; a store
+//! of a few workers takes one), each judged by the [`Observer`]; then
 //! each dead worker is reaped in its own transaction that removes it only
 //! if its record is still the one observed. Every transaction is a
 //! [`Look`] for the observer, and each is cut off at the observer's stall
@@ -28,7 +29,8 @@
 //! timeout); the stall bound, jittered down (the cadence the liveness rule
 //! needs to see a stall; no timer at all while it observes no worker); a
 //! change of `health_vs`, which every transaction that writes a health
-//! record bumps (a watch armed in the pass's first transaction), so that a
+//! record bumps (a watch armed in the first transaction of the pass after
+//! the previous one fired, and kept over passes on the timer), so that a
 //! fresh heartbeat is seen soon after it is written (its observation
 //! starts only then) without looking on a timer. After a change it looks
 //! no sooner than `max_interval` after the previous pass began, so a busy
@@ -91,9 +93,14 @@ impl Reaper {
         // A new observer: a reaper that (re)starts has seen nothing. It
         // plans no sleep longer than the stall bound while it observes.
         let mut observer = Observer::new(Duration::MAX);
+        // The `health_vs` watch, kept from pass to pass until it fires: a
+        // watch armed at an earlier pass sees every change since then, so
+        // a pass on the timer arms none (each new watch costs the store a
+        // registration and its watcher a read).
+        let mut changed: Option<Watch> = None;
         loop {
             let began = Instant::now();
-            let (next_death, changed) = match self.pass(&mut observer).await {
+            let next_death = match self.pass(&mut observer, &mut changed).await {
                 Ok(next) => next,
                 Err(e) => {
                     if self.cancel.is_cancelled() {
@@ -103,7 +110,7 @@ impl Reaper {
                     // span a stretch where the store took no writes.
                     observer.restart();
                     log_event!(self.log, Warning, "reaper_scan_failed", reason = %e);
-                    (None, None)
+                    None
                 }
             };
             // The timer: the next possible death, and the liveness rule's
@@ -113,17 +120,19 @@ impl Reaper {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            if !self.wait(began, timer, changed).await {
+            if !self.wait(began, timer, &mut changed).await {
                 return;
             }
         }
     }
 
     /// Sleeps until `timer` runs out or, after a change of `health_vs`
-    /// (`changed` fires), until `max_interval` after `began` (and a random
-    /// share of `max_interval` after the change), whichever is first. Without a watch (it could not be armed), it looks every
-    /// `max_interval`. Returns false if the reaper was cancelled.
-    async fn wait(&self, began: Instant, timer: Option<Duration>, changed: Option<Watch>) -> bool {
+    /// (`changed` fires; it is then taken), until `max_interval` after
+    /// `began` (and a random share of `max_interval` after the change),
+    /// whichever is first. Without a watch (it could not be armed), it
+    /// looks every `max_interval`. Returns false if the reaper was
+    /// cancelled.
+    async fn wait(&self, began: Instant, timer: Option<Duration>, changed: &mut Option<Watch>) -> bool {
         let deadline = timer.map(|t| tokio::time::Instant::now() + t);
         let until_deadline = async {
             match deadline {
@@ -134,7 +143,7 @@ impl Reaper {
         // No watch, or a failed one (a store hiccup, too many watches),
         // counts as a change: look again at the polling cadence.
         let change = async {
-            if let Some(watch) = changed {
+            if let Some(watch) = changed.as_mut() {
                 let _ = watch.await;
             }
         };
@@ -143,6 +152,8 @@ impl Reaper {
             () = until_deadline => return true,
             () = change => {}
         }
+        // Fired (or missing): the next pass arms a new one.
+        *changed = None;
         // At a random moment within `max_interval` of the change, not at
         // a fixed delay after it: a pass (a write transaction and a scan)
         // must not fall in step with the commits that woke it, next to
@@ -157,34 +168,44 @@ impl Reaper {
         }
     }
 
-    /// One pass; returns the time until the next possible death, and a
-    /// watch on `health_vs` armed at the pass's first read version.
-    async fn pass(&self, observer: &mut Observer) -> Result<(Option<Duration>, Option<Watch>), StoreError> {
+    /// One pass; returns the time until the next possible death. Arms a
+    /// watch on `health_vs` at the pass's first read version into
+    /// `changed` if it holds none.
+    async fn pass(&self, observer: &mut Observer, changed: &mut Option<Watch>) -> Result<Option<Duration>, StoreError> {
         let writable = self.tx(observer, true);
         let (pulse, health_vs) = (&self.ks.reaper_pulse(), &self.ks.health_vs());
         // Where versions follow time (the embedded store), the empty write
         // transaction alone shows the store writable (it takes SQLite's
         // write lock), and a write would only wake every node's watcher.
         let add_pulse = !self.db.versions_follow_time();
-        let (watch, _) = self
-            .look(observer, writable, |tx, _| async move {
-                // A blind atomic add: no read conflict, so concurrent passes
-                // of every node's reaper all commit.
-                if add_pulse {
-                    tx.atomic_add(pulse, 1);
-                }
-                let watch = tx.watch(health_vs);
-                tx.read_version().await.map(|v| (watch, v))
-            })
-            .await?;
-        let scan = self.scan(observer).await?;
-        observer.end_pass();
-        for suspect in &scan.suspects {
-            if self.cancel.is_cancelled() || !self.reap(observer, suspect).await? {
-                break;
+        let arm = changed.is_none();
+        let span = tracing::debug_span!(target: TARGET, "reaper_pass", armed = arm);
+        async {
+            let (watch, _) = self
+                .look(observer, writable, |tx, _| async move {
+                    // A blind atomic add: no read conflict, so concurrent
+                    // passes of every node's reaper all commit.
+                    if add_pulse {
+                        tx.atomic_add(pulse, 1);
+                    }
+                    let watch = arm.then(|| tx.watch(health_vs));
+                    tx.read_version().await.map(|v| (watch, v))
+                })
+                .await?;
+            if watch.is_some() {
+                *changed = watch;
             }
+            let scan = self.scan(observer).await?;
+            observer.end_pass();
+            for suspect in &scan.suspects {
+                if self.cancel.is_cancelled() || !self.reap(observer, suspect).await? {
+                    break;
+                }
+            }
+            Ok(scan.next_death)
         }
-        Ok((scan.next_death, Some(watch)))
+        .instrument(span)
+        .await
     }
 
     /// Options of a reaper transaction: cut off at the stall bound, since
@@ -273,68 +294,106 @@ impl Reaper {
         log_event!(self.log, Warning, "reap_failed", "type" = t, id = id, reason = %e);
     }
 
+    /// Reads every health record, up to [`SCAN_BATCH`] keys a transaction:
+    /// each transaction goes on from where the last one stopped, finding
+    /// the next worker type itself, so that a store with a few workers is
+    /// scanned in one.
     async fn scan(&self, observer: &mut Observer) -> Result<Scan, StoreError> {
         let mut scan = Scan::default();
-        let (mut cursor, all_end) = self.ks.all_workers_range();
-        loop {
-            // The next worker type at or after the cursor.
-            let (begin, end) = (cursor.clone(), all_end.clone());
+        let mut at = ScanAt::Seek(self.ks.all_workers_range().0);
+        while at != ScanAt::End {
             let opts = self.tx(observer, false);
-            let (first, _) = self
-                .look(observer, opts, |tx, _| {
-                    let r = RangeRequest::new(begin.clone(), end.clone()).limit(1).snapshot(true);
-                    async move { Ok((tx.get_range(&r).await?, tx.read_version().await?)) }
+            let from = &at;
+            let ((rows, next), look) = self
+                .look(observer, opts, |tx, _| async move {
+                    let batch = self.scan_batch(&tx, from.clone()).await?;
+                    Ok((batch, tx.read_version().await?))
                 })
                 .await?;
-            let Some((key, _)) = first.into_iter().next() else { break };
-            let worker_type = match self.ks.parse_worker_key(&key) {
-                Some(WorkerKey::Vs { worker_type })
-                | Some(WorkerKey::Member { worker_type, .. })
-                | Some(WorkerKey::Health { worker_type, .. })
-                | Some(WorkerKey::Log { worker_type, .. })
-                | Some(WorkerKey::LogFloor { worker_type }) => worker_type,
-                None => {
-                    // A key of no known shape: step over it.
-                    cursor = key;
-                    cursor.push(0);
-                    continue;
-                }
-            };
-            self.scan_type(&worker_type, observer, &mut scan).await?;
-            // Skip past every key of this type.
-            cursor = self.ks.worker_type_range(&worker_type).1;
-        }
-        Ok(scan)
-    }
-
-    async fn scan_type(&self, worker_type: &[u8], observer: &mut Observer, scan: &mut Scan) -> Result<(), StoreError> {
-        let (mut begin, end) = self.ks.health_range(worker_type);
-        loop {
-            let (b, e) = (begin.clone(), end.clone());
-            let opts = self.tx(observer, false);
-            let (rows, look) = self
-                .look(observer, opts, |tx, _| {
-                    let r = RangeRequest::new(b.clone(), e.clone()).limit(SCAN_BATCH).snapshot(true);
-                    async move { Ok((tx.get_range(&r).await?, tx.read_version().await?)) }
-                })
-                .await?;
-            for (key, value) in &rows {
+            for (worker_type, key, value) in &rows {
                 let Some(WorkerKey::Health { worker, .. }) = self.ks.parse_worker_key(key) else { continue };
-                let worker = (worker_type.to_vec(), worker);
+                let worker = (worker_type.clone(), worker);
                 match observer.judge(&worker, value, &look) {
                     Verdict::Dead => scan.suspects.push(Suspect { worker, record: value.clone() }),
                     Verdict::Alive { left } => scan.next_death = Some(scan.next_death.map_or(left, |n| n.min(left))),
                 }
             }
-            match rows.last() {
-                Some((last, _)) if rows.len() == SCAN_BATCH => {
-                    begin = last.clone();
-                    begin.push(0);
+            at = next;
+        }
+        Ok(scan)
+    }
+
+    /// One scan transaction's reads from `at`: health records as (worker
+    /// type, key, value), and where the next transaction goes on. At most
+    /// [`SCAN_BATCH`] keys read, each read counting one at least (so that
+    /// a store of many types without workers is still read in bounded
+    /// transactions).
+    async fn scan_batch(&self, tx: &Tx, mut at: ScanAt) -> Result<(Vec<HealthRow>, ScanAt), StoreError> {
+        let all_end = self.ks.all_workers_range().1;
+        let mut rows: Vec<HealthRow> = Vec::new();
+        let mut budget = SCAN_BATCH;
+        while budget > 0 {
+            match at {
+                ScanAt::End => break,
+                ScanAt::Seek(cursor) => {
+                    budget -= 1;
+                    // The next worker type at or after the cursor.
+                    let r = RangeRequest::new(cursor, all_end.clone()).limit(1).snapshot(true);
+                    let Some((key, _)) = tx.get_range(&r).await?.into_iter().next() else {
+                        at = ScanAt::End;
+                        break;
+                    };
+                    at = match self.ks.parse_worker_key(&key) {
+                        Some(WorkerKey::Vs { worker_type })
+                        | Some(WorkerKey::Member { worker_type, .. })
+                        | Some(WorkerKey::Health { worker_type, .. })
+                        | Some(WorkerKey::Log { worker_type, .. })
+                        | Some(WorkerKey::LogFloor { worker_type }) => {
+                            let begin = self.ks.health_range(&worker_type).0;
+                            ScanAt::Health { worker_type, begin }
+                        }
+                        None => {
+                            // A key of no known shape: step over it.
+                            let mut next = key;
+                            next.push(0);
+                            ScanAt::Seek(next)
+                        }
+                    };
                 }
-                _ => return Ok(()),
+                ScanAt::Health { worker_type, begin } => {
+                    let end = self.ks.health_range(&worker_type).1;
+                    let r = RangeRequest::new(begin, end).limit(budget).snapshot(true);
+                    let found = tx.get_range(&r).await?;
+                    let full = found.len() == budget;
+                    budget -= found.len().clamp(1, budget);
+                    at = match found.last() {
+                        Some((last, _)) if full => {
+                            let mut begin = last.clone();
+                            begin.push(0);
+                            ScanAt::Health { worker_type: worker_type.clone(), begin }
+                        }
+                        // Skip past every key of this type.
+                        _ => ScanAt::Seek(self.ks.worker_type_range(&worker_type).1),
+                    };
+                    rows.extend(found.into_iter().map(|(k, v)| (worker_type.clone(), k, v)));
+                }
             }
         }
+        Ok((rows, at))
     }
+}
+
+/// A health record the scan read: its worker type, key and value.
+type HealthRow = (Vec<u8>, Vec<u8>, Vec<u8>);
+
+/// Where a scan goes on.
+#[derive(Clone, PartialEq, Eq)]
+enum ScanAt {
+    /// At the next worker type at or after this key.
+    Seek(Vec<u8>),
+    /// In `worker_type`'s health records, from `begin`.
+    Health { worker_type: Vec<u8>, begin: Vec<u8> },
+    End,
 }
 
 /// Errors that say something about the one worker's removal (its jobs are

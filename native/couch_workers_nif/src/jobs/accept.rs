@@ -24,10 +24,10 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use couch_workers_core::jobs::{AcceptReply, JobHandle, NextFor};
+use couch_workers_core::jobs::{AcceptReply, GoneSignal, JobHandle, NextFor};
 use couch_workers_core::keyspace::Incarnation;
 use couch_workers_core::Error as CoreError;
 use rustler::{Encoder, Env, Error, NifResult, Resource, ResourceArc, Term};
@@ -48,9 +48,33 @@ const WAITING: u8 = 0;
 const DELIVERED: u8 = 1;
 const ABANDONED: u8 = 2;
 
+/// The state a waiter and its replier share: `waiting → delivered |
+/// abandoned`, and the dispatcher's signal, rung when it turns `abandoned`
+/// (so that the dispatcher drops the waiter at once, without polling).
+#[derive(Default)]
+struct Shared {
+    state: AtomicU8,
+    gone: Mutex<Option<GoneSignal>>,
+}
+
+impl Shared {
+    /// `waiting → abandoned`; rings the dispatcher if it moved. Returns
+    /// the state before (`Ok`: it was waiting).
+    fn abandon(&self) -> Result<u8, u8> {
+        let moved = self.state.compare_exchange(WAITING, ABANDONED, Ordering::SeqCst, Ordering::SeqCst);
+        if moved.is_ok() {
+            // A notify: no blocking, fine on a scheduler thread.
+            if let Some(signal) = &*self.gone.lock().unwrap_or_else(|p| p.into_inner()) {
+                signal.ring();
+            }
+        }
+        moved
+    }
+}
+
 /// What the caller of `job_accept/4` holds while it waits.
 pub struct WaiterResource {
-    state: Arc<AtomicU8>,
+    state: Arc<Shared>,
     _live: LiveResource,
 }
 
@@ -61,7 +85,7 @@ impl Drop for WaiterResource {
     fn drop(&mut self) {
         // The caller let go of it: it returned (the state is `delivered`
         // already, nothing changes) or died (nobody waits any more).
-        let _ = self.state.compare_exchange(WAITING, ABANDONED, Ordering::SeqCst, Ordering::SeqCst);
+        let _ = self.state.abandon();
     }
 }
 
@@ -69,13 +93,23 @@ impl Drop for WaiterResource {
 
 /// The core's reply object for one `job_accept/4`.
 struct AcceptReplier {
-    state: Arc<AtomicU8>,
+    state: Arc<Shared>,
     replier: Option<Replier>,
 }
 
 impl AcceptReply for AcceptReplier {
     fn is_waiting(&self) -> bool {
-        self.state.load(Ordering::SeqCst) == WAITING
+        self.state.state.load(Ordering::SeqCst) == WAITING
+    }
+
+    fn signal_gone(&mut self, gone: GoneSignal) -> bool {
+        let mut slot = self.state.gone.lock().unwrap_or_else(|p| p.into_inner());
+        // Abandoned before the signal was set: `abandon` rang nothing.
+        if !self.is_waiting() {
+            gone.ring();
+        }
+        *slot = Some(gone);
+        true
     }
 
     fn deliver(mut self: Box<Self>, outcome: Result<JobHandle, CoreError>) -> bool {
@@ -92,7 +126,7 @@ impl AcceptReplier {
     /// a live caller (if not, a job in it must go back).
     fn answer(&mut self, answer: Answer) -> bool {
         let Some(replier) = self.replier.take() else { return false };
-        if self.state.compare_exchange(WAITING, DELIVERED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        if self.state.state.compare_exchange(WAITING, DELIVERED, Ordering::SeqCst, Ordering::SeqCst).is_err() {
             // Abandoned: nobody waits for this answer.
             replier.discard();
             return false;
@@ -116,7 +150,7 @@ impl Drop for AcceptReplier {
         // wanted) or the service stopped without answering (the replier
         // answers `{error, dropped}` itself).
         if let Some(replier) = self.replier.take() {
-            if self.state.load(Ordering::SeqCst) == ABANDONED {
+            if self.state.state.load(Ordering::SeqCst) == ABANDONED {
                 replier.discard();
             }
         }
@@ -162,7 +196,7 @@ fn job_accept<'a>(
 
 /// A new waiter and the replier that answers it.
 fn waiter(env: Env<'_>, reference: Term<'_>) -> (ResourceArc<WaiterResource>, AcceptReplier) {
-    let state = Arc::new(AtomicU8::new(WAITING));
+    let state = Arc::new(Shared { state: AtomicU8::new(WAITING), gone: Mutex::new(None) });
     let waiter = ResourceArc::new(WaiterResource { state: state.clone(), _live: LiveResource::new(&stats::ACCEPT_WAITERS) });
     (waiter, AcceptReplier { state, replier: Some(Replier::new(env, reference)) })
 }
@@ -207,7 +241,7 @@ fn finish_accept<'a>(
 #[rustler::nif]
 fn job_accept_abandon<'a>(env: Env<'a>, waiter: Term<'a>) -> NifResult<Term<'a>> {
     let waiter: ResourceArc<WaiterResource> = waiter.decode().map_err(|_| Error::BadArg)?;
-    match waiter.state.compare_exchange(WAITING, ABANDONED, Ordering::SeqCst, Ordering::SeqCst) {
+    match waiter.state.abandon() {
         Ok(_) => Ok(atoms::abandoned().encode(env)),
         Err(ABANDONED) => Ok(atoms::abandoned().encode(env)),
         Err(_) => Ok(atoms::delivered().encode(env)),

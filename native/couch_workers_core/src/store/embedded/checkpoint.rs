@@ -147,10 +147,18 @@ impl CheckpointSignal {
 }
 
 /// Installs the hook on the write connection (and turns its automatic
-/// checkpoint off: the hook replaces it).
-pub(crate) fn install_hook(writer: &mut Connection, signal: Arc<CheckpointSignal>) -> rusqlite::Result<()> {
+/// checkpoint off: the hook replaces it). SQLite runs it after each commit
+/// that wrote frames, once the commit is visible and the write lock is
+/// released; `after_commit` runs there too (the wake-ups of the other
+/// handles, `wake.rs`).
+pub(crate) fn install_hook(
+    writer: &mut Connection,
+    signal: Arc<CheckpointSignal>,
+    after_commit: impl Fn() + Send + 'static,
+) -> rusqlite::Result<()> {
     writer.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, frames: std::os::raw::c_int| {
         signal.committed(u32::try_from(frames).unwrap_or(0));
+        after_commit();
         Ok(())
     }))
 }

@@ -102,9 +102,13 @@ impl GroupCommit {
 
     /// Whether a writer about to commit alone should first let the tasks
     /// that are ready run (`transaction/commit.rs`): only while writers come
-    /// together, so that a lone caller never pays for it.
-    pub(crate) fn worth_waiting(&self) -> bool {
-        self.queued.load(Ordering::Acquire) == 0 && self.grouping.load(Ordering::Relaxed)
+    /// together (the last batch had members), or while other tasks wait to
+    /// be polled (`tasks_waiting`: they may be writers, and would otherwise
+    /// only reach the lock after this commit), so that a lone caller, whose
+    /// next call cannot be queued while it waits for this one, never pays
+    /// for it.
+    pub(crate) fn worth_waiting(&self, tasks_waiting: bool) -> bool {
+        self.queued.load(Ordering::Acquire) == 0 && (tasks_waiting || self.grouping.load(Ordering::Relaxed))
     }
 
     /// Joins the open batch: (the batch's number, its outcome).
@@ -304,24 +308,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_batch_with_members_makes_a_lone_writer_wait() {
+    fn only_a_batch_with_members_or_waiting_tasks_make_a_lone_writer_wait() {
         let group = GroupCommit::default();
-        assert!(!group.worth_waiting(), "nothing grouped yet");
+        assert!(!group.worth_waiting(false), "nothing grouped yet");
+        // Tasks waiting to be polled may be writers: worth a yield.
+        assert!(group.worth_waiting(true));
         // A lone commit (J1's single caller): still no reason to wait.
         group.finish(&Ok(()));
-        assert!(!group.worth_waiting());
+        assert!(!group.worth_waiting(false));
         // A batch that a writer joined: writers come together.
         let (_, mut outcome) = group.join();
         group.finish(&Ok(()));
         assert_eq!(outcome.try_recv(), Ok(Ok(())));
-        assert!(group.worth_waiting());
+        assert!(group.worth_waiting(false));
         // Unless one is already queued (it will join anyway).
         let queued = group.queue();
-        assert!(!group.worth_waiting());
+        assert!(!group.worth_waiting(false));
+        assert!(!group.worth_waiting(true));
         drop(queued);
         // The next lone commit turns it off again.
         group.finish(&Ok(()));
-        assert!(!group.worth_waiting());
+        assert!(!group.worth_waiting(false));
     }
 
     #[test]

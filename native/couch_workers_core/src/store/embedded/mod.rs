@@ -2,7 +2,8 @@
 //! FoundationDB's transaction model (see [`crate::store`]).
 //!
 //! One file, `<dir>/couch_workers.sqlite` (with SQLite's `-wal` and `-shm`
-//! beside it, and `couch_workers.wait`, a 16-byte hint for fair locking).
+//! beside it, `couch_workers.wait`, a 16-byte hint for fair locking, and
+//! `wake/`, one socket per open handle for post-commit wake-ups).
 //! Every OS process on the host (each Erlang node) that opens the same
 //! directory shares one serializable database: SQLite serializes writers across processes with
 //! its file locks, WAL readers never block, and versions come from one
@@ -17,7 +18,8 @@
 //! | `group.rs` | group commit of this process's queued writers; a joining writer's savepoint |
 //! | `transaction/` | [`Transaction`](crate::store::Transaction): read and write modes (`mod.rs`), writes (`write.rs`), commit (`commit.rs`), versions (`version.rs`) |
 //! | `watch.rs` | watch registry and the `cw-embed-watch` thread |
-//! | `wal_notify.rs` | wake-on-write: the `cw-embed-wal` thread (inotify on the WAL) |
+//! | `wake.rs` | post-commit wake-ups: this handle's socket in `wake/`, and the sends to the other handles' |
+//! | `notify.rs` | the `cw-embed-notify` thread: wake-ups from other handles (or, as a fallback, inotify on the WAL) ring the watcher |
 //! | `checkpoint.rs` | WAL checkpoints: the `cw-embed-ckpt` thread |
 //! | `pool.rs` | pooled read connections |
 //!
@@ -53,24 +55,27 @@ mod clock;
 mod fair;
 mod group;
 // Also the sim store's versionstamp and ADD formats.
+mod notify;
 mod pool;
 mod schema;
 mod transaction;
 mod unreadable;
-mod wal_notify;
+mod wake;
 mod watch;
 
 use checkpoint::CheckpointSignal;
 use clock::Clock;
 use fair::WaitSignal;
 use group::GroupCommit;
+use notify::Notifier;
 use pool::ReadPool;
 use transaction::EmbeddedTransaction;
-use wal_notify::WalNotifier;
+use wake::{Peers, WakeSocket};
 use watch::WatchHub;
 
 pub use schema::FILE_NAME;
-pub use watch::WatchTrace;
+pub use wake::WakeStats;
+pub use watch::{WakeCause, WatchTrace};
 
 /// SQLite's `synchronous` setting for every connection of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -91,10 +96,19 @@ pub struct EmbeddedOptions {
     pub dir: PathBuf,
     /// Durability of commits (default [`Synchronous::Normal`]).
     pub synchronous: Synchronous,
-    /// Wake the watcher thread when any process writes the WAL (inotify,
-    /// Linux; default `true`), instead of polling: a quiet store then costs
-    /// no CPU. Where it cannot start, the store polls as with `false`.
+    /// Wake the watcher thread when another handle of the store (another
+    /// process's, or this one's) commits, instead of polling (Linux;
+    /// default `true`): through this handle's wake socket (see
+    /// `wake_socket`), else through inotify on the WAL. A quiet store then
+    /// costs no CPU. Where neither can start, the store polls as with
+    /// `false`. Every handle sends its post-commit wake-ups either way.
     pub wal_notify: bool,
+    /// With `wal_notify`: bind a wake socket in `dir/wake/` so that other
+    /// handles' commits wake this one once they are visible (default
+    /// `true`). `false`, or when the socket cannot be bound (a read-only
+    /// or full directory: logged as `wake_socket_unavailable`), inotify on
+    /// the WAL wakes it instead, with a settle window after each write.
+    pub wake_socket: bool,
     /// Without WAL notifications: how often the watcher thread polls for
     /// commits of other processes while watches are pending and commits
     /// were seen within the last 250 ms (default 1 ms). Commits through
@@ -118,6 +132,7 @@ impl EmbeddedOptions {
             dir: dir.into(),
             synchronous: Synchronous::Normal,
             wal_notify: true,
+            wake_socket: true,
             watch_poll: Duration::from_millis(1),
             watch_poll_idle: Duration::from_millis(4),
             read_pool: 4,
@@ -151,10 +166,15 @@ pub struct EmbeddedStore {
     shared: Arc<Shared>,
     opts: EmbeddedOptions,
     path: PathBuf,
-    /// The watcher, WAL-notify and checkpoint threads, joined by `close`.
+    /// The watcher, notify and checkpoint threads, joined by `close`.
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Stops the WAL-notify thread (`None`: the watcher polls).
-    wal_notifier: Option<WalNotifier>,
+    /// Stops the notify thread (`None`: the watcher polls).
+    notifier: Option<Notifier>,
+    /// This handle's wake socket: its file goes at `close`.
+    wake: Mutex<Option<Arc<WakeSocket>>>,
+    listening: bool,
+    /// The other handles' sockets, woken after each commit.
+    peers: Arc<Peers>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -173,7 +193,10 @@ impl EmbeddedStore {
         let watch_conn = schema::open_connection(&path, &opts)?;
         let checkpoint_conn = schema::open_connection(&path, &opts)?;
         let checkpoints = Arc::new(CheckpointSignal::default());
-        checkpoint::install_hook(&mut writer, checkpoints.clone())
+        let wake = if opts.wal_notify && opts.wake_socket { bind_wake_socket(&opts.dir) } else { None };
+        let peers = Arc::new(Peers::new(&opts.dir, wake.as_ref().and_then(|w| w.file_name())));
+        let sender = peers.clone();
+        checkpoint::install_hook(&mut writer, checkpoints.clone(), move || sender.wake_all())
             .map_err(|e| schema::io_error("cannot install the WAL hook", &e))?;
         let writer = Arc::new(tokio::sync::Mutex::new(writer));
         let hub = Arc::new(WatchHub::default());
@@ -189,16 +212,20 @@ impl EmbeddedStore {
             }
         };
         let mut threads = vec![watcher, checkpointer];
-        let wal_notifier = if opts.wal_notify {
-            let wal_name = format!("{FILE_NAME}-wal");
-            wal_notify::spawn(&opts.dir, &wal_name, hub.clone()).map(|(notifier, handle)| {
-                hub.set_wal_notify(true);
+        let notifier = if opts.wal_notify {
+            let sources = notify::Sources { wake: wake.clone(), peers: peers.clone(), wal_name: format!("{FILE_NAME}-wal") };
+            notify::spawn(&opts.dir, sources, hub.clone()).map(|(notifier, handle)| {
+                hub.set_notified(true);
                 threads.push(handle);
                 notifier
             })
         } else {
             None
         };
+        // Nothing would read the socket: let its file go (others then
+        // stop sending to it).
+        let wake = if notifier.is_some() { wake } else { None };
+        let listening = wake.is_some();
         let shared = Arc::new(Shared {
             clock,
             max_age: opts.max_transaction_age,
@@ -210,7 +237,21 @@ impl EmbeddedStore {
             checkpoints,
             closed: AtomicBool::new(false),
         });
-        Ok(Arc::new(EmbeddedStore { shared, opts, path, threads: Mutex::new(threads), wal_notifier }))
+        Ok(Arc::new(EmbeddedStore {
+            shared,
+            opts,
+            path,
+            threads: Mutex::new(threads),
+            notifier,
+            wake: Mutex::new(wake),
+            listening,
+            peers,
+        }))
+    }
+
+    /// This handle's post-commit wake-ups: sent, received, peers known.
+    pub fn wake_stats(&self) -> WakeStats {
+        self.peers.stats(self.listening)
     }
 
     /// The WAL's length after the last commit of this store, in frames
@@ -308,13 +349,15 @@ impl Database for EmbeddedStore {
         }
         self.shared.watches.close();
         self.shared.checkpoints.close();
-        if let Some(notifier) = &self.wal_notifier {
+        if let Some(notifier) = &self.notifier {
             notifier.stop();
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
         for handle in threads {
             let _ = handle.join();
         }
+        // The notify thread's copy is gone: this removes the socket's file.
+        drop(self.wake.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
         self.shared.readers.clear();
     }
 }
@@ -322,5 +365,23 @@ impl Database for EmbeddedStore {
 impl Drop for EmbeddedStore {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// Binds this handle's wake socket; `None` (logged) where the directory
+/// refuses it: the store then works without it (`notify.rs`'s fallback).
+fn bind_wake_socket(dir: &Path) -> Option<Arc<WakeSocket>> {
+    match WakeSocket::bind(dir) {
+        Ok(socket) => Some(Arc::new(socket)),
+        Err(e) => {
+            crate::log_event!(
+                crate::log::Logger::PROCESS,
+                Warning,
+                "wake_socket_unavailable",
+                dir = %dir.display(),
+                reason = %e
+            );
+            None
+        }
     }
 }

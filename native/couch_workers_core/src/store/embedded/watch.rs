@@ -11,18 +11,24 @@
 //!   happens after the registration); a local commit that wrote no watched
 //!   key leaves the thread asleep (waking it for every commit cost a third
 //!   of the raw commit rate);
-//! * when any process wrote the store's WAL (`wal_notify.rs`, inotify):
-//!   it asks its own connection for `PRAGMA data_version`, which changes
-//!   when any other connection, of this or another process, has committed,
-//!   and keeps asking for [`SETTLE`] after the last such write, first
-//!   after [`SETTLE_FIRST`] and then at doubling intervals up to
-//!   [`SETTLE_MAX_STEP`] (a commit becomes visible a moment after its frames are
-//!   written, and the kernel merges writes that follow each other into one
-//!   event). Only when `data_version` moved does it read every watched
-//!   key, in one read transaction, and fire the watches whose value
-//!   differs from the registered one. Between writes it sleeps, waking
-//!   only every [`SAFETY_CHECK`] (a last resort for a commit that became
-//!   visible after its settle window, and the sweep of dropped watches);
+//! * when another handle of the store (another node of the host, the CLI)
+//!   committed: its post-commit wake-up (`wake.rs`, received by
+//!   `notify.rs`) comes once the commit is visible, so the thread asks its
+//!   own connection for `PRAGMA data_version` (which changes when any
+//!   other connection, of this or another process, has committed) once
+//!   and finds it moved. Only when `data_version` moved does it read
+//!   every watched key, in one read transaction, and fire the watches
+//!   whose value differs from the registered one. Between wake-ups it
+//!   sleeps, waking only every [`SAFETY_CHECK`]: the sweep of dropped
+//!   watches, and the last resort for a writer that sends no wake-up (the
+//!   `sqlite3` shell, an older build, a crash between commit and send);
+//! * where this handle's wake socket could not be bound (`notify.rs`'s
+//!   fallback), when any process wrote the store's WAL (inotify): the
+//!   frames are written before the commit is visible, so it keeps asking
+//!   for [`SETTLE`] after the last such write, first after
+//!   [`SETTLE_FIRST`] and then at doubling intervals up to
+//!   [`SETTLE_MAX_STEP`] (the kernel also merges writes that follow each
+//!   other into one event);
 //! * where inotify is unavailable, it polls `data_version` every
 //!   `watch_poll` instead, and every `watch_poll_idle` after [`ACTIVE_FOR`]
 //!   without any change, until the next change.
@@ -75,7 +81,8 @@ pub(crate) const SETTLE_FIRST: Duration = Duration::from_micros(50);
 /// The longest interval between two looks of a settle window.
 pub(crate) const SETTLE_MAX_STEP: Duration = Duration::from_millis(4);
 
-/// With WAL notifications, the longest sleep between looks.
+/// With notifications (wake sockets or the WAL's), the longest sleep
+/// between looks.
 pub(crate) const SAFETY_CHECK: Duration = Duration::from_secs(1);
 
 /// How often the watcher thread polls `PRAGMA data_version`.
@@ -113,13 +120,17 @@ struct HubState {
     next_seq: u64,
     /// Re-read the watched keys without waiting for the next poll.
     dirty: bool,
-    /// Some process wrote the WAL since the thread last looked.
+    /// Some process wrote the WAL since the thread last looked (fallback).
     wal_written: bool,
-    /// WAL notifications are running (`wal_notify.rs`): no polling needed.
-    wal_notify: bool,
+    /// Another handle committed since the thread last looked.
+    peer_woken: bool,
+    /// Notifications are running (`notify.rs`): no polling needed.
+    notified: bool,
     closed: bool,
     /// When the WAL notifier last reported a write (for [`WatchTrace`]).
     last_wal_event: Option<Instant>,
+    /// When another handle's wake-up last arrived (for [`WatchTrace`]).
+    last_peer_wake: Option<Instant>,
     /// The stages of the last wake-up that fired a watch.
     trace: Option<WatchTrace>,
 }
@@ -132,8 +143,11 @@ struct HubState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WatchTrace {
     /// The WAL notifier's last report of a write (any process's) before
-    /// the wake-up; `None` without WAL notifications.
+    /// the wake-up; `None` without WAL notifications (the fallback).
     pub wal_event: Option<Instant>,
+    /// The last post-commit wake-up from another handle before this
+    /// wake-up (`notify.rs` received it); `None` if none came yet.
+    pub peer_wake: Option<Instant>,
     /// The thread found `data_version` moved (or was woken by a local
     /// commit or a registration): it is about to read the watched keys.
     pub seen: Instant,
@@ -141,8 +155,27 @@ pub struct WatchTrace {
     pub read_done: Instant,
     /// The changed watches were sent their result.
     pub fired: Instant,
-    /// Looks at `data_version` since the last WAL event, this one included.
+    /// What made the thread look this time.
+    pub cause: WakeCause,
+    /// Looks at `data_version` since the last WAL event or wake-up from
+    /// another handle, this one included: 1 when a post-commit wake-up
+    /// found the commit at once.
     pub looks: u32,
+}
+
+/// What made the watcher thread look (in [`WatchTrace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeCause {
+    /// A commit through this handle that wrote a watched key, or a new
+    /// registration.
+    Local,
+    /// A post-commit wake-up from another handle (`wake.rs`).
+    Peer,
+    /// A write of the WAL, or a look of the settle window after one (the
+    /// fallback without a wake socket).
+    Wal,
+    /// A timed look: the safety look, or polling.
+    Timer,
 }
 
 /// The watches of one store, shared by its transactions and its thread.
@@ -191,7 +224,20 @@ impl WatchHub {
         }
     }
 
-    /// Some process wrote the store's WAL (from `cw-embed-wal`).
+    /// Another handle committed: its commit is visible (from
+    /// `cw-embed-notify`, on a wake-up from `wake.rs`).
+    pub(crate) fn peer_committed(&self) {
+        let mut st = self.lock();
+        st.last_peer_wake = Some(Instant::now());
+        if st.closed || st.watches.is_empty() || st.peer_woken {
+            return;
+        }
+        st.peer_woken = true;
+        self.wake.notify_one();
+    }
+
+    /// Some process wrote the store's WAL (from `cw-embed-notify`'s
+    /// fallback).
     pub(crate) fn wal_written(&self) {
         let mut st = self.lock();
         st.last_wal_event = Some(Instant::now());
@@ -202,11 +248,11 @@ impl WatchHub {
         self.wake.notify_one();
     }
 
-    /// WAL notifications started (`true`) or stopped working (`false`:
-    /// the thread polls from then on).
-    pub(crate) fn set_wal_notify(&self, on: bool) {
+    /// Notifications started (`true`) or stopped working (`false`: the
+    /// thread polls from then on).
+    pub(crate) fn set_notified(&self, on: bool) {
         let mut st = self.lock();
-        st.wal_notify = on;
+        st.notified = on;
         self.wake.notify_one();
     }
 
@@ -250,8 +296,9 @@ pub(crate) fn spawn_watcher(hub: Arc<WatchHub>, conn: Connection, poll: Polling)
 enum Wake {
     Stop,
     /// `dirty`: re-read even if `data_version` did not change; `wal`: a
-    /// process wrote the WAL (start a settle window).
-    Check { dirty: bool, wal: bool },
+    /// process wrote the WAL (start a settle window); `peer`: another
+    /// handle's commit is visible (look once).
+    Check { dirty: bool, wal: bool, peer: bool },
 }
 
 /// How long the thread may sleep before its next look.
@@ -259,7 +306,7 @@ enum Wake {
 enum Sleep {
     /// Polling (no WAL notifications): this long.
     Poll(Duration),
-    /// WAL notifications on: this long if notifications stay on.
+    /// Notifications on: this long if notifications stay on.
     Notified(Duration),
 }
 
@@ -269,7 +316,7 @@ fn wait_for_work(hub: &WatchHub, sleep: impl Fn(bool) -> Sleep, last_purge: &mut
         if st.closed {
             return Wake::Stop;
         }
-        if st.dirty || st.wal_written {
+        if st.dirty || st.wal_written || st.peer_woken {
             break;
         }
         if st.watches.is_empty() {
@@ -277,7 +324,7 @@ fn wait_for_work(hub: &WatchHub, sleep: impl Fn(bool) -> Sleep, last_purge: &mut
             st = hub.wake.wait(st).unwrap_or_else(|p| p.into_inner());
             continue;
         }
-        let poll = match sleep(st.wal_notify) {
+        let poll = match sleep(st.notified) {
             Sleep::Poll(d) | Sleep::Notified(d) => d,
         };
         let (guard, timeout) = hub.wake.wait_timeout(st, poll).unwrap_or_else(|p| p.into_inner());
@@ -288,6 +335,7 @@ fn wait_for_work(hub: &WatchHub, sleep: impl Fn(bool) -> Sleep, last_purge: &mut
     }
     let dirty = std::mem::take(&mut st.dirty);
     let wal = std::mem::take(&mut st.wal_written);
+    let peer = std::mem::take(&mut st.peer_woken);
     if dirty || last_purge.elapsed() >= PURGE_EVERY {
         *last_purge = Instant::now();
         st.watches.retain(|_, entries| {
@@ -295,7 +343,7 @@ fn wait_for_work(hub: &WatchHub, sleep: impl Fn(bool) -> Sleep, last_purge: &mut
             !entries.is_empty()
         });
     }
-    Wake::Check { dirty, wal }
+    Wake::Check { dirty, wal, peer }
 }
 
 fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
@@ -317,17 +365,29 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
                 Sleep::Poll(polling.idle.max(polling.active))
             }
         };
-        let dirty = match wait_for_work(hub, sleep, &mut last_purge) {
+        let (dirty, cause) = match wait_for_work(hub, sleep, &mut last_purge) {
             Wake::Stop => return,
-            Wake::Check { dirty, wal } => {
+            Wake::Check { dirty, wal, peer } => {
+                let cause = if dirty {
+                    WakeCause::Local
+                } else if peer {
+                    WakeCause::Peer
+                } else if wal || settling {
+                    WakeCause::Wal
+                } else {
+                    WakeCause::Timer
+                };
                 if wal {
                     settle_until = Some(Instant::now() + SETTLE);
                     settle_step = SETTLE_FIRST;
                     looks = 0;
+                } else if peer {
+                    // The commit is visible already: one look finds it.
+                    looks = 0;
                 } else if settling {
                     settle_step = (settle_step * 2).min(SETTLE_MAX_STEP);
                 }
-                dirty
+                (dirty, cause)
             }
         };
         // Read before the values: a commit in between changes it again, so
@@ -351,11 +411,13 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
             Ok(values) => {
                 last_data_version = data_version;
                 let read_done = Instant::now();
-                fire_changed(hub, keys, values, seq_limit, |wal_event| WatchTrace {
+                fire_changed(hub, keys, values, seq_limit, |wal_event, peer_wake| WatchTrace {
                     wal_event,
+                    peer_wake,
                     seen,
                     read_done,
                     fired: Instant::now(),
+                    cause,
                     looks,
                 });
             }
@@ -385,13 +447,14 @@ fn read_values(conn: &Connection, keys: &[Vec<u8>]) -> rusqlite::Result<Vec<Opti
 }
 
 /// Sends the watches whose key's value differs from the one they expect;
-/// if any, records the wake-up's stages (`trace`, given the last WAL event).
+/// if any, records the wake-up's stages (`trace`, given the last WAL event
+/// and the last wake-up from another handle).
 fn fire_changed(
     hub: &WatchHub,
     keys: Vec<Vec<u8>>,
     values: Vec<Option<Vec<u8>>>,
     seq_limit: u64,
-    trace: impl FnOnce(Option<Instant>) -> WatchTrace,
+    trace: impl FnOnce(Option<Instant>, Option<Instant>) -> WatchTrace,
 ) {
     let mut st = hub.lock();
     let mut fired = false;
@@ -416,6 +479,6 @@ fn fire_changed(
         }
     }
     if fired {
-        st.trace = Some(trace(st.last_wal_event));
+        st.trace = Some(trace(st.last_wal_event, st.last_peer_wake));
     }
 }
