@@ -8,13 +8,14 @@
 //! (Erlang's `logger` has a `notice` level between `info` and `warning`,
 //! `tracing` has not: a notice is an `INFO` event with `notice = true`).
 //!
-//! **One path to a sink.** The first [`Logger`] installs one process-wide
-//! subscriber: `tracing_subscriber`'s registry with the [`Forward`] layer.
-//! `Forward` turns each event of [`TARGET`] back into an [`Event`] (byte
-//! fields stay bytes, strings strings, integers integers) and hands it to
-//! the [`Sink`] of the route its `node` names, or to the process sink
-//! ([`set_process_sink`]) when it names none. The NIF's sink sends it to
-//! Erlang's `logger` as a report map; a test's sink collects it.
+//! **One path to a sink.** The first [`Logger`] (or the first
+//! transaction) installs one process-wide subscriber, [`Process`]. It
+//! turns each event of [`TARGET`] back into an [`Event`] (byte fields stay
+//! bytes, strings strings, integers integers) and hands it to the [`Sink`]
+//! of the route its `node` names, or to the process sink
+//! ([`set_process_sink`]) when it names none; the [`Forward`] layer does
+//! the same on a host's registry. The NIF's sink sends it to Erlang's
+//! `logger` as a report map; a test's sink collects it.
 //!
 //! *Why a route field and not a subscriber per node.* A node's tasks run
 //! on every thread of the runtime, and tests run several nodes in one
@@ -24,19 +25,21 @@
 //! with the event itself, and the lookup (a read lock on a small map, per
 //! event; events are not on a hot path) happens in one place.
 //!
-//! **Spans.** `transaction` (the store's retry loop: `attempts`,
+//! **Spans.** `transaction` (the store's retry loop: `writes`, and its
+//! tally, recorded when the run ends: `attempts`, `conflicts`, `retries`,
 //! `outcome`, `duration_us`), `heartbeat` (one renewal: `workers`), `reap`
 //! (one suspect: `type`, `id`) and `accept_round` (`type`), all at `DEBUG`
-//! with target [`TARGET`]. `Forward` takes no interest in spans, so with
-//! only it installed they are disabled at their call site: creating,
-//! entering and recording one costs a cached-interest check and nothing
-//! else (see bench/RESULTS.md, "Session 6: tracing"). A host that installs
-//! its own subscriber before the first node starts gets the events and the
-//! spans (with their timings) there instead; no sink sees them unless that
-//! subscriber stacks [`forward()`] among its layers. The
-//! store's counters (`metrics.rs`) are not fed from the spans: they are
-//! bumped in the retry loop itself, which costs a relaxed add whether or
-//! not anyone traces.
+//! with target [`TARGET`]. [`Process`] takes the `transaction` span, whose
+//! tally feeds the store's counters (`metrics.rs`): that span is always
+//! on. It takes no interest in the other three, so they are disabled at
+//! their call site: creating, entering and recording one costs a
+//! cached-interest check and nothing else (see bench/RESULTS.md, "Session
+//! 6: tracing" and "Session 7: the store's counters from the transaction
+//! span"). A host
+//! that installs its own subscriber before the first node starts gets the
+//! events and the spans (with their timings) there instead; no sink sees
+//! them, and the store's counters do not move, unless that subscriber
+//! stacks [`forward()`] and `metrics::count()` among its layers.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -44,9 +47,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Once, RwLock};
 
 use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::subscriber::Interest;
 use tracing::{Event as TracingEvent, Metadata, Subscriber};
 use tracing_subscriber::filter::{filter_fn, Filtered};
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::layer::{Context, Layer};
 
 // The macros below expand to `$crate::log::__tracing::...`, so a crate
 // that logs through them (the NIF) needs no `tracing` dependency of its own.
@@ -55,6 +60,10 @@ pub use tracing as __tracing;
 
 /// The `tracing` target of every event and span of couch_workers.
 pub const TARGET: &str = "couch_workers";
+
+/// The `outcome` of a `transaction` span whose run committed (any other
+/// outcome names the error it gave up with).
+pub const COMMITTED: &str = "committed";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -217,14 +226,72 @@ fn sink_of(node: Option<u64>) -> Option<Arc<dyn Sink>> {
     }
 }
 
-/// Installs the process-wide subscriber (once). If the host set one
-/// before, that one stays and gets the events (see the module doc).
-fn install() {
+/// Installs the process-wide subscriber, [`Process`] (once). If the host
+/// set one before, that one stays and gets the events (see the module
+/// doc). Called by every new [`Logger`] and every transaction run, so that
+/// the store's counters count before any node starts; after the first
+/// call it costs one atomic load.
+pub(crate) fn install() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let subscriber = tracing_subscriber::registry().with(forward());
-        let _ = tracing::subscriber::set_global_default(subscriber);
+        let _ = tracing::subscriber::set_global_default(Process);
     });
+}
+
+/// The process's own subscriber: the events of [`TARGET`] go to their
+/// sinks (as [`Forward`] hands them), and the store's `transaction` span
+/// to the counters (as `metrics::Count` adds it up); nothing else is on.
+///
+/// *Why not a registry with those two layers.* The transaction span is on
+/// for every transaction, and a registry stores each span, looks it up
+/// again on every enter, exit and record, and frees it at its close: about
+/// 1,900 instructions more per read-only transaction, against about 600
+/// here (bench/RESULTS.md, "Session 7: the store's counters from the
+/// transaction span"). Neither
+/// consumer needs what a registry keeps: an event names its sink itself
+/// (`node`), and a transaction records its whole tally in one record, so
+/// nothing is kept per span. A host that wants spans with their context
+/// stacks [`forward()`] and `metrics::count()` on a registry of its own.
+pub struct Process;
+
+static NEXT_SPAN: AtomicU64 = AtomicU64::new(1);
+
+fn wanted(meta: &Metadata<'_>) -> bool {
+    meta.target() == TARGET && (meta.is_event() || crate::metrics::counts_from(meta))
+}
+
+impl Subscriber for Process {
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        if wanted(meta) {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn enabled(&self, meta: &Metadata<'_>) -> bool {
+        wanted(meta)
+    }
+
+    fn new_span(&self, _span: &Attributes<'_>) -> Id {
+        // Unique while the span lives, as the contract asks; never looked
+        // up, since nothing is kept per span.
+        Id::from_u64(NEXT_SPAN.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn record(&self, _span: &Id, values: &Record<'_>) {
+        crate::metrics::add_tally(values);
+    }
+
+    fn record_follows_from(&self, _span: &Id, _follows: &Id) {}
+
+    fn event(&self, event: &TracingEvent<'_>) {
+        deliver(event);
+    }
+
+    fn enter(&self, _span: &Id) {}
+
+    fn exit(&self, _span: &Id) {}
 }
 
 /// The forwarding layer, filtered to the events of [`TARGET`] (a filter of
@@ -241,12 +308,17 @@ pub struct Forward;
 
 impl<S: Subscriber> Layer<S> for Forward {
     fn on_event(&self, event: &TracingEvent<'_>, _ctx: Context<'_, S>) {
-        let mut fields = Fields::default();
-        event.record(&mut fields);
-        let Some(sink) = sink_of(fields.node) else { return };
-        let meta = event.metadata();
-        sink.log(Event { level: Level::of(meta.level(), fields.notice), what: meta.name(), fields: fields.rest });
+        deliver(event);
     }
+}
+
+/// Hands one event to the sink of the route its `node` names.
+fn deliver(event: &TracingEvent<'_>) {
+    let mut fields = Fields::default();
+    event.record(&mut fields);
+    let Some(sink) = sink_of(fields.node) else { return };
+    let meta = event.metadata();
+    sink.log(Event { level: Level::of(meta.level(), fields.notice), what: meta.name(), fields: fields.rest });
 }
 
 /// An event's fields, read back: the route, the notice flag, the rest.
@@ -348,17 +420,20 @@ mod tests {
         );
     }
 
-    /// With only the forwarding layer installed, a span is off at its call
-    /// site (what makes the store's transaction span free), and events
-    /// still reach their sinks.
+    /// With the process's own subscriber, a span is off at its call site
+    /// (what makes the heartbeat, reap and accept-round spans free) except
+    /// the store's `transaction` span, which the counting layer takes; and
+    /// events still reach their sinks.
     #[test]
-    fn spans_are_off_with_only_the_forwarding_layer() {
+    fn only_the_transaction_span_is_on_with_the_process_subscriber() {
         let sink = Arc::new(Collect::default());
         let log = Logger::new(sink.clone());
         for _ in 0..2 {
-            // The second time through, the call site's cached interest.
-            let span = tracing::debug_span!(target: TARGET, "transaction", attempts = tracing::field::Empty);
+            // The second time through, the call sites' cached interest.
+            let span = tracing::debug_span!(target: TARGET, "heartbeat", workers = tracing::field::Empty);
             assert!(span.is_disabled());
+            let counted = tracing::debug_span!(target: TARGET, "transaction", attempts = tracing::field::Empty);
+            assert!(!counted.is_disabled());
             let _in = span.enter();
             log_event!(log, Notice, "store_opened");
         }

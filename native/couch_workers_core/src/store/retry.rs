@@ -9,12 +9,11 @@
 use std::future::Future;
 use std::time::Instant;
 
-use tracing::field::Empty;
+use tracing::field::{Empty, Value};
 use tracing::{Instrument, Span};
 
 use super::{CommitInfo, Database, StoreError, Tx, TxOptions};
-use crate::log::TARGET;
-use crate::metrics;
+use crate::log::{self, TARGET};
 
 /// Runs `f` in a transaction of `db` until it commits, retrying what is
 /// retryable. `f` gets a fresh transaction on every attempt.
@@ -57,31 +56,63 @@ where
     Fut: Future<Output = Result<T, StoreError>>,
 {
     let mut seen = Attempt::default();
-    // Disabled unless a subscriber wants it (log.rs): then recording costs
-    // nothing but a check.
+    // The store's counters are read from this span (`metrics::Count`): the
+    // process's subscriber, which holds that layer, is there before the
+    // first transaction even when no node has started.
+    log::install();
     let span = tracing::debug_span!(
         target: TARGET,
         "transaction",
         writes = opts.writes,
         attempts = Empty,
+        conflicts = Empty,
+        retries = Empty,
         outcome = Empty,
         duration_us = Empty
     );
-    let started = Instant::now();
-    let result = match attempt_loop(db, opts, &mut f, &mut seen, &span).instrument(span.clone()).await {
+    let mut tally = Tally { span: span.clone(), started: Instant::now(), attempts: 0, conflicts: 0, retries: 0, outcome: None };
+    let result = match attempt_loop(db, opts, &mut f, &mut seen, &mut tally).instrument(span).await {
         // Out of time after an attempt that may have committed: that
         // commit is the answer's truth, and it is unknown.
         Err(StoreError::TimedOut) if seen.may_have_committed => Err(StoreError::CommitUnknown),
         result => result,
     };
-    if result.is_err() {
-        metrics::bump(&metrics::STORE.failures);
-    }
-    if !span.is_disabled() {
-        span.record("outcome", result.as_ref().map_or_else(StoreError::name, |_| "committed"));
-        span.record("duration_us", u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
-    }
+    tally.outcome = Some(result.as_ref().map_or_else(StoreError::name, |_| log::COMMITTED));
     result
+}
+
+/// What one run of the loop did, recorded into its `transaction` span
+/// once, when the run ends or is dropped unfinished (its caller stopped
+/// waiting; then with no `outcome`). This is the one record of a run's
+/// outcome: the store's counters are fed from it (`metrics::Count`), and a
+/// host's subscriber sees the same fields.
+struct Tally {
+    span: Span,
+    started: Instant,
+    /// Attempts begun.
+    attempts: u32,
+    /// Attempts that ended in a conflict.
+    conflicts: u32,
+    /// Attempts that failed retryably and were run again.
+    retries: u32,
+    /// `committed`, or the error the run gave up with.
+    outcome: Option<&'static str>,
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        let Some(fields) = self.span.metadata().map(|m| m.fields()) else { return };
+        let field = |name| fields.field(name).expect("a field of the transaction span");
+        let duration_us = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // One record of every field: one call into the subscriber.
+        self.span.record_all(&fields.value_set(&[
+            (&field("attempts"), Some(&self.attempts as &dyn Value)),
+            (&field("conflicts"), Some(&self.conflicts as &dyn Value)),
+            (&field("retries"), Some(&self.retries as &dyn Value)),
+            (&field("duration_us"), Some(&duration_us as &dyn Value)),
+            (&field("outcome"), self.outcome.as_ref().map(|o| o as &dyn Value)),
+        ]));
+    }
 }
 
 async fn attempt_loop<T, F, Fut>(
@@ -89,7 +120,7 @@ async fn attempt_loop<T, F, Fut>(
     opts: TxOptions,
     f: &mut F,
     seen: &mut Attempt,
-    span: &Span,
+    tally: &mut Tally,
 ) -> Result<(T, CommitInfo), StoreError>
 where
     F: FnMut(Tx, Attempt) -> Fut,
@@ -100,8 +131,7 @@ where
     let mut attempts: u32 = 0;
     loop {
         attempts += 1;
-        metrics::bump(&metrics::STORE.transactions);
-        span.record("attempts", attempts);
+        tally.attempts = attempts;
         let remaining = opts.timeout.checked_sub(started.elapsed()).ok_or(StoreError::TimedOut)?;
         // Set once the attempt hands its writes to the store.
         let committing = std::sync::atomic::AtomicBool::new(false);
@@ -131,7 +161,7 @@ where
             seen.may_have_committed = true;
         }
         if err == StoreError::Conflict {
-            metrics::bump(&metrics::STORE.conflicts);
+            tally.conflicts += 1;
         }
         if !err.is_retryable() {
             return Err(err);
@@ -139,7 +169,7 @@ where
         if attempts >= opts.retry_limit {
             return Err(StoreError::RetryLimit { attempts, last: Box::new(err) });
         }
-        metrics::bump(&metrics::STORE.retries);
+        tally.retries += 1;
         if let Some(tx) = tx {
             // The store's own backoff (FDB's on_error doubles its delay).
             let remaining = opts.timeout.checked_sub(started.elapsed()).ok_or(StoreError::TimedOut)?;
