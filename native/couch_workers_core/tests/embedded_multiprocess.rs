@@ -4,12 +4,14 @@
 //! function then plays the child's part and asserts its own side.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::{run, Database, RangeRequest, TxOptions, VERSIONSTAMP_LEN};
+
+mod child_common;
 
 const ROLE: &str = "CW_MP_ROLE";
 const DIR: &str = "CW_MP_DIR";
@@ -23,29 +25,12 @@ fn wall_us() -> u64 {
 
 /// Re-executes this binary to run `test` as a child with `role`.
 fn spawn_child(test: &str, role: &str, dir: &Path, id: u8) -> Child {
-    Command::new(std::env::current_exe().expect("current exe"))
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .env(DIR, dir)
-        .env(ID, id.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn child process")
+    let id = id.to_string();
+    child_common::spawn(test, &[(ROLE, role.as_ref()), (DIR, dir.as_os_str()), (ID, id.as_ref())])
 }
 
 fn wait_child(child: Child, what: &str) {
-    let out = child.wait_with_output().expect("child output");
-    assert!(
-        out.status.success(),
-        "{what} failed: {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // The child's test harness must have run exactly the one test.
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("1 passed"), "{what} ran no test:\n{stdout}");
+    child_common::wait(child, what);
 }
 
 fn key_n(prefix: &[u8], n: u64) -> Vec<u8> {

@@ -11,13 +11,15 @@
 //! the child's part.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use couch_workers_core::log::{Event, Sink};
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore, WakeCause};
 use couch_workers_core::store::{run, Database, TxOptions};
+
+mod child_common;
 
 const ROLE: &str = "CW_WAKE_ROLE";
 const DIR: &str = "CW_WAKE_DIR";
@@ -28,26 +30,12 @@ const VALUE: &str = "CW_WAKE_VALUE";
 const FIRE_LIMIT: Duration = Duration::from_secs(5);
 
 fn spawn_child(test: &str, role: &str, dir: &Path, value: u64) -> Child {
-    Command::new(std::env::current_exe().expect("current exe"))
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .env(DIR, dir)
-        .env(VALUE, value.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn child process")
+    let value = value.to_string();
+    child_common::spawn(test, &[(ROLE, role.as_ref()), (DIR, dir.as_os_str()), (VALUE, value.as_ref())])
 }
 
 fn wait_child(child: Child, what: &str) {
-    let out = child.wait_with_output().expect("child output");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{what} failed: {:?}\n--- stdout\n{stdout}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    child_common::wait(child, what);
 }
 
 fn child_env() -> Option<(String, PathBuf, u64)> {
