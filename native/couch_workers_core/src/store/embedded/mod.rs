@@ -12,7 +12,8 @@
 //! | module | job |
 //! | --- | --- |
 //! | `mod.rs` | [`EmbeddedOptions`], [`EmbeddedStore`]: opening, closing, [`Database`] |
-//! | `schema.rs` | the file's tables, connection settings, setup, SQLite error mapping |
+//! | `schema.rs` | the file's tables, connection settings, setup (waiting for other processes' setup), SQLite error mapping |
+//! | `holders.rs` | which processes hold locks on the store's file (for the error of an open that waited too long) |
 //! | `clock.rs` | the version clock (`base + CLOCK_MONOTONIC`) |
 //! | `fair.rs` | taking SQLite's write lock (`BEGIN IMMEDIATE`, retries) and sharing it fairly between processes |
 //! | `group.rs` | group commit of this process's queued writers; a joining writer's savepoint |
@@ -54,6 +55,7 @@ mod checkpoint;
 mod clock;
 mod fair;
 mod group;
+mod holders;
 // Also the sim store's versionstamp and ADD formats.
 mod notify;
 mod pool;

@@ -13,11 +13,12 @@
 //! ```
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::{ffi, Connection, OpenFlags, OptionalExtension};
 
 use super::clock::{boot_id, Clock};
+use super::holders;
 use super::{EmbeddedOptions, Synchronous};
 use crate::store::StoreError;
 
@@ -47,6 +48,11 @@ pub(crate) const SQL_TAKE_WRITE_LOCK: &str = "UPDATE meta SET value = value WHER
 /// processes doing the same (it runs once per open, off the hot path).
 const SETUP_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long [`open_store_file`] starts over while other processes hold
+/// the file locked (each attempt also waits up to [`SETUP_BUSY_TIMEOUT`]
+/// where SQLite lets it).
+const OPEN_WAIT: Duration = Duration::from_secs(10);
+
 /// The page size of a new file (an existing file keeps its own). 1 KiB
 /// rather than SQLite's 4 KiB: a job commit touches a few rows on
 /// several pages, and each touched page is a whole WAL frame. Measured on
@@ -71,7 +77,11 @@ pub(crate) fn open_connection(path: &Path, opts: &EmbeddedOptions) -> Result<Con
 }
 
 fn configure(conn: &Connection, opts: &EmbeddedOptions) -> rusqlite::Result<()> {
-    conn.busy_timeout(Duration::ZERO)?;
+    // Settings such as `synchronous` read the file's schema, which another
+    // process may hold locked for a moment (switching a new file to WAL,
+    // creating its tables, recovering the WAL of a store nobody had open):
+    // wait for it here, once per connection, then never again.
+    conn.busy_timeout(SETUP_BUSY_TIMEOUT)?;
     // Per connection: every connection may commit.
     let sync = match opts.synchronous {
         Synchronous::Normal => "NORMAL",
@@ -90,6 +100,7 @@ fn configure(conn: &Connection, opts: &EmbeddedOptions) -> rusqlite::Result<()> 
     // a primary-key lookup or range scan: one plan fits all values.
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     conn.set_prepared_statement_cache_capacity(32);
+    conn.busy_timeout(Duration::ZERO)?;
     Ok(())
 }
 
@@ -98,12 +109,59 @@ fn configure(conn: &Connection, opts: &EmbeddedOptions) -> rusqlite::Result<()> 
 /// Returns the setup connection (to become the store's writer) and the
 /// clock. Other processes may run this at the same moment: it waits for
 /// them (a blocking busy timeout, acceptable once per open).
+///
+/// SQLite answers "locked" without calling the busy handler where waiting
+/// could deadlock (a connection that holds a read lock and asks for more,
+/// as the WAL switch and the setup transaction do on a new file), so a
+/// busy answer starts the attempt over on a new connection, until
+/// [`OPEN_WAIT`] has passed: then the error names the directory and the
+/// processes holding locks on the file.
 pub(crate) fn open_store_file(opts: &EmbeddedOptions) -> Result<(Connection, Clock), StoreError> {
     std::fs::create_dir_all(&opts.dir).map_err(|e| {
         StoreError::Io(format!("cannot create the store directory {}: {e}", opts.dir.display()))
     })?;
     let path = opts.dir.join(FILE_NAME);
-    let conn = open_connection(&path, opts)?;
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match open_attempt(&path, opts) {
+            Err(Attempt::Busy(_)) if started.elapsed() < OPEN_WAIT => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(Attempt::Busy(e)) => {
+                return Err(StoreError::Io(format!(
+                    "cannot open the store in {}: its file stayed locked by another process for {:?} ({}): {e}",
+                    opts.dir.display(),
+                    started.elapsed(),
+                    holders::describe(&path)
+                )))
+            }
+            Err(Attempt::Failed(e)) => return Err(e),
+            Ok(opened) => return Ok(opened),
+        }
+    }
+}
+
+/// Why one attempt at [`open_store_file`] failed.
+enum Attempt {
+    /// Another process held the file's lock: worth trying again.
+    Busy(rusqlite::Error),
+    Failed(StoreError),
+}
+
+fn busy_or(what: &str, path: &Path, e: rusqlite::Error) -> Attempt {
+    if is_busy(&e) {
+        Attempt::Busy(e)
+    } else {
+        Attempt::Failed(io_error(&format!("{what} {}", path.display()), &e))
+    }
+}
+
+fn open_attempt(path: &Path, opts: &EmbeddedOptions) -> Result<(Connection, Clock), Attempt> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| busy_or("cannot open", path, e))?;
+    configure(&conn, opts).map_err(|e| busy_or("cannot configure", path, e))?;
     // SQLite falls back to a read-only descriptor when the file cannot be
     // opened for writing (a read-only mount, an immutable file). A store
     // opened so could never write, not even once the file system is
@@ -111,10 +169,10 @@ pub(crate) fn open_store_file(opts: &EmbeddedOptions) -> Result<(Connection, Clo
     // it now, with the reason, rather than run a node whose every write
     // fails for as long as it runs.
     if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
-        return Err(StoreError::Io(format!(
+        return Err(Attempt::Failed(StoreError::Io(format!(
             "cannot open {} for writing: the store's file or directory is read-only",
             path.display()
-        )));
+        ))));
     }
     let setup = |conn: &Connection| -> rusqlite::Result<Result<Clock, StoreError>> {
         conn.busy_timeout(SETUP_BUSY_TIMEOUT)?;
@@ -152,8 +210,8 @@ pub(crate) fn open_store_file(opts: &EmbeddedOptions) -> Result<(Connection, Clo
     };
     match setup(&conn) {
         Ok(Ok(clock)) => Ok((conn, clock)),
-        Ok(Err(e)) => Err(e),
-        Err(e) => Err(io_error(&format!("cannot set up the store in {}", path.display()), &e)),
+        Ok(Err(e)) => Err(Attempt::Failed(e)),
+        Err(e) => Err(busy_or("cannot set up the store in", path, e)),
     }
 }
 
