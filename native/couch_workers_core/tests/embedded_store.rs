@@ -584,7 +584,13 @@ async fn a_writer_and_one_queued_behind(
         let db = db.clone();
         tokio::spawn(async move { db.create_transaction(&TxOptions::write()).await.expect("transaction") })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Queued, seen, not assumed after a sleep: A's commit defers only to a
+    // writer already queued.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db.writers_queued() == 0 {
+        assert!(Instant::now() < deadline, "B never queued for the writer lock");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     (a, queued)
 }
 

@@ -6,15 +6,17 @@
 //! Now the call answers `commit_unknown_result` and the job goes back to
 //! pending.
 //!
-//! The schedule, on one store handle (one writer lock, FIFO):
-//! A holds the writer lock 1.5 s; the accept (budget 2 s) queues behind
-//! it once A holds it, B behind the accept 600 ms later, with 900 ms of
-//! A's hold left. A defers its commit to the accept, the accept defers
-//! its commit to B, and B holds the lock 4 s (under the store's 5 s
-//! transaction age): the accept's budget ends
-//! while it waits for the batch, which B then commits. (Before, the
-//! accept had 50 ms to queue ahead of B, and A was taken to hold the
-//! lock 50 ms after its task was spawned: a loaded machine broke both.)
+//! The schedule, on one store handle (one writer lock, FIFO), driven by
+//! events, not by sleeps: A holds the writer lock; the accept (budget 4 s,
+//! room for a loaded machine to reach B's hold) queues behind it, and B
+//! behind the accept, each seen queued (`EmbeddedStore::writers_queued`)
+//! before the next step. Then A lets go:
+//! A defers its commit to the accept, the accept defers its commit to B,
+//! and B holds the lock until the accept has answered: the accept's budget
+//! ends while it waits for the batch, which B then commits. (Session 7's
+//! schedule gave B 600 ms to queue and A 1.5 s of hold: once under
+//! extreme load B queued late, the accept committed alone and rightly
+//! answered `Ok`.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,16 +34,26 @@ use jobs_common::until_not_running;
 const T: &[u8] = b"t";
 const W: &[u8] = b"w1";
 
-/// A write transaction that holds the writer lock for `hold`; `held`
-/// hears when it does.
-async fn hold_writer(db: Db, key: &'static [u8], hold: Duration, held: tokio::sync::mpsc::UnboundedSender<()>) {
-    let opts = TxOptions { writes: true, timeout: Duration::from_secs(20), retry_limit: 10 };
+/// A write transaction that holds the writer lock until `release`;
+/// `held` hears when it holds it.
+async fn hold_writer(
+    db: Db,
+    key: &'static [u8],
+    held: tokio::sync::mpsc::UnboundedSender<&'static [u8]>,
+    release: tokio::sync::oneshot::Receiver<()>,
+) {
+    let opts = TxOptions { writes: true, timeout: Duration::from_secs(60), retry_limit: 10 };
+    let release = std::sync::Mutex::new(Some(release));
     run(db.as_ref(), opts, |tx| {
         let held = held.clone();
+        // A retry (there should be none) does not hold again.
+        let release = release.lock().unwrap().take();
         async move {
             tx.set(key, b"1");
-            let _ = held.send(());
-            tokio::time::sleep(hold).await;
+            let _ = held.send(key);
+            if let Some(release) = release {
+                let _ = release.await;
+            }
             Ok(())
         }
     })
@@ -49,34 +61,52 @@ async fn hold_writer(db: Db, key: &'static [u8], hold: Duration, held: tokio::sy
     .expect("holder commits");
 }
 
+/// Waits until `n` writers of `store` are queued for its writer lock.
+async fn until_queued(store: &EmbeddedStore, n: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while store.writers_queued() < n {
+        assert!(Instant::now() < deadline, "{what} never queued for the writer lock");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_accept_cut_off_in_the_group_commit_answers_unknown_and_its_job_goes_back() {
     let dir = tempfile::tempdir().expect("dir");
-    let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
+    // B's transaction lives as long as the accept's budget: keep it under
+    // the store's transaction age on any machine.
+    let mut opts = EmbeddedOptions::new(dir.path());
+    opts.max_transaction_age = Duration::from_secs(60);
+    let store = EmbeddedStore::open(opts).expect("open");
     let db: Db = store.clone();
-    let settings = Settings { tx_timeout: Duration::from_secs(2), ..Settings::default() };
+    let settings = Settings { tx_timeout: Duration::from_secs(4), ..Settings::default() };
     let node = Node::with_db(db.clone(), settings, Arc::new(Discard));
     let spec = WorkerSpec { worker_type: T.to_vec(), id: W.to_vec(), options_json: b"{}".to_vec(), timeout_s: 600 };
     let _reg = node.register_worker(spec).await.expect("register");
     node.jobs().add(T, b"j", b"{}", 0).await.expect("add");
 
-    let (held, mut a_holds) = tokio::sync::mpsc::unbounded_channel();
-    let a = tokio::spawn(hold_writer(db.clone(), b"test-a", Duration::from_millis(1_500), held.clone()));
-    a_holds.recv().await.expect("A holds the writer lock");
+    let (held, mut holds) = tokio::sync::mpsc::unbounded_channel();
+    let (release_a, a_release) = tokio::sync::oneshot::channel();
+    let (release_b, b_release) = tokio::sync::oneshot::channel();
+    let a = tokio::spawn(hold_writer(db.clone(), b"test-a", held.clone(), a_release));
+    assert_eq!(holds.recv().await, Some(&b"test-a"[..]), "A holds the writer lock");
+    // Writers of the node's own (start-up passes) may be queued too.
+    let others = store.writers_queued();
     let jobs = node.jobs().clone();
-    let started = Instant::now();
     let accept = tokio::spawn(async move { jobs.accept(T, W, Duration::ZERO).await });
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let b = tokio::spawn(hold_writer(db.clone(), b"test-b", Duration::from_secs(4), held));
+    until_queued(&store, others + 1, "the accept").await;
+    let b = tokio::spawn(hold_writer(db.clone(), b"test-b", held, b_release));
+    until_queued(&store, others + 2, "B").await;
+    release_a.send(()).expect("A waits");
+    // B gets the lock after the accept, and keeps it until the accept has
+    // answered: whatever the accept answers, it answers while B holds the
+    // lock with the accept's commit in B's batch.
+    assert_eq!(holds.recv().await, Some(&b"test-b"[..]), "B holds the writer lock");
     let answer = accept.await.expect("accept task");
-    let answered_in = started.elapsed();
+    release_b.send(()).expect("B waits");
     a.await.expect("a");
     b.await.expect("b");
 
-    // The schedule happened as planned: the accept ran out of time while
-    // B held the lock (B lets go about 5.5 s after the accept began), not
-    // while it waited for A nor after B.
-    assert!(answered_in < Duration::from_millis(4_500), "answered in {answered_in:?}");
     match answer {
         Err(Error::Store(StoreError::CommitUnknown)) => {}
         other => panic!("the accept's commit was cut off: expected commit_unknown_result, got {other:?}"),

@@ -94,6 +94,13 @@ impl GroupCommit {
         Queued(self)
     }
 
+    /// Writers now waiting for the writer lock (tests: a schedule waits
+    /// for a writer to be queued instead of sleeping and hoping).
+    #[cfg(feature = "testkit")]
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
     /// Whether a writer that just finished should leave its commit to a
     /// writer queued behind it. Called with the writer lock held.
     pub(crate) fn should_defer(&self) -> bool {

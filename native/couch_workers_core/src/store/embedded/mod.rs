@@ -295,6 +295,14 @@ impl EmbeddedStore {
         self.shared.clock.now()
     }
 
+    /// Tests only: how many of this handle's writers wait for its writer
+    /// lock with a transaction to run (the group commit's count), so that
+    /// a schedule can wait until a writer is queued.
+    #[cfg(feature = "testkit")]
+    pub fn writers_queued(&self) -> usize {
+        self.shared.group.queued()
+    }
+
     /// Fault tests only: moves this handle's version clock forward by
     /// `by`, as every FoundationDB recovery moves versions by 100 s' worth
     /// (`MAX_VERSIONS_IN_FLIGHT`). Versions then rise at their usual rate.
