@@ -18,9 +18,33 @@ if [ "$free_kb" -lt $((6 * 1048576)) ]; then
   echo "==> WARNING: under 6 GB free: the run may fail with 'No space left on device'" >&2
 fi
 
-echo "==> cargo test (core crate: store conformance, key space, liveness, jobs)"
+# Each stage's wall time, printed at the end (and at a failure), so that
+# a CI run says where its minutes went.
+stage_names=()
+stage_secs=()
+stage_start=$SECONDS
+stage() {
+    if [ "${#stage_names[@]}" -gt 0 ]; then
+        stage_secs+=($((SECONDS - stage_start)))
+    fi
+    stage_names+=("$1")
+    stage_start=$SECONDS
+    echo "==> $1"
+}
+stage_report() {
+    local n=${#stage_names[@]} i
+    [ "$n" -gt "${#stage_secs[@]}" ] && stage_secs+=($((SECONDS - stage_start)))
+    echo "==> time per stage (s):"
+    for ((i = 0; i < n; i++)); do
+        printf '%6d  %s\n' "${stage_secs[$i]}" "${stage_names[$i]}"
+    done
+    printf '%6d  total\n' "$SECONDS"
+}
+trap stage_report EXIT
+
+stage "cargo test (core crate: store conformance, key space, liveness, jobs)"
 cargo test -p couch_workers_core
-echo "==> cargo test (command line: argument parsing), and its release build (bin/couch-workers, used by its EUnit suite)"
+stage "cargo test (command line: argument parsing), and its release build (bin/couch-workers, used by its EUnit suite)"
 cargo test -p couch_workers_cli
 cargo build --release --locked -p couch_workers_cli
 
@@ -28,29 +52,29 @@ cargo build --release --locked -p couch_workers_cli
 # that turn immutable, a lost mount) mount a tmpfs and use chattr, so they
 # need root; they are #[ignore]d for plain `cargo test` and run here as root.
 if [ "$(id -u)" = 0 ]; then
-  echo "==> cargo test: the disk-fault tests (root: tmpfs, chattr)"
+  stage "cargo test: the disk-fault tests (root: tmpfs, chattr)"
   cargo test -p couch_workers_core --test faults_disk -- --ignored
 else
   echo "==> NOT RUN: the disk-fault tests (tests/faults_disk.rs) need root; run scripts/test.sh as root to include them"
 fi
 
-echo "==> FoundationDB store: type-check (cargo check + clippy --features fdb)"
+stage "FoundationDB store: type-check (cargo check + clippy --features fdb)"
 scripts/check-fdb.sh
 
-echo "==> clippy on every crate (core, NIF, command line), warnings are errors"
+stage "clippy on every crate (core, NIF, command line), warnings are errors"
 cargo clippy --workspace --all-targets -- -D warnings
 
-echo "==> benchmark smoke run (proves bench/run works; no speed threshold)"
+stage "benchmark smoke run (proves bench/run works; no speed threshold)"
 bench/run --smoke
 
-echo "==> rebar3 eunit (builds the NIF through cargo first)"
+stage "rebar3 eunit (builds the NIF through cargo first)"
 rebar3 eunit
 
-echo "==> the built NIF holds no test code (the core's testkit feature is off in it)"
+stage "the built NIF holds no test code (the core's testkit feature is off in it)"
 scripts/check-no-testkit.sh
 
-echo "==> integration: a CouchDB-shaped tree built with rebar 2 (compile, generate, boot, eunit)"
+stage "integration: a CouchDB-shaped tree built with rebar 2 (compile, generate, boot, eunit)"
 test/integration/couchdb_tree.sh
 
-echo "==> integration: a rebar3 project depending on couch_workers by git (release, boot), rebar3 shell in place"
+stage "integration: a rebar3 project depending on couch_workers by git (release, boot), rebar3 shell in place"
 test/integration/rebar3_dep.sh
