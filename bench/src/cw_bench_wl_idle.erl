@@ -2,13 +2,15 @@
 %% the VM's OS process that it and M4 measure.
 -module(cw_bench_wl_idle).
 
--export([i1/1, cpu_ms/0, thread_cpu_ms/0]).
+-export([i1/1, cpu_ms/0, thread_cpu_ms/0, thread_switches/0]).
 
 -import(cw_bench_wl, [now_us/0]).
 
 -spec i1(map()) -> map().
 -spec cpu_ms() -> float().
 -spec thread_cpu_ms() -> #{binary() => float()}.
+-spec thread_switches() -> #{binary() => non_neg_integer()}.
+-spec probe_cost() -> {float(), integer()}.
 
 %% I1: an idle node. One registered worker, one membership subscription
 %% and one job_accept waiting (timeout longer than the span), nothing
@@ -16,8 +18,11 @@
 %% the registration's own writes and their watches). The heartbeat (timeout
 %% 15 s: every ~5 s) is part of what an idle node does. Beside the CPU it
 %% reports the store transactions the node ran in the window (the retry
-%% loop's count: a figure the machine's load does not change) and the CPU
-%% per thread name (which of the node's threads spent it).
+%% loop's count: a figure the machine's load does not change), the CPU
+%% per thread name (which of the node's threads spent it) and the context
+%% switches per thread name (how often each woke: on an idle VM a wake-up
+%% costs far more than the little it does, and load does not move the
+%% count the way it moves the CPU).
 i1(P) ->
     Secs = maps:get(seconds, P, 60),
     Type = <<"i1">>,
@@ -30,13 +35,20 @@ i1(P) ->
     timer:sleep(2000),
     Th0 = thread_cpu_ms(),
     Tx0 = transactions(),
+    {ProbeMs, ProbeSw} = probe_cost(),
     C0 = cpu_ms(),
+    Sw0 = thread_switches(),
     T0 = now_us(),
     timer:sleep(Secs * 1000),
+    Sw1 = thread_switches(),
     Cpu = cpu_ms() - C0,
     Span = (now_us() - T0) / 1.0e6,
     Tx = transactions() - Tx0,
     Th1 = thread_cpu_ms(),
+    Switches = maps:filter(
+        fun(_, N) -> N > 0 end,
+        maps:map(fun(Name, N) -> N - maps:get(Name, Sw0, 0) end, Sw1)
+    ),
     Threads = maps:filter(
         fun(_, Ms) -> Ms > 0.0 end,
         maps:map(fun(Name, Ms) -> round((Ms - maps:get(Name, Th0, 0.0)) * 100) / 100 end, Th1)
@@ -54,8 +66,25 @@ i1(P) ->
         transactions => Tx,
         transactions_per_s => Tx / Span,
         thread_cpu_ms => Threads,
+        thread_switches => Switches,
+        switches => lists:sum(maps:values(Switches)),
+        probe_cpu_ms => ProbeMs,
+        probe_switches => ProbeSw,
+        pct_of_one_core_less_probe => max(0.0, Cpu - ProbeMs) / (Span * 1000) * 100,
         what => <<"one worker, one membership subscription, one waiting job_accept; whole VM">>
     }.
+
+%% What reading the counters costs the VM: the window's own reads (a CPU
+%% read, a switch snapshot; then a switch snapshot, a CPU read) run back to
+%% back with no sleep between, just before the window. Each /proc file
+%% read goes through a dirty I/O scheduler (several thread switches), so
+%% on an idle VM this is not small beside what the node itself does.
+probe_cost() ->
+    C0 = cpu_ms(),
+    Sw0 = thread_switches(),
+    Sw1 = thread_switches(),
+    C1 = cpu_ms(),
+    {C1 - C0, lists:sum(maps:values(Sw1)) - lists:sum(maps:values(Sw0))}.
 
 %% CPU time of this OS process, ms: the sum over its live threads (BEAM
 %% schedulers, the Rust runtime, the store's watcher thread) of the first
@@ -92,6 +121,44 @@ thread_cpu_ms() ->
         _ ->
             #{}
     end.
+
+%% Context switches (voluntary + involuntary) per thread name so far: each
+%% voluntary one is a sleep and so a wake-up after it. Threads of one name
+%% summed; a thread that exited since the first read is not counted.
+thread_switches() ->
+    case file:list_dir("/proc/self/task") of
+        {ok, Tids} ->
+            lists:foldl(
+                fun(T, Acc) ->
+                    case file:read_file("/proc/self/task/" ++ T ++ "/status") of
+                        {ok, Status} ->
+                            {Name, N} = switches_of(Status),
+                            maps:update_with(Name, fun(M) -> M + N end, N, Acc);
+                        _ ->
+                            Acc
+                    end
+                end,
+                #{},
+                Tids
+            );
+        _ ->
+            #{}
+    end.
+
+switches_of(Status) ->
+    Lines = binary:split(Status, <<"\n">>, [global]),
+    lists:foldl(
+        fun(Line, {Name, N} = Acc) ->
+            case binary:split(Line, <<":">>) of
+                [<<"Name">>, V] -> {string:trim(V), N};
+                [<<"voluntary_ctxt_switches">>, V] -> {Name, N + binary_to_integer(string:trim(V))};
+                [<<"nonvoluntary_ctxt_switches">>, V] -> {Name, N + binary_to_integer(string:trim(V))};
+                _ -> Acc
+            end
+        end,
+        {<<"?">>, 0},
+        Lines
+    ).
 
 %% The node's store transactions so far (attempts, reads included).
 transactions() ->
