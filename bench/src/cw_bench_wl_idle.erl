@@ -105,37 +105,37 @@ cpu_ms() ->
 %% CPU time per thread name, ms (threads of one name summed: the BEAM's
 %% schedulers, the runtime's workers).
 thread_cpu_ms() ->
-    case file:list_dir("/proc/self/task") of
-        {ok, Tids} ->
-            lists:foldl(
-                fun(T, Acc) ->
-                    Name = case file:read_file("/proc/self/task/" ++ T ++ "/comm") of
-                        {ok, N} -> string:trim(N);
-                        _ -> <<"?">>
-                    end,
-                    maps:update_with(Name, fun(Ms) -> Ms + task_ns(T) / 1.0e6 end, task_ns(T) / 1.0e6, Acc)
-                end,
-                #{},
-                Tids
-            );
-        _ ->
-            #{}
-    end.
+    per_thread_name(fun(T) ->
+        Name = case file:read_file("/proc/self/task/" ++ T ++ "/comm") of
+            {ok, N} -> string:trim(N);
+            _ -> <<"?">>
+        end,
+        {ok, Name, task_ns(T) / 1.0e6}
+    end).
 
 %% Context switches (voluntary + involuntary) per thread name so far: each
 %% voluntary one is a sleep and so a wake-up after it. Threads of one name
 %% summed; a thread that exited since the first read is not counted.
 thread_switches() ->
+    per_thread_name(fun(T) ->
+        case file:read_file("/proc/self/task/" ++ T ++ "/status") of
+            {ok, Status} ->
+                {Name, N} = switches_of(Status),
+                {ok, Name, N};
+            _ ->
+                skip
+        end
+    end).
+
+%% Sums Read(Tid)'s figure over this VM's threads, by thread name.
+per_thread_name(Read) ->
     case file:list_dir("/proc/self/task") of
         {ok, Tids} ->
             lists:foldl(
                 fun(T, Acc) ->
-                    case file:read_file("/proc/self/task/" ++ T ++ "/status") of
-                        {ok, Status} ->
-                            {Name, N} = switches_of(Status),
-                            maps:update_with(Name, fun(M) -> M + N end, N, Acc);
-                        _ ->
-                            Acc
+                    case Read(T) of
+                        {ok, Name, V} -> maps:update_with(Name, fun(M) -> M + V end, V, Acc);
+                        skip -> Acc
                     end
                 end,
                 #{},
