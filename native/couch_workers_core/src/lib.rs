@@ -39,6 +39,7 @@ pub mod services;
 pub mod jobs;
 pub mod inspect;
 pub mod node;
+pub mod stage;
 
 #[cfg(feature = "testkit")]
 pub mod conformance;
