@@ -129,6 +129,7 @@ impl Node {
             cancel: node.shutdown.child_token(),
             max_interval: settings.reaper_max_interval,
             tx_options: node.write_options(),
+            own: node.heartbeats.clone(),
         };
         let live = Live::new(&node.counts.reapers);
         node.tasks.spawn_on(reaper.run(live), &node.runtime);

@@ -113,12 +113,14 @@ async fn a_commit_in_another_process_wakes_a_watch_with_one_look() {
 }
 
 /// A writer that sends no wake-up (here a bare SQLite connection, as the
-/// `sqlite3` shell would be): the watcher's once-a-second safety look
-/// still sees its commit.
+/// `sqlite3` shell would be): the watcher's safety look still sees its
+/// commit, within the store's `safety_look` (1 s here; the default is
+/// 10 s, `tests/embedded_safety_look.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_that_sends_nothing_is_seen_by_the_safety_look() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
+    let opts = EmbeddedOptions { safety_look: Duration::from_secs(1), ..EmbeddedOptions::new(dir.path()) };
+    let db = EmbeddedStore::open(opts).expect("open");
     let w = run(&*db, TxOptions::read(), |tx| async move { Ok(tx.watch(b"k")) }).await.expect("watch");
     // Past the watch's registration look.
     tokio::time::sleep(Duration::from_millis(50)).await;

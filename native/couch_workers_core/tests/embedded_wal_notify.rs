@@ -96,7 +96,8 @@ fn open_with_watcher(dir: &std::path::Path, wal_notify: bool) -> (Arc<EmbeddedSt
 }
 
 /// With a watch pending and nothing written, the watcher thread sleeps:
-/// with notifications it wakes about once a second (the safety check);
+/// with notifications it wakes at most for its safety look (every 10 s by
+/// default, `EmbeddedOptions::safety_look`);
 /// polling (every 4 ms once idle) it wakes hundreds of times. The second
 /// half shows that the count measures wake-ups at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,7 +126,7 @@ async fn a_quiet_store_does_not_wake_the_watcher() {
 /// A handle's own commits never wake its watcher thread (they reach it
 /// directly, and only when they write a watched key): with a watch
 /// pending on a key nobody writes, 200 commits through the same handle
-/// leave the thread asleep but for its once-a-second safety look, while
+/// leave the thread asleep but for its safety look (10 s by default), while
 /// every one of them is sent to the other handle. (With inotify on the WAL
 /// each of them woke it: inotify cannot tell whose write it reports.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +149,8 @@ async fn own_commits_do_not_wake_the_watcher() {
     let span = started.elapsed();
     let (sa, sb) = (a.wake_stats(), b.wake_stats());
     eprintln!("{commits} own commits in {span:?}: watcher wake-ups {woke}; a {sa:?}; b {sb:?}");
-    // One safety look per second at most, plus one for the second begun.
+    // At most one safety look per second (it is every 10 s by default),
+    // plus one for the second begun.
     let allowed = span.as_secs() + 2;
     assert!(woke <= allowed, "the watcher woke {woke} times for {commits} of its own commits (allowed {allowed})");
     assert_eq!(sa.received, 0, "a received nothing: its commits are not sent to itself");

@@ -11,6 +11,8 @@
 //! that it was (one `unknown_committed` more, and the call's own effect in
 //! the store exactly once).
 
+mod jobs_common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,15 +36,16 @@ async fn quiet(seed: u64, worker: bool) -> Quiet {
     let sim = SimStore::new(SimOptions::new(seed));
     let settings = Settings { reaper_max_interval: Duration::from_secs(3600), ..Settings::default() };
     let node = Node::with_db(sim.connect() as Db, settings, Arc::new(Discard));
+    // The start-up writes (the pruner's first receipt clear, the first
+    // reaper pass) land before anything else, and before any fault is
+    // scripted.
+    jobs_common::sim_node_settled(&sim).await;
     let reg = if worker {
         let spec = WorkerSpec { worker_type: T.to_vec(), id: W.to_vec(), options_json: b"{}".to_vec(), timeout_s: 3600 };
         Some(node.register_worker(spec).await.expect("register"))
     } else {
         None
     };
-    // Let the start-up writes (the pruner's first receipt clear, the first
-    // reaper pass) land before any fault is scripted.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     Quiet { sim, node, _reg: reg }
 }
 
@@ -196,11 +199,13 @@ async fn a_failed_round_after_a_landed_commit_strands_no_job() {
     let sim = SimStore::new(SimOptions::new(7));
     let settings = Settings { reaper_max_interval: Duration::from_secs(3600), tx_retry_limit: 1, ..Settings::default() };
     let node = Node::with_db(sim.connect() as Db, settings, Arc::new(Discard));
+    // Settled before the registration: with one attempt per transaction,
+    // the reaper's first pass could otherwise fail on a conflict with it.
+    jobs_common::sim_node_settled(&sim).await;
     let spec = WorkerSpec { worker_type: T.to_vec(), id: W.to_vec(), options_json: b"{}".to_vec(), timeout_s: 3600 };
     let _reg = node.register_worker(spec).await.expect("register");
     let jobs = node.jobs();
     jobs.add(T, b"j", b"{}", 0).await.expect("add");
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let before = sim.stats();
     sim.inject_commit_fault(CommitFault::UnknownCommitted);
     let handle = jobs.accept(T, W, Duration::from_secs(5)).await.expect("the waiter gets the job");

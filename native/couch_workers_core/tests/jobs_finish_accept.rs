@@ -140,9 +140,9 @@ async fn a_landed_unknown_commit_answers_with_the_job_it_took() {
     let sim = SimStore::new(SimOptions::new(7));
     let settings = Settings { reaper_max_interval: Duration::from_secs(3600), ..Settings::default() };
     let node = Node::with_db(sim.connect() as Db, settings, Arc::new(Discard));
+    jobs_common::sim_node_settled(&sim).await;
     let spec = WorkerSpec { worker_type: T.to_vec(), id: b"w".to_vec(), options_json: b"{}".to_vec(), timeout_s: 3600 };
     let _reg = node.register_worker(spec).await.expect("register");
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let jobs = node.jobs();
     for id in [&b"a"[..], b"b", b"c"] {
         jobs.add(T, id, b"{}", 0).await.unwrap();

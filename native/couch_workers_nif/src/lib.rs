@@ -42,6 +42,13 @@ mod workers;
 
 use rustler::{Env, Term};
 
+/// The NIF's allocations (tasks, boxed answers, keys, records) go to
+/// mimalloc instead of the C library's malloc: per-thread free lists
+/// without glibc's arena locking (measured: bench/RESULTS.md, "Session 9:
+/// J2").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn load(env: Env, _info: Term) -> bool {
     log::install();
     // Resource types: each module registers its own.

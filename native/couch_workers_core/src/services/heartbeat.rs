@@ -130,7 +130,9 @@ impl Heartbeats {
         self.lock().clear();
     }
 
-    /// Renewal transaction runs begun so far.
+    /// Renewal transaction runs begun so far. Counted before each run,
+    /// so before its commit can fire a watch: the reaper tells by it that
+    /// a change of `health_vs` may be its own node's (see `reaper.rs`).
     pub(crate) fn transactions(&self) -> u64 {
         self.transactions.load(Ordering::Relaxed)
     }

@@ -78,6 +78,7 @@ use watch::WatchHub;
 pub use schema::FILE_NAME;
 pub use wake::WakeStats;
 pub use watch::{WakeCause, WatchTrace};
+pub use watch::SAFETY_LOOK;
 
 /// SQLite's `synchronous` setting for every connection of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -120,6 +121,14 @@ pub struct EmbeddedOptions {
     /// changed for 250 ms (default 4 ms): the first change after a quiet
     /// spell is seen within this, the following ones within `watch_poll`.
     pub watch_poll_idle: Duration,
+    /// With `wal_notify` running: the longest the watcher thread sleeps
+    /// between two looks at `data_version` (default
+    /// [`SAFETY_LOOK`], 10 s). Every handle of this code wakes the
+    /// others when it commits; this bounds how late a commit by a writer
+    /// that sends no wake-up (the `sqlite3` shell, an older build, a
+    /// process killed between its commit and its wake-up) fires a watch.
+    /// Each look is a wake-up of an otherwise idle thread.
+    pub safety_look: Duration,
     /// Idle read connections kept for read-mode transactions (default 4).
     pub read_pool: usize,
     /// A transaction older than this fails with `TooOld` (default 5 s,
@@ -137,6 +146,7 @@ impl EmbeddedOptions {
             wake_socket: true,
             watch_poll: Duration::from_millis(1),
             watch_poll_idle: Duration::from_millis(4),
+            safety_look: watch::SAFETY_LOOK,
             read_pool: 4,
             max_transaction_age: Duration::from_secs(5),
         }
@@ -202,7 +212,7 @@ impl EmbeddedStore {
             .map_err(|e| schema::io_error("cannot install the WAL hook", &e))?;
         let writer = Arc::new(tokio::sync::Mutex::new(writer));
         let hub = Arc::new(WatchHub::default());
-        let polling = watch::Polling { active: opts.watch_poll, idle: opts.watch_poll_idle };
+        let polling = watch::Polling { active: opts.watch_poll, idle: opts.watch_poll_idle, safety: opts.safety_look };
         let watcher = watch::spawn_watcher(hub.clone(), watch_conn, polling)
             .map_err(|e| StoreError::Io(format!("cannot start the watcher thread: {e}")))?;
         let checkpointer = match checkpoint::spawn_checkpointer(checkpoints.clone(), checkpoint_conn, writer.clone()) {

@@ -22,7 +22,8 @@
 //!
 //! A writer that sends nothing (the `sqlite3` shell, an older build, a
 //! crash between the commit and the send) is still seen by the watcher's
-//! once-a-second safety look (`watch.rs`).
+//! safety look (`watch.rs`; every `EmbeddedOptions::safety_look`, 10 s
+//! by default).
 
 use std::ffi::OsString;
 use std::io;

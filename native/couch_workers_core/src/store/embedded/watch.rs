@@ -19,9 +19,10 @@
 //!   and finds it moved. Only when `data_version` moved does it read
 //!   every watched key, in one read transaction, and fire the watches
 //!   whose value differs from the registered one. Between wake-ups it
-//!   sleeps, waking only every [`SAFETY_CHECK`]: the sweep of dropped
-//!   watches, and the last resort for a writer that sends no wake-up (the
-//!   `sqlite3` shell, an older build, a crash between commit and send);
+//!   sleeps, waking only every `safety_look` (default [`SAFETY_LOOK`]):
+//!   the sweep of dropped watches, and the last resort for a writer that
+//!   sends no wake-up (the `sqlite3` shell, an older build, a crash
+//!   between commit and send);
 //! * where this handle's wake socket could not be bound (`notify.rs`'s
 //!   fallback), when any process wrote the store's WAL (inotify): the
 //!   frames are written before the commit is visible, so it keeps asking
@@ -82,8 +83,12 @@ pub(crate) const SETTLE_FIRST: Duration = Duration::from_micros(50);
 pub(crate) const SETTLE_MAX_STEP: Duration = Duration::from_millis(4);
 
 /// With notifications (wake sockets or the WAL's), the longest sleep
-/// between looks.
-pub(crate) const SAFETY_CHECK: Duration = Duration::from_secs(1);
+/// between looks by default (`EmbeddedOptions::safety_look`). Every
+/// writer of this code sends a wake-up, so this look only bounds how late
+/// one that sends none is seen; on an idle node it was the watcher's
+/// main cost (one wake-up a second: bench/RESULTS.md, "Session 9: I1"),
+/// hence seconds, not one.
+pub const SAFETY_LOOK: Duration = Duration::from_secs(10);
 
 /// How often the watcher thread polls `PRAGMA data_version`.
 #[derive(Debug, Clone, Copy)]
@@ -92,6 +97,8 @@ pub(crate) struct Polling {
     pub(crate) active: Duration,
     /// After that.
     pub(crate) idle: Duration,
+    /// With notifications: the longest sleep between looks.
+    pub(crate) safety: Duration,
 }
 
 /// A new watch: the sender the transaction keeps, the future the caller gets.
@@ -358,7 +365,7 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
         let settling = settle_until.is_some_and(|t| Instant::now() < t);
         let sleep = |notified: bool| {
             if notified {
-                Sleep::Notified(if settling { settle_step } else { SAFETY_CHECK })
+                Sleep::Notified(if settling { settle_step } else { polling.safety })
             } else if last_change.elapsed() < ACTIVE_FOR {
                 Sleep::Poll(polling.active)
             } else {
