@@ -20,6 +20,7 @@
 //! | `jobs` | the job queue: records, indexes, `ops` (every job write), the accept dispatcher, subscriptions, sweeper, pruner (uses small helpers of `services`) |
 //! | `inspect` | operations' read side (worker types, workers, job pages) |
 //! | `node` | [`Node`]: one open store and the services of one Erlang VM; [`Registration`] |
+//! | `stage` | stage stamps for the bench's per-stage split of M2 and J3x (feature `stage-trace`; empty otherwise) |
 //! | `conformance`, `conformance_keyspace` | the test suites every store runs (feature `testkit`, for tests only) |
 //!
 //! A job change reaches a subscriber as: a write in `jobs::ops` changes the
@@ -39,6 +40,7 @@ pub mod services;
 pub mod jobs;
 pub mod inspect;
 pub mod node;
+pub mod stage;
 
 #[cfg(feature = "testkit")]
 pub mod conformance;

@@ -81,6 +81,7 @@ impl Notifier {
             Some(changes) => self.encode_delta(env, update, changes),
             None => self.encode_whole(env, update),
         });
+        couch_workers_core::stage::mark("membership_sent");
         sender.in_step = sent.is_ok();
     }
 

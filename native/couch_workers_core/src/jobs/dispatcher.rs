@@ -429,6 +429,7 @@ impl Dispatcher {
                     need_round = true;
                 }
                 Wake::Watch(fired) => {
+                    crate::stage::mark("dispatcher_woken");
                     need_round = true;
                     match fired {
                         Ok(()) => {
@@ -558,6 +559,7 @@ impl Dispatcher {
             }
         })
         .await;
+        crate::stage::mark("round_committed");
         let ((round, seen), info) = match outcome {
             Ok(done) => done,
             Err(e) => {

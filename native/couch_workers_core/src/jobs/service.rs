@@ -254,8 +254,11 @@ impl JobService {
         let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
         let ks = &self.shared.ks;
         let j = &job;
-        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await })
-            .await?
+        crate::stage::mark("add_task_runs");
+        let added = run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await })
+            .await;
+        crate::stage::mark("add_committed");
+        added?
     }
 
     /// [`JobService::add_many`] with every job's options.

@@ -136,6 +136,7 @@ impl MembershipWatcher {
                 _ = self.cancel.cancelled() => return,
                 fired = watch => match fired {
                     Ok(()) => {
+                        crate::stage::mark("membership_woken");
                         if at_limit > 0 {
                             at_limit = 0;
                             self.watch_limit.cleared();

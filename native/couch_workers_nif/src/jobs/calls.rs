@@ -32,6 +32,7 @@ fn add<'a>(
     opts: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
+    couch_workers_core::stage::mark("add_nif");
     let (job_type, id) = job_args(reference, job_type, id)?;
     let opts = opts_arg(opts)?;
     let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));

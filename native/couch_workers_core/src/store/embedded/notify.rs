@@ -178,6 +178,7 @@ mod linux {
                     match drain_socket(wake, &mut buf) {
                         Ok(0) => {}
                         Ok(n) => {
+                            crate::stage::mark("wake_received");
                             sources.peers.count_received(n);
                             hub.peer_committed();
                         }

@@ -178,6 +178,7 @@ impl Peers {
     /// One byte to every other handle's socket: called after each commit
     /// of this handle's write connection.
     pub(crate) fn wake_all(&self) {
+        crate::stage::mark("commit_visible");
         let mut list = self.lock();
         let due = match list.scanned {
             None => true,

@@ -414,6 +414,7 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
             continue;
         }
         let seen = Instant::now();
+        crate::stage::mark("watcher_reads");
         match read_values(conn, &keys) {
             Ok(values) => {
                 last_data_version = data_version;
@@ -486,6 +487,7 @@ fn fire_changed(
         }
     }
     if fired {
+        crate::stage::mark("watch_fired");
         st.trace = Some(trace(st.last_wal_event, st.last_peer_wake));
     }
 }
