@@ -157,7 +157,8 @@ pub async fn until_not_running(jobs: &JobService, t: &[u8], id: &[u8], within: D
 /// watches mean that no start-up write is still on its way. What the test
 /// writes next wakes only read-only passes (the reaper's look at a live
 /// worker), which no scripted commit fault can meet. Counts, not a sleep:
-/// a loaded machine only makes the wait longer.
+/// a loaded machine only makes the wait longer. A new service that
+/// sleeps on a watch must raise `SERVICES`, or this waits too little.
 pub async fn sim_node_settled(sim: &couch_workers_core::store::sim::SimStore) {
     const SERVICES: usize = 4;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
