@@ -68,7 +68,7 @@ stop(_State) ->
 %% (`couch_workers_config': the app env, or CouchDB's ini files).
 -spec node_config() -> {ok, map()} | {error, {badconfig, term()}}.
 node_config() ->
-    Keys = [store, runtime_threads, reaper_max_interval_ms, tx_timeout_ms],
+    Keys = [store, runtime_threads, reaper_max_interval_ms, tx_timeout_ms, embedded_safety_look_ms],
     node_config(Keys, #{}).
 
 node_config([], Config) ->

@@ -25,6 +25,7 @@
     | runtime_threads
     | reaper_max_interval_ms
     | tx_timeout_ms
+    | embedded_safety_look_ms
     | job_keep_s
     | retry_backoff_base_ms
     | retry_backoff_max_ms.
@@ -39,6 +40,7 @@ keys() ->
         {runtime_threads, pos_integer, 2},
         {reaper_max_interval_ms, pos_integer, 500},
         {tx_timeout_ms, pos_integer, 5000},
+        {embedded_safety_look_ms, pos_integer, 10000},
         %% Read at each call that uses them (job_add, job_fail), not only
         %% at start.
         {job_keep_s, keep, infinity},

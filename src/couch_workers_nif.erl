@@ -24,6 +24,8 @@
 %%
 %% ```
 %% start(Ref, Config)               -> ok | {error, already_started | stopping | {badconfig, Key} | runtime_failed}
+%%     Config = #{store, runtime_threads, reaper_max_interval_ms, tx_timeout_ms, embedded_safety_look_ms}
+%%     (each optional; embedded_safety_look_ms =< 86400000; README "Configuration")
 %%                                       then {Ref, ok | {error, Name}}   (Name: the store's error, e.g. store_io)
 %% stop(Ref)                        -> ok | {error, not_started | starting | stopping}
 %%                                       then {Ref, ok}   (after every task of the node ended)

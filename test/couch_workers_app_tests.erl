@@ -228,10 +228,24 @@ bad_store_config_fails_start(#{dir := Dir}) ->
         ?assertMatch(
             {error, {{node_start_failed, {badconfig, tx_timeout_ms}}, _}}, application:start(couch_workers)
         ),
+        ok = application:set_env(couch_workers, tx_timeout_ms, 5000),
+        %% The NIF checks the range (a day at most: no deadline computed
+        %% from it can overflow).
+        lists:foreach(
+            fun(Bad) ->
+                ok = application:set_env(couch_workers, embedded_safety_look_ms, Bad),
+                ?assertMatch(
+                    {error, {{node_start_failed, {badconfig, embedded_safety_look_ms}}, _}},
+                    application:start(couch_workers)
+                )
+            end,
+            [0, 86400001, ten_seconds]
+        ),
         ?assertMatch(#{running := false, reapers := 0}, couch_workers:stats())
     after
         ok = application:set_env(couch_workers, store, {embedded, Dir}),
-        ok = application:set_env(couch_workers, tx_timeout_ms, 5000)
+        ok = application:set_env(couch_workers, tx_timeout_ms, 5000),
+        ok = application:unset_env(couch_workers, embedded_safety_look_ms)
     end,
     %% A failed start leaves nothing behind: a good one works.
     ok = application:start(couch_workers),

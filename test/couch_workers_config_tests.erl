@@ -38,6 +38,7 @@ config_test_() ->
             fun the_ini_example_holds_every_key_with_its_type/0,
             fun the_app_starts_on_the_store_the_ini_names/0,
             fun a_bad_ini_value_names_its_key/0,
+            fun the_node_config_carries_every_node_key/0,
             fun the_sys_config_example_holds_every_key/0
         ]}.
 
@@ -74,7 +75,8 @@ the_ini_example_holds_every_key_with_its_type() ->
     ?assertEqual({ok, {embedded, "./data/couch_workers"}}, couch_workers_config:get(store)),
     ?assertEqual({ok, 2}, couch_workers_config:get(runtime_threads)),
     ?assertEqual({ok, 500}, couch_workers_config:get(reaper_max_interval_ms)),
-    ?assertEqual({ok, 5000}, couch_workers_config:get(tx_timeout_ms)).
+    ?assertEqual({ok, 5000}, couch_workers_config:get(tx_timeout_ms)),
+    ?assertEqual({ok, 10000}, couch_workers_config:get(embedded_safety_look_ms)).
 
 %% The ini's store wins over an app env store that could not even open.
 the_app_starts_on_the_store_the_ini_names() ->
@@ -116,6 +118,28 @@ a_bad_ini_value_names_its_key() ->
     ?assertEqual({ok, {fdb, "/etc/foundationdb/fdb.cluster"}},
                  couch_workers_config:parse(store, "fdb:/etc/foundationdb/fdb.cluster")),
     ?assertEqual({ok, {embedded, "couch_workers_data"}}, couch_workers_config:parse(store, "embedded")).
+
+%% What the NIF's start/2 is given: the settings it reads, the ini's
+%% value over the app env's, and a valid safety look starts a node.
+the_node_config_carries_every_node_key() ->
+    Dir = couch_workers_test_util:tmp_dir(),
+    ok = application:set_env(couch_workers, config_module, ?STANDIN),
+    ok = application:set_env(couch_workers, store, {embedded, Dir}),
+    ok = application:set_env(couch_workers, embedded_safety_look_ms, 2500),
+    ?assertMatch(
+        {ok, #{embedded_safety_look_ms := 2500, tx_timeout_ms := 5000, reaper_max_interval_ms := 500,
+               runtime_threads := 2, store := _}},
+        couch_workers_app:node_config()
+    ),
+    ok = ?STANDIN:set("couch_workers", "embedded_safety_look_ms", "86400000"),
+    ?assertMatch({ok, #{embedded_safety_look_ms := 86400000}}, couch_workers_app:node_config()),
+    try
+        {ok, _} = application:ensure_all_started(couch_workers),
+        ?assertMatch(#{running := true}, couch_workers:stats())
+    after
+        _ = application:stop(couch_workers),
+        _ = file:del_dir_r(Dir)
+    end.
 
 %% erlang/sys.config (what `rebar3 shell' starts with, and the README's
 %% sys.config example) sets documented keys only, to values the app takes.

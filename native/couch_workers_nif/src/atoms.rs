@@ -24,6 +24,7 @@ rustler::atoms! {
     runtime_threads,
     reaper_max_interval_ms,
     tx_timeout_ms,
+    embedded_safety_look_ms,
     // stats keys
     running,
     heartbeats,

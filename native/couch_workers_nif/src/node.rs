@@ -7,7 +7,9 @@
 //! `Config` is a map; every key is optional:
 //! `store => {embedded, DirBinary} | {fdb, ClusterFileBinary}`,
 //! `runtime_threads => 1..256`, `reaper_max_interval_ms => pos_integer()`,
-//! `tx_timeout_ms => pos_integer()`.
+//! `tx_timeout_ms => pos_integer()`,
+//! `embedded_safety_look_ms => 1..`[`MAX_SAFETY_LOOK_MS`] (the embedded
+//! store's `EmbeddedOptions::safety_look`; ignored by the FDB store).
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -15,7 +17,7 @@ use std::time::Duration;
 
 use couch_workers_core::log::Logger;
 use couch_workers_core::log_event;
-use couch_workers_core::store::embedded::EmbeddedOptions;
+use couch_workers_core::store::embedded::{EmbeddedOptions, SAFETY_LOOK};
 use couch_workers_core::store::StoreConfig;
 use couch_workers_core::{Node, Settings};
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, Term};
@@ -25,6 +27,10 @@ use crate::reply::{self, Replier};
 use crate::runtime::{self, DEFAULT_THREADS, MAX_THREADS};
 use crate::stats;
 use crate::term::{bytes_arg, error_tuple};
+
+/// The longest safety look accepted: a day. Far beyond any useful value,
+/// and small enough that no deadline computed from it can overflow.
+const MAX_SAFETY_LOOK_MS: u64 = 86_400_000;
 
 /// What `start/2` was given, checked.
 struct Config {
@@ -42,12 +48,20 @@ fn decode_config<'a>(env: Env<'a>, term: Term<'a>) -> Result<Config, Term<'a>> {
     if !term.is_map() {
         return Err(badconfig(env, atoms::store()));
     }
+    let safety_look_ms = positive(term, atoms::embedded_safety_look_ms(), SAFETY_LOOK.as_millis() as u64)
+        .filter(|ms| *ms <= MAX_SAFETY_LOOK_MS)
+        .ok_or_else(|| badconfig(env, atoms::embedded_safety_look_ms()))?;
+    let embedded = |dir: PathBuf| {
+        let mut opts = EmbeddedOptions::new(dir);
+        opts.safety_look = Duration::from_millis(safety_look_ms);
+        StoreConfig::Embedded(opts)
+    };
     let store = match term.map_get(atoms::store()) {
-        Err(_) => StoreConfig::Embedded(EmbeddedOptions::new(PathBuf::from("couch_workers_data"))),
+        Err(_) => embedded(PathBuf::from("couch_workers_data")),
         Ok(t) => match t.decode::<(rustler::Atom, Term)>() {
             Ok((kind, path)) if kind == atoms::embedded() => {
                 let dir = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
-                StoreConfig::Embedded(EmbeddedOptions::new(dir))
+                embedded(dir)
             }
             Ok((kind, path)) if kind == atoms::fdb() => {
                 let cluster_file = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
