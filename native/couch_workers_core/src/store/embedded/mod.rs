@@ -19,8 +19,8 @@
 //! | `group.rs` | group commit of this process's queued writers; a joining writer's savepoint |
 //! | `transaction/` | [`Transaction`](crate::store::Transaction): read and write modes (`mod.rs`), writes (`write.rs`), commit (`commit.rs`), versions (`version.rs`) |
 //! | `watch.rs` | watch registry and the `cw-embed-watch` thread |
+//! | `wait.rs` | what that thread sleeps on: its bell, wake-ups from other handles (or, as a fallback, inotify on the WAL), in one `ppoll` |
 //! | `wake.rs` | post-commit wake-ups: this handle's socket in `wake/`, and the sends to the other handles' |
-//! | `notify.rs` | the `cw-embed-notify` thread: wake-ups from other handles (or, as a fallback, inotify on the WAL) ring the watcher |
 //! | `checkpoint.rs` | WAL checkpoints: the `cw-embed-ckpt` thread |
 //! | `pool.rs` | pooled read connections |
 //!
@@ -57,11 +57,11 @@ mod fair;
 mod group;
 mod holders;
 // Also the sim store's versionstamp and ADD formats.
-mod notify;
 mod pool;
 mod schema;
 mod transaction;
 mod unreadable;
+mod wait;
 mod wake;
 mod watch;
 
@@ -69,7 +69,6 @@ use checkpoint::CheckpointSignal;
 use clock::Clock;
 use fair::WaitSignal;
 use group::GroupCommit;
-use notify::Notifier;
 use pool::ReadPool;
 use transaction::EmbeddedTransaction;
 use wake::{Peers, WakeSocket};
@@ -178,10 +177,8 @@ pub struct EmbeddedStore {
     shared: Arc<Shared>,
     opts: EmbeddedOptions,
     path: PathBuf,
-    /// The watcher, notify and checkpoint threads, joined by `close`.
+    /// The watcher and checkpoint threads, joined by `close`.
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Stops the notify thread (`None`: the watcher polls).
-    notifier: Option<Notifier>,
     /// This handle's wake socket: its file goes at `close`.
     wake: Mutex<Option<Arc<WakeSocket>>>,
     listening: bool,
@@ -211,9 +208,18 @@ impl EmbeddedStore {
         checkpoint::install_hook(&mut writer, checkpoints.clone(), move || sender.wake_all())
             .map_err(|e| schema::io_error("cannot install the WAL hook", &e))?;
         let writer = Arc::new(tokio::sync::Mutex::new(writer));
-        let hub = Arc::new(WatchHub::default());
+        let hub = Arc::new(WatchHub::new().map_err(|e| StoreError::Io(format!("cannot create the watcher's eventfd: {e}")))?);
         let polling = watch::Polling { active: opts.watch_poll, idle: opts.watch_poll_idle, safety: opts.safety_look };
-        let watcher = watch::spawn_watcher(hub.clone(), watch_conn, polling)
+        let sources = opts.wal_notify.then(|| wait::Sources {
+            wake: wake.clone(),
+            peers: peers.clone(),
+            wal_name: format!("{FILE_NAME}-wal"),
+        });
+        let waiter = wait::Waiter::new(&opts.dir, sources, hub.bell());
+        // Nothing would read the socket: let its file go (others then
+        // stop sending to it).
+        let wake = if waiter.notified() { wake } else { None };
+        let watcher = watch::spawn_watcher(hub.clone(), watch_conn, polling, waiter)
             .map_err(|e| StoreError::Io(format!("cannot start the watcher thread: {e}")))?;
         let checkpointer = match checkpoint::spawn_checkpointer(checkpoints.clone(), checkpoint_conn, writer.clone()) {
             Ok(handle) => handle,
@@ -223,20 +229,7 @@ impl EmbeddedStore {
                 return Err(StoreError::Io(format!("cannot start the checkpoint thread: {e}")));
             }
         };
-        let mut threads = vec![watcher, checkpointer];
-        let notifier = if opts.wal_notify {
-            let sources = notify::Sources { wake: wake.clone(), peers: peers.clone(), wal_name: format!("{FILE_NAME}-wal") };
-            notify::spawn(&opts.dir, sources, hub.clone()).map(|(notifier, handle)| {
-                hub.set_notified(true);
-                threads.push(handle);
-                notifier
-            })
-        } else {
-            None
-        };
-        // Nothing would read the socket: let its file go (others then
-        // stop sending to it).
-        let wake = if notifier.is_some() { wake } else { None };
+        let threads = vec![watcher, checkpointer];
         let listening = wake.is_some();
         let shared = Arc::new(Shared {
             clock,
@@ -254,7 +247,6 @@ impl EmbeddedStore {
             opts,
             path,
             threads: Mutex::new(threads),
-            notifier,
             wake: Mutex::new(wake),
             listening,
             peers,
@@ -369,14 +361,11 @@ impl Database for EmbeddedStore {
         }
         self.shared.watches.close();
         self.shared.checkpoints.close();
-        if let Some(notifier) = &self.notifier {
-            notifier.stop();
-        }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
         for handle in threads {
             let _ = handle.join();
         }
-        // The notify thread's copy is gone: this removes the socket's file.
+        // The watcher thread's copy is gone: this removes the socket's file.
         drop(self.wake.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
         self.shared.readers.clear();
     }
@@ -389,7 +378,7 @@ impl Drop for EmbeddedStore {
 }
 
 /// Binds this handle's wake socket; `None` (logged) where the directory
-/// refuses it: the store then works without it (`notify.rs`'s fallback).
+/// refuses it: the store then works without it (`wait.rs`'s fallback).
 fn bind_wake_socket(dir: &Path) -> Option<Arc<WakeSocket>> {
     match WakeSocket::bind(dir) {
         Ok(socket) => Some(Arc::new(socket)),

@@ -6,13 +6,13 @@
 //! commit is visible to every other connection and the write lock is
 //! released; one per group commit, not per member) a handle sends one byte
 //! to every *other* handle's socket ([`Peers::wake_all`]). The receiver's
-//! `cw-embed-notify` thread (`notify.rs`) then rings its watcher thread,
-//! which looks at `data_version` once and finds the commit: no settle
-//! window, and no handle is woken by its own commits.
+//! watcher thread, which polls the socket itself (`wait.rs`), then looks
+//! at `data_version` once and finds the commit: no settle window, and no
+//! handle is woken by its own commits.
 //!
 //! The list of peers is read from the directory and kept with a connected
 //! socket per peer; it is read again when the directory changes (inotify
-//! on `DIR/wake`, `notify.rs`), or, without inotify, at most once a second.
+//! on `DIR/wake`, `wait.rs`), or, without inotify, at most once a second.
 //! A send that finds its peer gone (`ECONNREFUSED`: the socket was closed,
 //! by a clean close or a `kill -9`) drops the peer and removes its file;
 //! the scan does the same for the files that no live socket is bound to,
@@ -54,7 +54,7 @@ pub(crate) struct WakeSocket {
 
 impl WakeSocket {
     /// Creates `store_dir/wake` if needed and binds a new socket in it
-    /// (non-blocking: the notify thread polls it).
+    /// (non-blocking: the watcher thread polls it).
     pub(crate) fn bind(store_dir: &Path) -> io::Result<WakeSocket> {
         let dir = store_dir.join(DIR_NAME);
         match std::fs::create_dir(&dir) {
@@ -130,7 +130,7 @@ pub(crate) struct Peers {
     /// This handle's own socket file, never sent to.
     own: Option<OsString>,
     list: Mutex<PeerList>,
-    /// The directory changed since the last scan (set by `notify.rs`).
+    /// The directory changed since the last scan (set by `wait.rs`).
     stale: AtomicBool,
     /// inotify watches the directory: no timed rescans needed.
     watched: AtomicBool,

@@ -12,8 +12,8 @@
 //!   key leaves the thread asleep (waking it for every commit cost a third
 //!   of the raw commit rate);
 //! * when another handle of the store (another node of the host, the CLI)
-//!   committed: its post-commit wake-up (`wake.rs`, received by
-//!   `notify.rs`) comes once the commit is visible, so the thread asks its
+//!   committed: its post-commit wake-up (`wake.rs`, which the thread
+//!   itself receives: `wait.rs`) comes once the commit is visible, so the thread asks its
 //!   own connection for `PRAGMA data_version` (which changes when any
 //!   other connection, of this or another process, has committed) once
 //!   and finds it moved. Only when `data_version` moved does it read
@@ -23,7 +23,7 @@
 //!   the sweep of dropped watches, and the last resort for a writer that
 //!   sends no wake-up (the `sqlite3` shell, an older build, a crash
 //!   between commit and send);
-//! * where this handle's wake socket could not be bound (`notify.rs`'s
+//! * where this handle's wake socket could not be bound (`wait.rs`'s
 //!   fallback), when any process wrote the store's WAL (inotify): the
 //!   frames are written before the commit is visible, so it keeps asking
 //!   for [`SETTLE`] after the last such write, first after
@@ -34,8 +34,13 @@
 //!   `watch_poll` instead, and every `watch_poll_idle` after [`ACTIVE_FOR`]
 //!   without any change, until the next change.
 //!
+//! The thread sleeps in one `ppoll(2)` (`wait.rs`) on all of these: local
+//! reasons ring its bell (an eventfd), other handles' wake-ups come on its
+//! own wake socket, and the timeout is the next look's.
+//!
 //! With no watch registered the thread sleeps until one is (no polling at
-//! all). One poll costs a few µs (three syscalls: the WAL-index read lock
+//! all; wake-ups from other handles are still read, and need no look).
+//! One poll costs a few µs (three syscalls: the WAL-index read lock
 //! taken and dropped, an fstat) plus a timed wake-up (`tests/embedded_perf.rs`
 //! measures the thread's CPU with a pending watch and no commits; figures
 //! in `bench/RESULTS.md`).
@@ -44,7 +49,7 @@
 //! `close` fails every pending watch with [`StoreError::Closed`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -52,6 +57,7 @@ use rusqlite::{Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::schema;
+use super::wait::{Bell, Waiter, Woken};
 use crate::store::{StoreError, Watch};
 
 /// What a committed transaction wrote, for [`WatchHub::notify_commit`].
@@ -131,8 +137,6 @@ struct HubState {
     wal_written: bool,
     /// Another handle committed since the thread last looked.
     peer_woken: bool,
-    /// Notifications are running (`notify.rs`): no polling needed.
-    notified: bool,
     closed: bool,
     /// When the WAL notifier last reported a write (for [`WatchTrace`]).
     last_wal_event: Option<Instant>,
@@ -153,7 +157,7 @@ pub struct WatchTrace {
     /// the wake-up; `None` without WAL notifications (the fallback).
     pub wal_event: Option<Instant>,
     /// The last post-commit wake-up from another handle before this
-    /// wake-up (`notify.rs` received it); `None` if none came yet.
+    /// wake-up (the watcher thread received it); `None` if none came yet.
     pub peer_wake: Option<Instant>,
     /// The thread found `data_version` moved (or was woken by a local
     /// commit or a registration): it is about to read the watched keys.
@@ -186,13 +190,23 @@ pub enum WakeCause {
 }
 
 /// The watches of one store, shared by its transactions and its thread.
-#[derive(Default)]
 pub(crate) struct WatchHub {
     state: Mutex<HubState>,
-    wake: Condvar,
+    /// Rung (after the state's lock is released) when the thread has to
+    /// look at the state.
+    bell: Arc<Bell>,
 }
 
 impl WatchHub {
+    pub(crate) fn new() -> std::io::Result<WatchHub> {
+        Ok(WatchHub { state: Mutex::default(), bell: Arc::new(Bell::new()?) })
+    }
+
+    /// The bell, for the watcher thread's [`Waiter`].
+    pub(crate) fn bell(&self) -> Arc<Bell> {
+        self.bell.clone()
+    }
+
     fn lock(&self) -> MutexGuard<'_, HubState> {
         // A panic while holding this lock leaves consistent data (plain
         // inserts and removals): keep going rather than propagate poison.
@@ -210,7 +224,8 @@ impl WatchHub {
         st.next_seq += 1;
         st.watches.entry(key).or_default().push(Entry { expected, seq, tx });
         st.dirty = true;
-        self.wake.notify_one();
+        drop(st);
+        self.bell.ring();
     }
 
     /// A transaction of this store committed `written`: check now if it
@@ -227,44 +242,31 @@ impl WatchHub {
         });
         if touched {
             st.dirty = true;
-            self.wake.notify_one();
+            drop(st);
+            self.bell.ring();
         }
     }
 
-    /// Another handle committed: its commit is visible (from
-    /// `cw-embed-notify`, on a wake-up from `wake.rs`).
-    pub(crate) fn peer_committed(&self) {
-        let mut st = self.lock();
-        st.last_peer_wake = Some(Instant::now());
-        if st.closed || st.watches.is_empty() || st.peer_woken {
+    /// What the watcher thread's wait brought (it records it itself): a
+    /// wake-up from another handle (its commit is visible), a write of the
+    /// WAL (fallback). Only with watches pending is it a reason to look.
+    fn woken(&self, woken: Woken) {
+        if !woken.peer && !woken.wal {
             return;
         }
-        st.peer_woken = true;
-        self.wake.notify_one();
-    }
-
-    /// Some process wrote the store's WAL (from `cw-embed-notify`'s
-    /// fallback).
-    pub(crate) fn wal_written(&self) {
         let mut st = self.lock();
-        st.last_wal_event = Some(Instant::now());
-        if st.closed || st.watches.is_empty() || st.wal_written {
+        let now = Instant::now();
+        if woken.peer {
+            st.last_peer_wake = Some(now);
+        }
+        if woken.wal {
+            st.last_wal_event = Some(now);
+        }
+        if st.closed || st.watches.is_empty() {
             return;
         }
-        st.wal_written = true;
-        self.wake.notify_one();
-    }
-
-    /// Notifications started (`true`) or stopped working (`false`: the
-    /// thread polls from then on).
-    pub(crate) fn set_notified(&self, on: bool) {
-        let mut st = self.lock();
-        st.notified = on;
-        self.wake.notify_one();
-    }
-
-    pub(crate) fn is_closed(&self) -> bool {
-        self.lock().closed
+        st.peer_woken |= woken.peer;
+        st.wal_written |= woken.wal;
     }
 
     /// Fails every pending watch with `Closed`, refuses new ones, and
@@ -277,7 +279,8 @@ impl WatchHub {
                 let _ = entry.tx.send(Err(StoreError::Closed));
             }
         }
-        self.wake.notify_all();
+        drop(st);
+        self.bell.ring();
     }
 
     /// The stages of the last wake-up that fired a watch.
@@ -292,11 +295,17 @@ impl WatchHub {
     }
 }
 
-/// Starts the watcher thread of a store, on its own connection.
-pub(crate) fn spawn_watcher(hub: Arc<WatchHub>, conn: Connection, poll: Polling) -> std::io::Result<JoinHandle<()>> {
+/// Starts the watcher thread of a store, on its own connection, waiting
+/// on `waiter` (made with the hub's bell).
+pub(crate) fn spawn_watcher(
+    hub: Arc<WatchHub>,
+    conn: Connection,
+    poll: Polling,
+    mut waiter: Waiter,
+) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("cw-embed-watch".into())
-        .spawn(move || watcher_loop(&hub, &conn, poll))
+        .spawn(move || watcher_loop(&hub, &conn, poll, &mut waiter))
 }
 
 /// What one wake-up of the thread should do.
@@ -308,38 +317,36 @@ enum Wake {
     Check { dirty: bool, wal: bool, peer: bool },
 }
 
-/// How long the thread may sleep before its next look.
-#[derive(Clone, Copy)]
-enum Sleep {
-    /// Polling (no WAL notifications): this long.
-    Poll(Duration),
-    /// Notifications on: this long if notifications stay on.
-    Notified(Duration),
-}
-
-fn wait_for_work(hub: &WatchHub, sleep: impl Fn(bool) -> Sleep, last_purge: &mut Instant) -> Wake {
-    let mut st = hub.lock();
-    loop {
-        if st.closed {
-            return Wake::Stop;
-        }
-        if st.dirty || st.wal_written || st.peer_woken {
-            break;
-        }
-        if st.watches.is_empty() {
-            // Idle: nothing to poll for until a registration wakes us.
-            st = hub.wake.wait(st).unwrap_or_else(|p| p.into_inner());
-            continue;
-        }
-        let poll = match sleep(st.notified) {
-            Sleep::Poll(d) | Sleep::Notified(d) => d,
+/// Sleeps until there is something to look at: a flag set (a ring of the
+/// bell, or what the wait brought), or the next look's time. `sleep` gives
+/// that time's distance (given whether notifications run); it is fixed at
+/// the first pass, so wake-ups that bring nothing to look at (a peer list
+/// change, a wake-up with no watch pending) do not postpone the look.
+fn wait_for_work(hub: &WatchHub, waiter: &mut Waiter, sleep: impl Fn(bool) -> Duration, last_purge: &mut Instant) -> Wake {
+    let mut deadline: Option<Instant> = None;
+    let mut st = loop {
+        let due = {
+            let st = hub.lock();
+            if st.closed {
+                return Wake::Stop;
+            }
+            if st.dirty || st.wal_written || st.peer_woken {
+                break st;
+            }
+            if st.watches.is_empty() {
+                // Idle: nothing to poll for until a registration rings.
+                None
+            } else {
+                let due = *deadline.get_or_insert_with(|| Instant::now() + sleep(waiter.notified()));
+                if Instant::now() >= due {
+                    break st;
+                }
+                Some(due)
+            }
         };
-        let (guard, timeout) = hub.wake.wait_timeout(st, poll).unwrap_or_else(|p| p.into_inner());
-        st = guard;
-        if timeout.timed_out() {
-            break;
-        }
-    }
+        let woken = waiter.wait(due);
+        hub.woken(woken);
+    };
     let dirty = std::mem::take(&mut st.dirty);
     let wal = std::mem::take(&mut st.wal_written);
     let peer = std::mem::take(&mut st.peer_woken);
@@ -353,7 +360,7 @@ fn wait_for_work(hub: &WatchHub, sleep: impl Fn(bool) -> Sleep, last_purge: &mut
     Wake::Check { dirty, wal, peer }
 }
 
-fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
+fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling, waiter: &mut Waiter) {
     let mut last_data_version: Option<i64> = None;
     let mut last_purge = Instant::now();
     let mut last_change = Instant::now();
@@ -365,14 +372,18 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling) {
         let settling = settle_until.is_some_and(|t| Instant::now() < t);
         let sleep = |notified: bool| {
             if notified {
-                Sleep::Notified(if settling { settle_step } else { polling.safety })
+                if settling {
+                    settle_step
+                } else {
+                    polling.safety
+                }
             } else if last_change.elapsed() < ACTIVE_FOR {
-                Sleep::Poll(polling.active)
+                polling.active
             } else {
-                Sleep::Poll(polling.idle.max(polling.active))
+                polling.idle.max(polling.active)
             }
         };
-        let (dirty, cause) = match wait_for_work(hub, sleep, &mut last_purge) {
+        let (dirty, cause) = match wait_for_work(hub, waiter, sleep, &mut last_purge) {
             Wake::Stop => return,
             Wake::Check { dirty, wal, peer } => {
                 let cause = if dirty {

@@ -1,0 +1,472 @@
+//! What the store's one watcher thread, `cw-embed-watch` (`watch.rs`),
+//! sleeps on. On Linux, one `ppoll(2)` on
+//!
+//! * its [`Bell`], an eventfd: rung by this handle for a local reason to
+//!   look (a commit that wrote a watched key, a new registration) and by
+//!   `close`;
+//! * the handle's wake socket (`wake.rs`): another handle committed, and
+//!   its commit is visible: the watcher looks at `data_version` once;
+//! * an inotify descriptor watching `DIR/wake`: a handle opened or closed,
+//!   so the list of peers this handle sends to is read again before its
+//!   next send;
+//! * only where the wake socket could not be bound (a read-only or full
+//!   directory, a path too long for a socket): inotify on the WAL file, as
+//!   before the wake sockets. Every write of the WAL by any process (this
+//!   one's included) starts a settle window of looks at `data_version`
+//!   (the frames are written before the commit is visible; see
+//!   `watch.rs`), and the descriptor is left out of the poll for
+//!   [`COALESCE`] after each such event, so that a stream of writes wakes
+//!   the thread at most ~1,000 times a second (the window's own looks go
+//!   on meanwhile);
+//!
+//! with the timeout of the watcher's schedule (safety look, settle steps,
+//! polling). The wake-up of another process's commit thus reaches the
+//! thread that reads the watched keys directly: until session 10 a second
+//! thread (`cw-embed-notify`) received it and rang the watcher through a
+//! condition variable, one more thread hand-off on every cross-node wake-up
+//! (bench/RESULTS.md, "Session 10").
+//!
+//! Either way a quiet store costs nothing: nothing wakes the thread while
+//! no process writes. Without a socket or inotify (not Linux, or
+//! `wal_notify` off) it waits on the bell alone (a condition variable off
+//! Linux) and the watcher polls.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::wake::{Peers, WakeSocket};
+
+/// How long the WAL's inotify descriptor stays out of the poll after each
+/// of its events (fallback only).
+pub(crate) const COALESCE: Duration = Duration::from_millis(1);
+
+/// What the watcher listens to besides its bell (with `wal_notify`).
+pub(crate) struct Sources {
+    /// This handle's wake socket (`None`: it could not be bound; the WAL
+    /// fallback runs instead).
+    pub(crate) wake: Option<Arc<WakeSocket>>,
+    /// The peer list to mark stale when `DIR/wake` changes.
+    pub(crate) peers: Arc<Peers>,
+    /// The WAL file's name, for the fallback.
+    pub(crate) wal_name: String,
+}
+
+/// What came during one [`Waiter::wait`] (nothing: the bell rang, the
+/// deadline passed, or an event that needs no look, such as a peer list
+/// change).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Woken {
+    /// Another handle's post-commit wake-up.
+    pub(crate) peer: bool,
+    /// A write of the WAL (fallback).
+    pub(crate) wal: bool,
+}
+
+/// The watcher's doorbell for this handle's own reasons to look. Level
+/// triggered: a ring that comes between the watcher's check of its flags
+/// and its wait makes the wait return at once, so none is lost.
+pub(crate) struct Bell {
+    #[cfg(target_os = "linux")]
+    fd: std::os::fd::OwnedFd,
+    #[cfg(not(target_os = "linux"))]
+    rung: (std::sync::Mutex<bool>, std::sync::Condvar),
+}
+
+impl Bell {
+    pub(crate) fn new() -> std::io::Result<Bell> {
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: a plain syscall with constant flags.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            linux::owned(fd).map(|fd| Bell { fd }).ok_or_else(std::io::Error::last_os_error)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            Ok(Bell { rung: Default::default() })
+        }
+    }
+
+    /// Wakes the watcher (or makes its next wait return at once).
+    pub(crate) fn ring(&self) {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to an eventfd we own.
+            // It fails only when the counter is near u64::MAX: rung anyway.
+            let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let mut rung = self.rung.0.lock().unwrap_or_else(|p| p.into_inner());
+            *rung = true;
+            self.rung.1.notify_one();
+        }
+    }
+}
+
+/// The watcher thread's side: its bell and, while they work, its sources.
+pub(crate) struct Waiter {
+    bell: Arc<Bell>,
+    #[cfg(target_os = "linux")]
+    listen: Option<linux::Listen>,
+}
+
+impl Waiter {
+    /// The waiter of the store in `dir`: the bell alone without `sources`
+    /// (or where none of them can start: the watcher then polls).
+    pub(crate) fn new(dir: &Path, sources: Option<Sources>, bell: Arc<Bell>) -> Waiter {
+        #[cfg(target_os = "linux")]
+        {
+            let listen = sources.and_then(|s| linux::Listen::new(dir, s));
+            Waiter { bell, listen }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (dir, sources);
+            Waiter { bell }
+        }
+    }
+
+    /// Notifications run: other handles' commits wake the thread, which
+    /// needs no polling.
+    pub(crate) fn notified(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            self.listen.is_some()
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            false
+        }
+    }
+
+    /// Sleeps until the bell rings, a source has news, or `deadline`
+    /// (`None`: no deadline). May return early with nothing.
+    pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Woken {
+        #[cfg(target_os = "linux")]
+        {
+            linux::wait(&self.bell, &mut self.listen, deadline)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let (lock, cvar) = &self.bell.rung;
+            let mut rung = lock.lock().unwrap_or_else(|p| p.into_inner());
+            while !*rung {
+                match deadline {
+                    None => rung = cvar.wait(rung).unwrap_or_else(|p| p.into_inner()),
+                    Some(d) => {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        rung = cvar.wait_timeout(rung, left).unwrap_or_else(|p| p.into_inner()).0;
+                    }
+                }
+            }
+            *rung = false;
+            Woken::default()
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::{Bell, Sources, Woken, COALESCE};
+    use crate::store::embedded::wake::{self, Peers, WakeSocket};
+
+    pub(super) fn owned(fd: libc::c_int) -> Option<OwnedFd> {
+        // SAFETY: a descriptor just returned by the kernel, owned by nobody else.
+        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The inotify descriptor and what its watches are.
+    struct Inotify {
+        fd: OwnedFd,
+        /// The watch on `DIR/wake` (peers come and go).
+        wake_dir: Option<libc::c_int>,
+        /// The watch on `DIR` for the WAL (fallback only), and its name.
+        wal: Option<(libc::c_int, Vec<u8>)>,
+    }
+
+    fn add_watch(fd: &OwnedFd, dir: &Path, mask: u32) -> Option<libc::c_int> {
+        let dir_c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+        // SAFETY: a NUL-terminated path and a descriptor we own.
+        let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), dir_c.as_ptr(), mask) };
+        (wd >= 0).then_some(wd)
+    }
+
+    fn inotify(dir: &Path, sources: &Sources) -> Option<Inotify> {
+        // SAFETY: a plain syscall with constant flags.
+        let fd = owned(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
+        if sources.wake.is_some() {
+            let mask = libc::IN_CREATE | libc::IN_DELETE | libc::IN_MOVED_TO | libc::IN_MOVED_FROM;
+            let wake_dir = add_watch(&fd, &dir.join(wake::DIR_NAME), mask)?;
+            Some(Inotify { fd, wake_dir: Some(wake_dir), wal: None })
+        } else {
+            // The directory, not the WAL file: SQLite deletes and recreates
+            // the WAL (when the last connection of the host closes), which
+            // would end a watch on the file itself.
+            let wal = add_watch(&fd, dir, libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO)?;
+            Some(Inotify { fd, wake_dir: None, wal: Some((wal, sources.wal_name.as_bytes().to_vec())) })
+        }
+    }
+
+    /// The sources being listened to.
+    pub(super) struct Listen {
+        wake: Option<Arc<WakeSocket>>,
+        peers: Arc<Peers>,
+        inotify: Option<Inotify>,
+        /// The WAL's inotify descriptor is left out of the poll until then.
+        wal_quiet_until: Option<Instant>,
+        buf: Vec<u8>,
+    }
+
+    impl Listen {
+        /// `None`: neither the socket nor inotify is available.
+        pub(super) fn new(dir: &Path, sources: Sources) -> Option<Listen> {
+            let inotify = inotify(dir, &sources);
+            if inotify.is_none() && sources.wake.is_none() {
+                return None;
+            }
+            // Without inotify on `DIR/wake` the sender reads it again now and then.
+            sources.peers.set_watched(inotify.as_ref().is_some_and(|i| i.wake_dir.is_some()));
+            Some(Listen {
+                wake: sources.wake,
+                peers: sources.peers,
+                inotify,
+                wal_quiet_until: None,
+                buf: vec![0u8; 16 * 1024],
+            })
+        }
+    }
+
+    impl Drop for Listen {
+        fn drop(&mut self) {
+            self.peers.set_watched(false);
+        }
+    }
+
+    fn pollfd(fd: libc::c_int) -> libc::pollfd {
+        libc::pollfd { fd, events: libc::POLLIN, revents: 0 }
+    }
+
+    fn drain_bell(bell: &Bell) {
+        let mut count: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from an eventfd we own
+        // (non-blocking: EAGAIN when not rung).
+        let _ = unsafe { libc::read(bell.fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+    }
+
+    pub(super) fn wait(bell: &Bell, listen: &mut Option<Listen>, deadline: Option<Instant>) -> Woken {
+        let now = Instant::now();
+        let mut timeout = deadline.map(|d| d.saturating_duration_since(now));
+        let mut wal_fd_polled = true;
+        if let Some(l) = listen.as_mut() {
+            if let Some(until) = l.wal_quiet_until {
+                if now >= until {
+                    l.wal_quiet_until = None;
+                } else {
+                    wal_fd_polled = false;
+                    timeout = Some(timeout.map_or(until - now, |t| t.min(until - now)));
+                }
+            }
+        }
+        // Unused slots hold -1, which poll ignores.
+        let mut fds = [
+            pollfd(bell.fd.as_raw_fd()),
+            pollfd(listen.as_ref().and_then(|l| l.wake.as_ref()).map_or(-1, |w| w.socket().as_raw_fd())),
+            pollfd(listen.as_ref().and_then(|l| l.inotify.as_ref()).filter(|_| wal_fd_polled).map_or(-1, |i| i.fd.as_raw_fd())),
+        ];
+        let ts = timeout.map(timespec);
+        let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: three valid pollfd entries, a live timespec or null (no
+        // deadline), no signal mask change.
+        let ready = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ts_ptr, std::ptr::null()) };
+        let mut woken = Woken::default();
+        if ready < 0 {
+            if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                // Cannot wait on the sources: poll from now on (the bell
+                // alone is polled next time), and do not spin meanwhile.
+                *listen = None;
+                std::thread::sleep(timeout.unwrap_or(COALESCE).min(COALESCE));
+            }
+            return woken;
+        }
+        if ready == 0 {
+            return woken;
+        }
+        if fds[0].revents != 0 {
+            drain_bell(bell);
+        }
+        let Some(l) = listen.as_mut() else { return woken };
+        let mut failed = false;
+        if fds[1].revents != 0 {
+            if let Some(wake) = &l.wake {
+                match drain_socket(wake, &mut l.buf) {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        crate::stage::mark("wake_received");
+                        l.peers.count_received(n);
+                        woken.peer = true;
+                    }
+                    Err(()) => failed = true,
+                }
+            }
+        }
+        if fds[2].revents != 0 {
+            if let Some(inotify) = &l.inotify {
+                match drain_inotify(inotify, &mut l.buf) {
+                    Ok(seen) => {
+                        if seen.wake_dir {
+                            l.peers.mark_stale();
+                        }
+                        if seen.wal {
+                            woken.wal = true;
+                            l.wal_quiet_until = Some(Instant::now() + COALESCE);
+                        }
+                    }
+                    Err(()) => failed = true,
+                }
+            }
+        }
+        if failed {
+            // As the notify thread did: one failing source ends
+            // notifications, and the watcher polls from then on.
+            *listen = None;
+        }
+        woken
+    }
+
+    fn timespec(d: Duration) -> libc::timespec {
+        libc::timespec {
+            tv_sec: libc::time_t::try_from(d.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+        }
+    }
+
+    /// Reads every queued byte: how many datagrams came.
+    fn drain_socket(wake: &WakeSocket, buf: &mut [u8]) -> Result<u64, ()> {
+        let mut n = 0;
+        loop {
+            match wake.socket().recv(buf) {
+                Ok(_) => n += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(()),
+            }
+        }
+    }
+
+    /// What the queued inotify events concern.
+    #[derive(Debug, Default, PartialEq, Eq)]
+    pub(super) struct Seen {
+        pub(super) wake_dir: bool,
+        pub(super) wal: bool,
+    }
+
+    fn drain_inotify(inotify: &Inotify, buf: &mut [u8]) -> Result<Seen, ()> {
+        let mut seen = Seen::default();
+        loop {
+            // SAFETY: reads into a buffer we own, of its length.
+            let n = unsafe { libc::read(inotify.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                return match std::io::Error::last_os_error().kind() {
+                    std::io::ErrorKind::WouldBlock => Ok(seen),
+                    std::io::ErrorKind::Interrupted => continue,
+                    _ => Err(()),
+                };
+            }
+            let n = n as usize;
+            if n == 0 {
+                return Ok(seen);
+            }
+            let wal = inotify.wal.as_ref().map(|(wd, name)| (*wd, name.as_slice()));
+            let more = read_events(&buf[..n], inotify.wake_dir, wal);
+            seen.wake_dir |= more.wake_dir;
+            seen.wal |= more.wal;
+        }
+    }
+
+    /// Reads `bytes` (a whole number of `inotify_event`s, as read returns
+    /// them): any event of the `wake_dir` watch, an event of the `wal`
+    /// watch naming the WAL file; an overflow (events lost) counts as both.
+    pub(super) fn read_events(bytes: &[u8], wake_dir: Option<libc::c_int>, wal: Option<(libc::c_int, &[u8])>) -> Seen {
+        const HEADER: usize = std::mem::size_of::<libc::inotify_event>();
+        let mut at = 0;
+        let mut seen = Seen::default();
+        while at + HEADER <= bytes.len() {
+            // The header's fields, read without assuming alignment.
+            let field = |off: usize| u32::from_ne_bytes(bytes[at + off..at + off + 4].try_into().unwrap_or([0; 4]));
+            let wd = field(0) as libc::c_int;
+            let mask = field(4);
+            let len = field(12) as usize;
+            let name = bytes.get(at + HEADER..at + HEADER + len).unwrap_or(&[]);
+            // The name is NUL-padded to an aligned length.
+            let name = name.split(|b| *b == 0).next().unwrap_or(&[]);
+            if mask & libc::IN_Q_OVERFLOW != 0 {
+                seen.wake_dir = wake_dir.is_some();
+                seen.wal = wal.is_some();
+            }
+            if Some(wd) == wake_dir {
+                seen.wake_dir = true;
+            }
+            if let Some((wal_wd, wal_name)) = wal {
+                if wd == wal_wd && name == wal_name {
+                    seen.wal = true;
+                }
+            }
+            at += HEADER + len;
+        }
+        seen
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::{read_events, Seen};
+
+        fn event(wd: i32, mask: u32, name: &[u8]) -> Vec<u8> {
+            let padded = name.len().div_ceil(16) * 16;
+            let mut v = Vec::new();
+            v.extend_from_slice(&wd.to_ne_bytes());
+            v.extend_from_slice(&mask.to_ne_bytes());
+            v.extend_from_slice(&0u32.to_ne_bytes());
+            v.extend_from_slice(&(padded as u32).to_ne_bytes());
+            let mut n = name.to_vec();
+            n.resize(padded, 0);
+            v.extend_from_slice(&n);
+            v
+        }
+
+        const WAL: &[u8] = b"couch_workers.sqlite-wal";
+
+        #[test]
+        fn finds_the_wal_among_other_files_and_overflows() {
+            let wal = Some((1, WAL));
+            let mut other = event(1, libc::IN_MODIFY, b"couch_workers.wait");
+            assert_eq!(read_events(&other, None, wal), Seen::default());
+            other.extend(event(1, libc::IN_MODIFY, WAL));
+            assert_eq!(read_events(&other, None, wal), Seen { wake_dir: false, wal: true });
+            assert_eq!(read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), None, wal), Seen { wake_dir: false, wal: true });
+            // A name that only starts like the WAL's is another file.
+            assert_eq!(read_events(&event(1, libc::IN_MODIFY, b"couch_workers.sqlite-wal2"), None, wal), Seen::default());
+        }
+
+        #[test]
+        fn any_event_of_the_wake_directory_marks_the_peers_stale() {
+            let created = event(2, libc::IN_CREATE, b"123-00ff.sock");
+            assert_eq!(read_events(&created, Some(2), None), Seen { wake_dir: true, wal: false });
+            // The same name under another watch is not the wake directory.
+            assert_eq!(read_events(&created, Some(3), None), Seen::default());
+            assert_eq!(read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), Some(2), None), Seen { wake_dir: true, wal: false });
+        }
+    }
+}
