@@ -85,6 +85,12 @@ pub(crate) struct Heartbeats {
     added: Notify,
     /// Renewal transaction runs begun.
     transactions: AtomicU64,
+    /// Told after a wake-up of the service in which a renewal committed:
+    /// the reaper looks then (`reaper.rs`). Its renewals spare the
+    /// store's watches of `health_vs` on this handle where the store can
+    /// (`Transaction::spare_own_watches`), so this is how the node's own
+    /// reaper hears of them.
+    pub(crate) renewed: Notify,
 }
 
 /// A registration to renew, copied out of the registry.
@@ -218,14 +224,20 @@ impl HeartbeatService {
                 _ = sleep => {}
             }
             let open = self.heartbeats.take_open(Instant::now());
+            let mut committed = false;
             for chunk in chunks(open, &self.ks) {
                 let done = tokio::select! {
                     _ = self.cancel.cancelled() => None,
-                    () = self.renew_chunk(chunk) => Some(()),
+                    c = self.renew_chunk(chunk) => Some(c),
                 };
-                if done.is_none() {
-                    break;
+                match done {
+                    Some(c) => committed |= c,
+                    None => break,
                 }
+            }
+            if committed {
+                // Once per wake-up, after every chunk: one look sees them all.
+                self.heartbeats.renewed.notify_one();
             }
             if self.cancel.is_cancelled() {
                 break;
@@ -235,29 +247,47 @@ impl HeartbeatService {
         self.heartbeats.clear();
     }
 
-    async fn renew_chunk(&self, chunk: Vec<Due>) {
+    /// Renews `chunk`; returns whether a renewal transaction committed.
+    async fn renew_chunk(&self, chunk: Vec<Due>) -> bool {
         let started = Instant::now();
         match self.renew(&chunk).await {
-            Ok(outcomes) => self.settle(&chunk, outcomes, started),
+            Ok(outcomes) => {
+                self.settle(&chunk, outcomes, started);
+                true
+            }
             Err(e) if chunk.len() > 1 && may_be_one_workers(&e) => {
+                let mut committed = false;
                 for one in chunk {
                     let started = Instant::now();
                     let one = [one];
                     match self.renew(&one).await {
-                        Ok(outcomes) => self.settle(&one, outcomes, started),
+                        Ok(outcomes) => {
+                            self.settle(&one, outcomes, started);
+                            committed = true;
+                        }
                         Err(e) => self.failed(&one, &e),
                     }
                 }
+                committed
             }
-            Err(e) => self.failed(&chunk, &e),
+            Err(e) => {
+                self.failed(&chunk, &e);
+                false
+            }
         }
     }
 
-    /// One transaction run renewing `chunk`.
+    /// One transaction run renewing `chunk`. Its writes of `health_vs`
+    /// spare this handle's watches: the node's reaper, the one watcher of
+    /// it here, hears of the renewal from `renewed` instead, in the same
+    /// wake-up, without the store's watcher thread waking to fire it and
+    /// waking the runtime again (bench/RESULTS.md, "Session 10: I1").
+    /// Other handles' watches (other nodes' reapers) fire as before.
     async fn renew(&self, chunk: &[Due]) -> Result<Vec<Option<Heartbeat>>, StoreError> {
         self.heartbeats.transactions.fetch_add(1, Ordering::Relaxed);
         let ks = &self.ks;
         run(self.db.as_ref(), self.tx_options, |tx| async move {
+            tx.spare_own_watches(&ks.health_vs());
             let beats: Vec<Beat<'_>> = chunk.iter().map(|d| Beat { spec: &d.spec, incarnation: &d.incarnation }).collect();
             workers::heartbeat_many(&tx, ks, &beats, wall_clock_s(), |i| chunk[i].cancel.is_cancelled()).await
         })

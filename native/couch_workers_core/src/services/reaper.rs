@@ -167,18 +167,33 @@ impl Reaper {
                 let _ = watch.await;
             }
         };
-        tokio::select! {
+        // Where the store spares this handle's watches for the node's own
+        // renewals, the heartbeat service tells of them in-process; the
+        // watch, which they did not fire, stays armed.
+        let spared = self.db.spares_own_watches();
+        let renewed = async {
+            if spared {
+                self.own.renewed.notified().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let own = tokio::select! {
             _ = self.cancel.cancelled() => return false,
             () = until_deadline => return true,
-            () = change => {}
-        }
-        // Fired (or missing): the next pass arms a new one.
-        *changed = None;
+            () = renewed => true,
+            () = change => {
+                // Fired (or missing): the next pass arms a new one.
+                *changed = None;
+                // Without sparing, the node's own renewal fires the watch:
+                // one begun since it was armed may be what fired it.
+                !spared && self.own.transactions() > armed_at_commits
+            }
+        };
         // At a random moment within `max_interval` of the change, not at
         // a fixed delay after it: a pass (a write transaction and a scan)
         // must not fall in step with the commits that woke it, next to
         // the deliveries of what they did, whose latency is what counts.
-        let own = self.own.transactions() > armed_at_commits;
         let after_change = if own { Duration::ZERO } else { self.max_interval.mul_f64(rand::random::<f64>()) };
         // For tests that count which changes were taken for the node's own.
         let _ = tracing::debug_span!(target: TARGET, "reaper_after_change", own = own);

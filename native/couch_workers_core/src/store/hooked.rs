@@ -115,6 +115,9 @@ impl<H: TxHooks> Transaction for Hooked<H> {
     fn watch(&self, key: &[u8]) -> Watch {
         self.inner.watch(key)
     }
+    fn spare_own_watches(&self, key: &[u8]) {
+        self.inner.spare_own_watches(key)
+    }
     async fn commit(&self) -> Result<CommitInfo, StoreError> {
         self.hooks.commit();
         self.inner.commit().await

@@ -324,6 +324,21 @@ pub trait Transaction: Send + Sync {
     /// A watch on `key`, armed when this transaction commits.
     fn watch(&self, key: &[u8]) -> Watch;
 
+    /// Asks that this transaction's writes of `key` fire none of the
+    /// watches of `key` armed through this same store handle that no other
+    /// commit fired meanwhile: such a watch takes the value this
+    /// transaction commits as the one it waits to see change, and goes on
+    /// waiting. A change of `key` by any other commit (another handle,
+    /// another process, or another transaction of this handle) still fires
+    /// it, before or after this one. Call it before writing `key`. For a
+    /// writer whose own commits the watch's owner learns of in-process
+    /// (the node's heartbeat, whose renewals its reaper hears of from the
+    /// heartbeat service): the watch's fire would only cost a wake-up of
+    /// the watcher and of the runtime. A store that cannot tell the commits
+    /// apart (FoundationDB, whose watches fire on every change) ignores
+    /// it, and says so in [`Database::spares_own_watches`].
+    fn spare_own_watches(&self, _key: &[u8]) {}
+
     /// Commits. Called once, by [`run`].
     async fn commit(&self) -> Result<CommitInfo, StoreError>;
 
@@ -362,6 +377,13 @@ pub trait Database: Send + Sync + 'static {
     /// receipts on it (`jobs::receipt`).
     fn commits_may_be_unknown(&self) -> bool {
         true
+    }
+
+    /// Whether [`Transaction::spare_own_watches`] works here: a spared
+    /// write fires no watch of this handle (the embedded store). Where it
+    /// does not, the watches fire on every change as usual.
+    fn spares_own_watches(&self) -> bool {
+        false
     }
 
     /// How the retry loop spaces its attempts on this store:

@@ -342,6 +342,12 @@ impl Database for EmbeddedStore {
         false
     }
 
+    /// A spared write updates what this handle's watches expect instead
+    /// of firing them (`watch.rs`).
+    fn spares_own_watches(&self) -> bool {
+        true
+    }
+
     fn backoff_policy(&self) -> crate::store::backoff::BackoffPolicy {
         crate::store::backoff::BackoffPolicy::LOCAL
     }

@@ -67,6 +67,15 @@ pub(crate) enum Written {
     Range(Vec<u8>, Vec<u8>),
 }
 
+/// A key a committed transaction wrote with `spare_own_watches`: its
+/// value before that transaction's write (the last any other commit left)
+/// and after.
+pub(crate) struct Spared {
+    pub(crate) key: Vec<u8>,
+    pub(crate) before: Option<Vec<u8>>,
+    pub(crate) after: Option<Vec<u8>>,
+}
+
 /// The sending half of one watch.
 pub(crate) type WatchSender = oneshot::Sender<Result<(), StoreError>>;
 
@@ -231,13 +240,33 @@ impl WatchHub {
     /// A transaction of this store committed `written`: check now if it
     /// touched a watched key. (Its commit also changes `data_version`, so
     /// the next poll re-reads anyway: at most one read per poll period.)
-    pub(crate) fn notify_commit(&self, written: &[Written]) {
+    ///
+    /// A `spared` key's watches that still expect its value from before
+    /// the commit (no other commit changed it since they were armed) take
+    /// the committed value and keep waiting; the thread is not woken for
+    /// it. A watch that expects anything else (another commit changed the
+    /// key, before this one or after it) is left to the thread, which
+    /// fires it when it reads the key.
+    pub(crate) fn notify_commit(&self, written: &[Written], spared: &[Spared]) {
         let mut st = self.lock();
-        if st.dirty || st.watches.is_empty() {
+        if st.watches.is_empty() {
+            return;
+        }
+        let mut settled: Vec<&[u8]> = Vec::new();
+        for s in spared {
+            let Some(entries) = st.watches.get_mut(&s.key) else { continue };
+            for entry in entries.iter_mut().filter(|e| e.expected == s.before) {
+                entry.expected = s.after.clone();
+            }
+            if entries.iter().all(|e| e.expected == s.after) {
+                settled.push(&s.key);
+            }
+        }
+        if st.dirty {
             return;
         }
         let touched = written.iter().any(|w| match w {
-            Written::Key(key) => st.watches.contains_key(key),
+            Written::Key(key) => st.watches.contains_key(key) && !settled.contains(&key.as_slice()),
             Written::Range(begin, end) => st.watches.keys().any(|k| k >= begin && k < end),
         });
         if touched {

@@ -7,7 +7,7 @@ use rusqlite::OptionalExtension;
 use super::{release, EmbeddedTransaction, Slot, TxState};
 use crate::store::embedded::group;
 use crate::store::embedded::schema::{self, SQL_GET};
-use crate::store::embedded::watch::WatchSender;
+use crate::store::embedded::watch::{Spared, WatchSender};
 use crate::store::mutation as ops;
 use crate::store::{CommitInfo, StoreError};
 
@@ -24,6 +24,7 @@ impl EmbeddedTransaction {
             tokio::task::yield_now().await;
         }
         let mut armed = Vec::new();
+        let mut spared = Vec::new();
         let written;
         let (info, deferred) = {
             let mut st = self.lock();
@@ -32,7 +33,7 @@ impl EmbeddedTransaction {
                 st.finished = true;
                 return Err(e);
             }
-            let result = self.commit_locked(&mut st, &mut armed);
+            let result = self.commit_locked(&mut st, &mut armed, &mut spared);
             st.finished = true;
             written = std::mem::take(&mut st.written);
             match result {
@@ -65,7 +66,7 @@ impl EmbeddedTransaction {
             }
         }
         if info.version.is_some() {
-            self.shared.watches.notify_commit(&written);
+            self.shared.watches.notify_commit(&written, &spared);
         }
         for (key, value, tx) in armed {
             self.shared.watches.register(key, value, tx);
@@ -88,15 +89,19 @@ type Armed = (Vec<u8>, Option<Vec<u8>>, WatchSender);
 
 impl EmbeddedTransaction {
     /// Reads the watched values, fixes the version, commits. The watches
-    /// go to `armed`, also on failure (the caller fails them).
+    /// go to `armed`, also on failure (the caller fails them); the spared
+    /// keys with their values before and after this transaction to
+    /// `spared`.
     /// A writer that leaves its commit to the group (`group.rs`) gets the
     /// batch to wait for.
     fn commit_locked(
         &self,
         st: &mut TxState,
         armed: &mut Vec<Armed>,
+        spared: &mut Vec<Spared>,
     ) -> Result<(CommitInfo, Option<(u64, group::Outcome)>), StoreError> {
         let watches = std::mem::take(&mut st.watches);
+        let spared_keys = std::mem::take(&mut st.spared);
         let TxState { slot, wrote, commit, nested, .. } = st;
         let writer = matches!(slot, Slot::Writer(_));
         let conn = match slot.conn() {
@@ -124,6 +129,13 @@ impl EmbeddedTransaction {
         }
         if let Some(err) = failure {
             return Err(err);
+        }
+        for (key, before) in spared_keys {
+            let after = conn
+                .prepare_cached(SQL_GET)
+                .and_then(|mut s| s.query_row([&key], |row| row.get::<_, Vec<u8>>(0)).optional())
+                .map_err(|e| schema::store_error("cannot read a spared key", &e))?;
+            spared.push(Spared { key, before, after });
         }
         let info = if *wrote {
             let version = self.version(conn, commit)?;

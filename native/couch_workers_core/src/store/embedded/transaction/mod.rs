@@ -150,6 +150,10 @@ struct TxState {
     watches: Vec<(Vec<u8>, WatchSender)>,
     /// The keys and ranges written: the local watches they may fire.
     written: Vec<Written>,
+    /// Keys whose writes spare this handle's watches
+    /// (`spare_own_watches`), with their values before this transaction
+    /// wrote them.
+    spared: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     /// `commit` or `on_error` ran.
     finished: bool,
     /// What its versionstamped writes made unreadable (FDB's rule).
@@ -229,6 +233,7 @@ impl EmbeddedTransaction {
             error: None,
             watches: Vec::new(),
             written: Vec::new(),
+            spared: Vec::new(),
             finished: false,
             unreadable: Unreadable::default(),
             adds: PendingAdds::default(),
@@ -473,6 +478,23 @@ impl Transaction for EmbeddedTransaction {
             }
         }
         watch
+    }
+
+    fn spare_own_watches(&self, key: &[u8]) {
+        // The value before this transaction's write: read now, it is the
+        // last one any other commit left (a writer holds SQLite's write
+        // lock; a reader's first write fails unless its snapshot is the
+        // latest), which the hub compares with what each watch expects.
+        self.flush_adds(|k| k == key);
+        let before = self.read("cannot read a spared key", |conn| {
+            conn.prepare_cached(SQL_GET)?.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional()
+        });
+        if let Ok(before) = before {
+            let mut st = self.lock();
+            if !st.spared.iter().any(|(k, _)| k == key) {
+                st.spared.push((key.to_vec(), before));
+            }
+        }
     }
 
     async fn commit(&self) -> Result<CommitInfo, StoreError> {
