@@ -1,16 +1,17 @@
 //! Where the time of a cross-handle wake-up goes on the embedded store
 //! (M2 and J3x, issue 16): two store handles on one directory (as two
-//! nodes on one host: each its own connections, watcher thread and notify
-//! thread), a watch armed on handle A, a write of the watched key
-//! committed through handle B. Each change is timed per stage, on one
-//! clock (this process's monotonic clock; the store's own stages from
+//! nodes on one host: each its own connections and watcher thread), a
+//! watch armed on handle A, a write of the watched key committed through
+//! handle B. Each change is timed per stage, on one clock (this process's
+//! monotonic clock; the store's own stages from
 //! `EmbeddedStore::watch_trace`):
 //!
 //! * `commit`: B's write transaction, from its start to its commit's return;
-//! * `to_event`: B's commit's return → A's `cw-embed-notify` thread got
-//!   the news: B's post-commit wake-up (mode `socket`), or an inotify
-//!   event naming the WAL (mode `wal`, the fallback; negative: before the
-//!   return, since the frames are written inside the commit);
+//! * `to_event`: B's commit's return → A's watcher thread got the news
+//!   (until session 10, a `cw-embed-notify` thread that then rang it):
+//!   B's post-commit wake-up (mode `socket`), or an inotify event naming
+//!   the WAL (mode `wal`, the fallback; negative: before the return,
+//!   since the frames are written inside the commit);
 //! * `to_seen`: that event → A's watcher thread finds `data_version`
 //!   moved, with the number of looks it took (`looks`: 1 when the first
 //!   look found it);
