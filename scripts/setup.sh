@@ -87,4 +87,15 @@ else
     echo "setup: cargo clippy is missing and there is no rustup to add it" >&2
     exit 1
 fi
+# scripts/test.sh checks the Rust formatting (rustfmt.toml); a minimal
+# rustup profile lacks rustfmt too.
+if cargo fmt --version >/dev/null 2>&1; then
+    echo "setup: rustfmt found: $(cargo fmt --version)"
+elif command -v rustup >/dev/null 2>&1; then
+    echo "setup: rustup component add rustfmt"
+    rustup component add rustfmt
+else
+    echo "setup: cargo fmt is missing and there is no rustup to add it" >&2
+    exit 1
+fi
 echo "setup: done. Next: rebar3 compile && rebar3 eunit"

@@ -61,8 +61,9 @@ fi
 stage "FoundationDB store: type-check (cargo check + clippy --features fdb)"
 scripts/check-fdb.sh
 
-stage "clippy on every crate (core, NIF, command line), warnings are errors"
+stage "clippy on every crate (core, NIF, command line), warnings are errors; rustfmt --check (rustfmt.toml)"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo fmt --all --check
 
 stage "benchmark smoke run (proves bench/run works; no speed threshold)"
 bench/run --smoke

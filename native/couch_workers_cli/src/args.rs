@@ -189,7 +189,10 @@ mod tests {
         assert_eq!(cursor(&[0x6a, 0, 0xff]), "6a00ff");
         assert_eq!(parse_cursor(&cursor(b"any \xff id")).unwrap(), b"any \xff id");
         assert_eq!(p(&["status"]).unwrap().store, Store::Embedded("couch_workers_data".into()));
-        assert_eq!(p(&["--store", "fdb:/etc/fdb.cluster", "workers"]).unwrap().store, Store::Fdb("/etc/fdb.cluster".into()));
+        assert_eq!(
+            p(&["--store", "fdb:/etc/fdb.cluster", "workers"]).unwrap().store,
+            Store::Fdb("/etc/fdb.cluster".into())
+        );
         assert_eq!(p(&["cancel", "t", "j"]).unwrap().command, Command::Cancel(b"t".to_vec(), b"j".to_vec()));
     }
 

@@ -156,14 +156,25 @@ async fn command(cmd: &Command, db: &Db, ks: &Keyspace, out: &mut Out) -> Result
             let service = job_service(db, ks);
             let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
             if job.state != JobState::Failed {
-                return Err(format!("job {:?} of type {:?} is {}, not failed: only a failed job is retried", show(id), show(t), job.state.name()));
+                return Err(format!(
+                    "job {:?} of type {:?} is {}, not failed: only a failed job is retried",
+                    show(id),
+                    show(t),
+                    job.state.name()
+                ));
             }
             // `job_resubmit/4` with the job's own info and options, only if
             // it is still the failed job read above: pending again, attempts
             // 0, no error.
-            service.resubmit(t, id, &job.info, &JobOpts::default(), Some(&job.vs)).await.map_err(|e| match e.name() {
-                "changed" => format!("job {:?} of type {:?} changed meanwhile: nothing done (look at it again)", show(id), show(t)),
-                _ => job_error(&e, t, id),
+            service.resubmit(t, id, &job.info, &JobOpts::default(), Some(&job.vs)).await.map_err(|e| {
+                match e.name() {
+                    "changed" => format!(
+                        "job {:?} of type {:?} changed meanwhile: nothing done (look at it again)",
+                        show(id),
+                        show(t)
+                    ),
+                    _ => job_error(&e, t, id),
+                }
             })?;
             let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
             out.done("retried", &job);

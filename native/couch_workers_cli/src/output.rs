@@ -114,7 +114,8 @@ impl Out {
         let mut value = Self::job_value(j);
         value["action"] = json!(action);
         self.header(vec!["ACTION", "TYPE", "ID", "STATE"]);
-        let state = if j.cancel_requested { format!("{} (cancel requested)", j.state.name()) } else { j.state.name().into() };
+        let state =
+            if j.cancel_requested { format!("{} (cancel requested)", j.state.name()) } else { j.state.name().into() };
         self.row(vec![action.into(), text(&j.job_type), text(&j.id), state], value);
     }
 
@@ -161,7 +162,12 @@ impl Out {
         let action = if paused { "paused" } else { "resumed" };
         self.header(vec!["ACTION", "TYPE", "PAUSED", "BEFORE"]);
         self.row(
-            vec![action.into(), text(t), if paused { "yes" } else { "no" }.into(), if was { "paused" } else { "not paused" }.into()],
+            vec![
+                action.into(),
+                text(t),
+                if paused { "yes" } else { "no" }.into(),
+                if was { "paused" } else { "not paused" }.into(),
+            ],
             json!({"action": action, "type": text(t), "paused": paused, "was_paused": was}),
         );
     }

@@ -69,7 +69,13 @@ async fn fill(node: &Node, job_type: &[u8], n: usize, batch: usize) {
 }
 
 /// Returns the jobs done, the time, and the SQLite commits in that time.
-async fn j2(node: Arc<Node>, store: &EmbeddedStore, n: usize, workers: usize, timeout: Duration) -> (usize, Duration, u64) {
+async fn j2(
+    node: Arc<Node>,
+    store: &EmbeddedStore,
+    n: usize,
+    workers: usize,
+    timeout: Duration,
+) -> (usize, Duration, u64) {
     let job_type = b"j2".to_vec();
     fill(&node, &job_type, n, 1000).await;
     let mut regs = Vec::new();
@@ -193,7 +199,15 @@ fn main() {
         let (total, took, commits) = rt.block_on(j2(node.clone(), &store, n, 8, timeout));
         let s = took.as_secs_f64();
         let per_job = commits as f64 / total.max(1) as f64;
-        line(name, &[("jobs", total as f64), ("seconds", s), ("jobs_per_s", total as f64 / s), ("sqlite_commits_per_job", per_job)]);
+        line(
+            name,
+            &[
+                ("jobs", total as f64),
+                ("seconds", s),
+                ("jobs_per_s", total as f64 / s),
+                ("sqlite_commits_per_job", per_job),
+            ],
+        );
         rt.block_on(node.stop());
         store.close();
     }

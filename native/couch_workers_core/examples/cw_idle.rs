@@ -111,7 +111,8 @@ fn main() {
     let seconds: u64 = args.next().map_or(30, |s| s.parse().expect("SECONDS"));
     let kinds = Kinds::default();
     // metrics::count(): the store counters read below come from the transaction span.
-    let subscriber = tracing_subscriber::registry().with(forward()).with(metrics::count()).with(CountLayer(kinds.clone()));
+    let subscriber =
+        tracing_subscriber::registry().with(forward()).with(metrics::count()).with(CountLayer(kinds.clone()));
     tracing::subscriber::set_global_default(subscriber).expect("the first subscriber");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

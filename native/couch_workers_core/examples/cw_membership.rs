@@ -38,7 +38,12 @@ fn cpu_ms() -> f64 {
 }
 
 fn spec(id: &str) -> WorkerSpec {
-    WorkerSpec { worker_type: b"m4".to_vec(), id: id.as_bytes().to_vec(), options_json: b"{\"timeout\":3600}".to_vec(), timeout_s: 3600 }
+    WorkerSpec {
+        worker_type: b"m4".to_vec(),
+        id: id.as_bytes().to_vec(),
+        options_json: b"{\"timeout\":3600}".to_vec(),
+        timeout_s: 3600,
+    }
 }
 
 fn pct(sorted: &[f64], p: usize) -> f64 {
@@ -165,10 +170,8 @@ async fn one_size(dir: &std::path::Path, size: usize, changes: usize) {
 fn main() {
     let mut args = std::env::args().skip(1);
     let dir = std::path::PathBuf::from(args.next().expect("usage: cw_membership DIR [SIZES] [CHANGES]"));
-    let sizes: Vec<usize> = args
-        .next()
-        .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
-        .unwrap_or_else(|| vec![100, 10_000]);
+    let sizes: Vec<usize> =
+        args.next().map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect()).unwrap_or_else(|| vec![100, 10_000]);
     let changes: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(20);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     for size in sizes {

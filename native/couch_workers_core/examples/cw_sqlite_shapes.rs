@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-const SQL_SET: &str = "INSERT INTO kv(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value";
+const SQL_SET: &str =
+    "INSERT INTO kv(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value";
 const SQL_GET: &str = "SELECT value FROM kv WHERE key = ?1";
 
 fn open(path: &std::path::Path, page_size: u32, autockpt: u32) -> Connection {
@@ -59,7 +60,11 @@ fn key(prefix: &[u8], tail: &[u8]) -> Vec<u8> {
 }
 
 fn bump_version(conn: &Connection) {
-    let v: i64 = conn.prepare_cached("SELECT value FROM meta WHERE name = 'last_version'").unwrap().query_row([], |r| r.get(0)).unwrap();
+    let v: i64 = conn
+        .prepare_cached("SELECT value FROM meta WHERE name = 'last_version'")
+        .unwrap()
+        .query_row([], |r| r.get(0))
+        .unwrap();
     conn.prepare_cached("UPDATE meta SET value = ?1 WHERE name = 'last_version'").unwrap().execute([v + 1]).unwrap();
 }
 
@@ -117,7 +122,11 @@ fn main() {
             bump_version(&conn);
             for _ in 0..per_tx {
                 n += 1;
-                if shape == "one_key" { one_key(&conn, n) } else { job_add(&conn, n) }
+                if shape == "one_key" {
+                    one_key(&conn, n)
+                } else {
+                    job_add(&conn, n)
+                }
             }
             conn.execute_batch("COMMIT").unwrap();
         }
@@ -133,7 +142,11 @@ fn main() {
             bump_version(&conn);
             for _ in 0..per_tx {
                 n += 1;
-                if shape == "one_key" { one_key(&conn, n) } else { job_add(&conn, n) }
+                if shape == "one_key" {
+                    one_key(&conn, n)
+                } else {
+                    job_add(&conn, n)
+                }
             }
             conn.execute_batch("COMMIT").unwrap();
             lat.push(t.elapsed().as_micros() as u64);

@@ -95,7 +95,9 @@ fn tids(name: &str) -> HashSet<String> {
 fn wakeups(tid: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:")).and_then(|v| v.trim().parse().ok()))
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:")).and_then(|v| v.trim().parse().ok())
+        })
         .unwrap_or(0)
 }
 

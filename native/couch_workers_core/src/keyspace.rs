@@ -110,13 +110,27 @@ pub struct Keyspace {
 /// What a key under `("couch_workers", "workers")` is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkerKey {
-    Vs { worker_type: Vec<u8> },
-    Member { worker_type: Vec<u8>, worker: Vec<u8> },
-    Health { worker_type: Vec<u8>, worker: Vec<u8> },
+    Vs {
+        worker_type: Vec<u8>,
+    },
+    Member {
+        worker_type: Vec<u8>,
+        worker: Vec<u8>,
+    },
+    Health {
+        worker_type: Vec<u8>,
+        worker: Vec<u8>,
+    },
     /// The version below which the type's log has been trimmed.
-    LogFloor { worker_type: Vec<u8> },
+    LogFloor {
+        worker_type: Vec<u8>,
+    },
     /// A membership change log entry: the 10-byte commit VS and the worker.
-    Log { worker_type: Vec<u8>, vs: Versionstamp, worker: Vec<u8> },
+    Log {
+        worker_type: Vec<u8>,
+        vs: Versionstamp,
+        worker: Vec<u8>,
+    },
 }
 
 /// Tells one registration of a worker id from another (16 random bytes).
@@ -221,8 +235,11 @@ impl Keyspace {
         }
         if let Ok((w, t, kind, vs, id)) = unpack::<(Bytes, Bytes, Bytes, TupleVersionstamp, Bytes)>(rest) {
             let vs: Versionstamp = vs.transaction_version().try_into().ok()?;
-            return (&*w == WORKERS && &*kind == LOG)
-                .then(|| WorkerKey::Log { worker_type: t.into_owned(), vs, worker: id.into_owned() });
+            return (&*w == WORKERS && &*kind == LOG).then(|| WorkerKey::Log {
+                worker_type: t.into_owned(),
+                vs,
+                worker: id.into_owned(),
+            });
         }
         let (w, t, kind) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
         if &*w != WORKERS {
@@ -322,8 +339,13 @@ impl Keyspace {
     /// priority by commit order; `user_version` orders jobs added in one
     /// transaction).
     pub fn pending_new(&self, job_type: &[u8], priority: i64, user_version: u16, job_id: &[u8]) -> Vec<u8> {
-        self.root
-            .pack_with_versionstamp(&(b(PENDING), b(job_type), priority, TupleVersionstamp::incomplete(user_version), b(job_id)))
+        self.root.pack_with_versionstamp(&(
+            b(PENDING),
+            b(job_type),
+            priority,
+            TupleVersionstamp::incomplete(user_version),
+            b(job_id),
+        ))
     }
 
     /// The pending key of a job whose pending versionstamp is known.

@@ -29,18 +29,18 @@
 //! job and calls each subscriber's callback; the NIF's callback
 //! (`couch_workers_nif/src/jobs/subscribe.rs`) sends the message.
 
-pub mod log;
-pub mod metrics;
-pub mod store;
 pub mod error;
+pub mod inspect;
+pub mod jobs;
 pub mod keyspace;
 pub mod liveness;
-pub mod workers;
-pub mod services;
-pub mod jobs;
-pub mod inspect;
+pub mod log;
+pub mod metrics;
 pub mod node;
+pub mod services;
 pub mod stage;
+pub mod store;
+pub mod workers;
 
 #[cfg(feature = "testkit")]
 pub mod conformance;

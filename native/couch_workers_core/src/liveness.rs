@@ -238,7 +238,8 @@ impl Observer {
             Some(s) if s.record == record => s,
             _ => {
                 let timeout = record_timeout(record);
-                let fresh = Sighting { record: record.to_vec(), timeout, version: look.read_version, at: look.finished, pass };
+                let fresh =
+                    Sighting { record: record.to_vec(), timeout, version: look.read_version, at: look.finished, pass };
                 self.seen.insert(worker.clone(), fresh);
                 return Verdict::Alive { left: timeout };
             }
@@ -311,7 +312,14 @@ mod tests {
 
     /// Looks every `step_ms` from `from_ms` to `to_ms`, versions in step
     /// with local time (plus `offset`), judging one record each time.
-    fn watch(o: &mut Observer, c: &Clock, w: &WorkerId, rec: &[u8], (from_ms, to_ms, step_ms): (u64, u64, u64), offset: u64) -> Verdict {
+    fn watch(
+        o: &mut Observer,
+        c: &Clock,
+        w: &WorkerId,
+        rec: &[u8],
+        (from_ms, to_ms, step_ms): (u64, u64, u64),
+        offset: u64,
+    ) -> Verdict {
         let mut verdict = Verdict::Alive { left: Duration::MAX };
         for ms in (from_ms..=to_ms).step_by(step_ms as usize) {
             let look = c.at(ms, offset + ms * 1000);
@@ -327,7 +335,10 @@ mod tests {
         let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
         let rec = record(1, 1);
         assert_eq!(watch(&mut o, &c, &w, &rec, (0, 900, 100), 0), Verdict::Alive { left: Duration::from_millis(101) });
-        assert_eq!(watch(&mut o, &c, &w, &rec, (1000, 1000, 100), 0), Verdict::Alive { left: Duration::from_millis(1) });
+        assert_eq!(
+            watch(&mut o, &c, &w, &rec, (1000, 1000, 100), 0),
+            Verdict::Alive { left: Duration::from_millis(1) }
+        );
         assert_eq!(watch(&mut o, &c, &w, &rec, (1100, 1100, 100), 0), Verdict::Dead);
     }
 

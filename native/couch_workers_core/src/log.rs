@@ -405,14 +405,22 @@ mod tests {
             vec![Event {
                 level: Level::Notice,
                 what: "worker_reaped",
-                fields: vec![("type", Value::Bytes(b"idx".to_vec())), ("id", Value::Bytes(b"w-1".to_vec())), ("jobs", Value::Int(2))],
+                fields: vec![
+                    ("type", Value::Bytes(b"idx".to_vec())),
+                    ("id", Value::Bytes(b"w-1".to_vec())),
+                    ("jobs", Value::Int(2))
+                ],
             }]
         );
         let got: Vec<_> = b.take().into_iter().map(|e| (e.level, e.what, e.fields)).collect();
         assert_eq!(
             got,
             vec![
-                (Level::Warning, "reap_failed", vec![("reason", Value::Str("store busy".into())), ("failures", Value::Int(3))]),
+                (
+                    Level::Warning,
+                    "reap_failed",
+                    vec![("reason", Value::Str("store busy".into())), ("failures", Value::Int(3))]
+                ),
                 (Level::Debug, "accept_watch_deferred", vec![]),
                 (Level::Info, "job_released", vec![]),
                 (Level::Error, "rust_panic", vec![("message", Value::Str("boom".into()))]),

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::error::Error;
+use crate::jobs::receipt::{self, Receipt};
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Logger, Sink};
 use crate::log_event;
@@ -23,7 +24,6 @@ use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
 use crate::services::watch_limit::WatchLimit;
 use crate::services::{wall_clock_s, Live, TaskCounts};
-use crate::jobs::receipt::{self, Receipt};
 use crate::store::{self, run, run_attempts, Db, StoreConfig, StoreError, Tx, TxOptions};
 use crate::workers::{self, WorkerSpec};
 
@@ -42,7 +42,11 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { reaper_max_interval: Duration::from_millis(500), tx_timeout: Duration::from_secs(5), tx_retry_limit: 100 }
+        Settings {
+            reaper_max_interval: Duration::from_millis(500),
+            tx_timeout: Duration::from_secs(5),
+            tx_retry_limit: 100,
+        }
     }
 }
 
@@ -218,7 +222,9 @@ impl Node {
         let (s, inc) = (&spec, &incarnation);
         let written = Instant::now();
         let replaced = self
-            .run_failing_over(|tx| async move { workers::register_replacing(&tx, ks, s, inc, wall_clock_s()).await.map(Some) })
+            .run_failing_over(|tx| async move {
+                workers::register_replacing(&tx, ks, s, inc, wall_clock_s()).await.map(Some)
+            })
             .await?;
         self.log_requeued(&spec.worker_type, &spec.id, replaced, "replaced");
         if self.is_stopped() {
@@ -233,7 +239,14 @@ impl Node {
         let events = Arc::new(OwnerEvents::default());
         let live = Live::new(&self.counts.heartbeats);
         self.heartbeats.add(spec.clone(), incarnation, cancel.clone(), events.clone(), written, live);
-        Ok(Registration { node: Arc::downgrade(self), spec, incarnation, cancel, removed: AtomicBool::new(false), events })
+        Ok(Registration {
+            node: Arc::downgrade(self),
+            spec,
+            incarnation,
+            cancel,
+            removed: AtomicBool::new(false),
+            events,
+        })
     }
 
     /// Removes the worker of `reg` and stops its heartbeat; its running
@@ -268,7 +281,13 @@ impl Node {
         result
     }
 
-    async fn remove_worker(&self, worker_type: &[u8], id: &[u8], incarnation: &Incarnation, died: bool) -> Result<(), Error> {
+    async fn remove_worker(
+        &self,
+        worker_type: &[u8],
+        id: &[u8],
+        incarnation: &Incarnation,
+        died: bool,
+    ) -> Result<(), Error> {
         let ks = &self.ks;
         if died {
             let failed_over = self
@@ -324,7 +343,15 @@ impl Node {
     /// learns of a reap's from `worker_reaped`.
     fn log_requeued(&self, worker_type: &[u8], id: &[u8], jobs: usize, reason: &str) {
         if jobs > 0 {
-            log_event!(self.log, Notice, "worker_jobs_requeued", "type" = worker_type, id = id, jobs = jobs, reason = reason);
+            log_event!(
+                self.log,
+                Notice,
+                "worker_jobs_requeued",
+                "type" = worker_type,
+                id = id,
+                jobs = jobs,
+                reason = reason
+            );
         }
     }
 

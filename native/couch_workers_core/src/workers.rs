@@ -100,7 +100,13 @@ impl Change {
 /// Records a member-set change: bumps the type's `vs` (what watchers
 /// watch) and appends a log entry (what watchers read), and trims log
 /// entries older than [`LOG_RETENTION_VERSIONS`] so the log stays small.
-async fn record_change(tx: &Tx, ks: &Keyspace, worker_type: &[u8], worker: &[u8], change: Change) -> Result<(), StoreError> {
+async fn record_change(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    worker: &[u8],
+    change: Change,
+) -> Result<(), StoreError> {
     tx.set_versionstamped_value(&ks.membership_vs(worker_type), &Keyspace::vs_placeholder_value());
     let value = foundationdb_tuple::pack(&(1i64, foundationdb_tuple::Bytes::from(change.tag())));
     tx.set_versionstamped_key(&ks.membership_log_new(worker_type, worker), &value);
@@ -153,7 +159,13 @@ fn held_by(value: &[u8], incarnation: &Incarnation) -> bool {
 /// Registers `spec` as `incarnation`: any other incarnation of the same
 /// `(type, id)` is replaced, and the jobs it was running go back to
 /// pending, since the new incarnation knows nothing of them.
-pub async fn register(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) -> Result<(), StoreError> {
+pub async fn register(
+    tx: &Tx,
+    ks: &Keyspace,
+    spec: &WorkerSpec,
+    incarnation: &Incarnation,
+    tstamp: i64,
+) -> Result<(), StoreError> {
     register_replacing(tx, ks, spec, incarnation, tstamp).await.map(|_| ())
 }
 
@@ -184,7 +196,13 @@ pub async fn register_replacing(
 /// Renews the health record of `incarnation`; reinstates it if the worker
 /// was removed. Another incarnation's record is left as it is (`Gone`):
 /// renewing it would keep a registration alive that nobody heartbeats.
-pub async fn heartbeat(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) -> Result<Heartbeat, StoreError> {
+pub async fn heartbeat(
+    tx: &Tx,
+    ks: &Keyspace,
+    spec: &WorkerSpec,
+    incarnation: &Incarnation,
+    tstamp: i64,
+) -> Result<Heartbeat, StoreError> {
     let stored = stored_health(tx, ks, &spec.worker_type, &spec.id).await?;
     let outcome = renew(tx, ks, spec, incarnation, tstamp, stored).await?;
     if outcome == Heartbeat::Renewed {
@@ -256,7 +274,13 @@ pub async fn heartbeat_many(
 /// running jobs back to pending, in this one transaction. Returns whether
 /// it removed it (false: not registered, or registered by another
 /// incarnation, which keeps its registration and its jobs).
-pub async fn remove(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], incarnation: &Incarnation) -> Result<bool, StoreError> {
+pub async fn remove(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    id: &[u8],
+    incarnation: &Incarnation,
+) -> Result<bool, StoreError> {
     match stored_health(tx, ks, worker_type, id).await? {
         Some(value) if held_by(&value, incarnation) => {
             Ok(remove_current(tx, ks, worker_type, id, jobs::Departure::Released).await?.is_some())
@@ -278,7 +302,9 @@ pub async fn remove_dead(
     incarnation: &Incarnation,
 ) -> Result<Option<usize>, StoreError> {
     match stored_health(tx, ks, worker_type, id).await? {
-        Some(value) if held_by(&value, incarnation) => remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await,
+        Some(value) if held_by(&value, incarnation) => {
+            remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await
+        }
         _ => Ok(None),
     }
 }
@@ -321,7 +347,13 @@ pub async fn reap(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], observe
 /// running jobs that left it in this transaction (failed with
 /// `worker_lost`: back to pending, or `failed` without attempts left).
 /// The reaper logs `n`, which is how a node counts its failovers.
-pub async fn reap_with_jobs(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], observed: &[u8]) -> Result<Option<usize>, StoreError> {
+pub async fn reap_with_jobs(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    id: &[u8],
+    observed: &[u8],
+) -> Result<Option<usize>, StoreError> {
     match stored_health(tx, ks, worker_type, id).await? {
         // Reaped: a death, its jobs fail with `worker_lost`.
         Some(value) if value == observed => remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await,

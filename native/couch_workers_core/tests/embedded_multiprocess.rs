@@ -68,11 +68,10 @@ async fn child_increments(dir: &Path, id: u8) {
     // Start together with the others: wait for the parent's go.
     let started = Instant::now();
     loop {
-        let (go, w) = run(&*db, TxOptions::read(), |tx| async move {
-            Ok((tx.get(b"mp/go", false).await?, tx.watch(b"mp/go")))
-        })
-        .await
-        .expect("read go");
+        let (go, w) =
+            run(&*db, TxOptions::read(), |tx| async move { Ok((tx.get(b"mp/go", false).await?, tx.watch(b"mp/go"))) })
+                .await
+                .expect("read go");
         if go.is_some() {
             break;
         }
@@ -129,11 +128,9 @@ async fn check_log(db: &EmbeddedStore) -> (u64, Vec<u8>) {
         .expect("counter")
         .map(|v| u64::from_be_bytes(v.as_slice().try_into().expect("8 bytes")))
         .unwrap_or(0);
-    let log = run(db, TxOptions::read(), |tx| async move {
-        tx.get_range(&RangeRequest::prefix(b"mp/log/")).await
-    })
-    .await
-    .expect("log");
+    let log = run(db, TxOptions::read(), |tx| async move { tx.get_range(&RangeRequest::prefix(b"mp/log/")).await })
+        .await
+        .expect("log");
     assert_eq!(log.len() as u64, counter, "one log entry per increment");
     let mut last = [0u8; VERSIONSTAMP_LEN];
     let mut writers = Vec::new();
@@ -159,12 +156,11 @@ async fn processes_share_one_serializable_store() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
     // Watch for the first child's hello before any child exists.
-    let hello = run(&*db, TxOptions::read(), |tx| async move { Ok(tx.watch(b"mp/hello/\x01")) })
-        .await
-        .expect("watch");
+    let hello = run(&*db, TxOptions::read(), |tx| async move { Ok(tx.watch(b"mp/hello/\x01")) }).await.expect("watch");
     let hello = tokio::spawn(async move { (hello.await, wall_us()) });
     let started = Instant::now();
-    let children = [1u8, 2].map(|id| spawn_child("processes_share_one_serializable_store", "increments", dir.path(), id));
+    let children =
+        [1u8, 2].map(|id| spawn_child("processes_share_one_serializable_store", "increments", dir.path(), id));
     let (fired, fired_at) = tokio::time::timeout(Duration::from_secs(10), hello)
         .await
         .expect("the watch fires for another process's commit")
@@ -172,11 +168,10 @@ async fn processes_share_one_serializable_store() {
     assert_eq!(fired, Ok(()));
     // Both children are ready: go.
     loop {
-        let ready = run(&*db, TxOptions::read(), |tx| async move {
-            tx.get_range(&RangeRequest::prefix(b"mp/hello/")).await
-        })
-        .await
-        .expect("hellos");
+        let ready =
+            run(&*db, TxOptions::read(), |tx| async move { tx.get_range(&RangeRequest::prefix(b"mp/hello/")).await })
+                .await
+                .expect("hellos");
         if ready.len() == 2 {
             break;
         }
@@ -220,7 +215,11 @@ async fn processes_share_one_serializable_store() {
     let window = &writers[first..=last];
     for id in 0..3u8 {
         let share = window.iter().filter(|&&w| w == id).count();
-        assert!(share * 20 >= window.len(), "process {id} starved: {share} of the {} writes while all competed", window.len());
+        assert!(
+            share * 20 >= window.len(),
+            "process {id} starved: {share} of the {} writes while all competed",
+            window.len()
+        );
     }
     assert!(switches >= 20, "writers barely interleave: {switches} switches");
     // Versions after every child's commits are still above theirs.
@@ -264,7 +263,11 @@ async fn a_killed_process_leaves_a_consistent_usable_store() {
     let started = Instant::now();
     increment(&db, 0).await;
     // (A lock left held would make the write wait out its 5 s budget.)
-    assert!(started.elapsed() < Duration::from_secs(3), "the dead process's lock is free at once: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the dead process's lock is free at once: {:?}",
+        started.elapsed()
+    );
     let (after, writers) = check_log(&db).await;
     assert_eq!(after, before + 1);
     assert_eq!(writers.last(), Some(&0));

@@ -67,7 +67,8 @@ fn round(dir: &Path) -> Result<(), String> {
     let children: Vec<(String, Child)> = (0..CHILDREN)
         .map(|i| {
             let id = i.to_string();
-            let child = child_common::spawn(TEST, &[(ROLE, "child".as_ref()), (DIR, dir.as_os_str()), (ID, id.as_ref())]);
+            let child =
+                child_common::spawn(TEST, &[(ROLE, "child".as_ref()), (DIR, dir.as_os_str()), (ID, id.as_ref())]);
             (id, child)
         })
         .collect();

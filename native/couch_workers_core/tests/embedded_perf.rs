@@ -80,7 +80,9 @@ fn thread_cpu_ns(name: &str) -> u64 {
 async fn bench_idle_watcher_cpu() {
     let span = Duration::from_secs(3);
     let pct = |ns: u64| ns as f64 / span.as_nanos() as f64 * 100.0;
-    for (wal_notify, idle_poll) in [(true, Duration::from_millis(4)), (false, Duration::from_millis(1)), (false, Duration::from_millis(4))] {
+    for (wal_notify, idle_poll) in
+        [(true, Duration::from_millis(4)), (false, Duration::from_millis(1)), (false, Duration::from_millis(4))]
+    {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut opts = EmbeddedOptions::new(dir.path());
         opts.wal_notify = wal_notify;

@@ -22,7 +22,9 @@ fn switches(name: &str) -> u64 {
         let status = std::fs::read_to_string(p.join("status")).unwrap_or_default();
         total += status
             .lines()
-            .filter_map(|l| l.strip_prefix("voluntary_ctxt_switches:").or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:")))
+            .filter_map(|l| {
+                l.strip_prefix("voluntary_ctxt_switches:").or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+            })
             .filter_map(|v| v.trim().parse::<u64>().ok())
             .sum::<u64>();
     }
@@ -54,7 +56,9 @@ async fn an_idle_watcher_wakes_only_for_its_safety_look() {
     let written = Instant::now();
     match tokio::time::timeout(SAFETY_LOOK + Duration::from_secs(5), w).await {
         Ok(r) => r.expect("the watch fires"),
-        Err(_) => panic!("a commit that sent no wake-up was not seen within {:?}", SAFETY_LOOK + Duration::from_secs(5)),
+        Err(_) => {
+            panic!("a commit that sent no wake-up was not seen within {:?}", SAFETY_LOOK + Duration::from_secs(5))
+        }
     }
     let t = db.watch_trace().expect("a traced wake-up");
     eprintln!("bare write seen after {:?}: {t:?}", written.elapsed());

@@ -365,7 +365,11 @@ async fn local_commits_fire_watches_on_keys_they_write_or_clear() {
     // (or cleared a range holding one); the others must still fire
     // watches on what they did write.
     let dir = tempfile::tempdir().expect("temp dir");
-    let opts = EmbeddedOptions { watch_poll: Duration::from_secs(3), watch_poll_idle: Duration::from_secs(3), ..EmbeddedOptions::new(dir.path()) };
+    let opts = EmbeddedOptions {
+        watch_poll: Duration::from_secs(3),
+        watch_poll_idle: Duration::from_secs(3),
+        ..EmbeddedOptions::new(dir.path())
+    };
     let db = EmbeddedStore::open(opts).expect("open");
     put(&db, b"a/1", b"x").await;
     put(&db, b"b", b"x").await;
@@ -377,7 +381,11 @@ async fn local_commits_fire_watches_on_keys_they_write_or_clear() {
     let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
     tx.clear_range(b"a/", b"a0");
     tx.commit().await.expect("commit");
-    assert_eq!(fired(&mut in_range, Duration::from_millis(500)).await, Some(Ok(())), "cleared range: well before the poll");
+    assert_eq!(
+        fired(&mut in_range, Duration::from_millis(500)).await,
+        Some(Ok(())),
+        "cleared range: well before the poll"
+    );
     put(&db, b"b", b"y").await;
     assert_eq!(fired(&mut single, Duration::from_millis(500)).await, Some(Ok(())), "written key: well before the poll");
 }
@@ -392,7 +400,8 @@ async fn concurrent_increments(db: &Arc<EmbeddedStore>, key: &'static [u8], n: u
             let mut versions = Vec::new();
             for _ in 0..per_task {
                 let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
-                let now = tx.get(key, false).await.expect("get").map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
+                let now =
+                    tx.get(key, false).await.expect("get").map_or(0, |v| u64::from_le_bytes(v.try_into().unwrap()));
                 tx.set(key, &(now + 1).to_le_bytes());
                 versions.push(tx.commit().await.expect("commit").version.expect("version"));
             }
@@ -500,7 +509,10 @@ async fn a_failing_writer_in_a_group_loses_only_its_own_work() {
     }
     let commits = db.sqlite_commits() - before;
     let committed = kept.iter().filter(|(_, c)| *c).count() as u64;
-    assert!(commits < committed, "{commits} SQLite commits for {committed} transactions: the failures never ran in a group");
+    assert!(
+        commits < committed,
+        "{commits} SQLite commits for {committed} transactions: the failures never ran in a group"
+    );
     let other = open(dir.path());
     for (i, committed) in kept {
         let v = get(&other, format!("k{i}").as_bytes()).await;
@@ -511,7 +523,8 @@ async fn a_failing_writer_in_a_group_loses_only_its_own_work() {
 
 fn stored_last_version(dir: &std::path::Path) -> u64 {
     let conn = rusqlite::Connection::open(dir.join(FILE_NAME)).expect("sqlite");
-    let v: i64 = conn.query_row("SELECT value FROM meta WHERE name = 'last_version'", [], |r| r.get(0)).expect("last_version");
+    let v: i64 =
+        conn.query_row("SELECT value FROM meta WHERE name = 'last_version'", [], |r| r.get(0)).expect("last_version");
     u64::try_from(v).expect("non-negative")
 }
 

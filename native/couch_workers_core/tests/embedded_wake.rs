@@ -216,7 +216,8 @@ async fn a_directory_that_refuses_the_socket_falls_back() {
     let b = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open b");
     couch_workers_core::log::set_process_sink(None);
     assert!(!a.wake_stats().listening, "{:?}", a.wake_stats());
-    let logged = sink.0.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|e| e.what == "wake_socket_unavailable").count();
+    let logged =
+        sink.0.lock().unwrap_or_else(|p| p.into_inner()).iter().filter(|e| e.what == "wake_socket_unavailable").count();
     assert_eq!(logged, 2, "each handle logged why it has no socket");
     for i in 0u32..20 {
         let w = run(&*a, TxOptions::read(), |tx| async move { Ok(tx.watch(b"k")) }).await.expect("watch");

@@ -232,7 +232,8 @@ async fn disk_full_fails_writes_keeps_reads_and_recovers_when_space_is_freed() {
     // their registrations, and registering one of them again would replace
     // it (a new incarnation), so that its failing heartbeat would end as
     // `worker_superseded` instead of recovering.
-    let _after = answer("register after", node.register_worker(spec("w-after", 3))).await.expect("register works again");
+    let _after =
+        answer("register after", node.register_worker(spec("w-after", 3))).await.expect("register works again");
     log.wait_for("heartbeat_recovered", 1, Duration::from_secs(3)).await.expect("the heartbeat recovers");
     eprintln!("disk_full: recovered {:?} after the space was freed", t0.elapsed());
     assert_eq!(log.count("worker_reaped"), 0, "the worker was never reaped");
@@ -338,7 +339,8 @@ async fn read_only_files_fail_writes_keep_reads_and_recover() {
     // their registrations, and registering one of them again would replace
     // it (a new incarnation), so that its failing heartbeat would end as
     // `worker_superseded` instead of recovering.
-    let _after = answer("register after", node.register_worker(spec("w-after", 3))).await.expect("register works again");
+    let _after =
+        answer("register after", node.register_worker(spec("w-after", 3))).await.expect("register works again");
     log.wait_for("heartbeat_recovered", 1, Duration::from_secs(3)).await.expect("the heartbeat recovers");
     eprintln!("read_only_files: recovered {:?} after the attribute was cleared", t0.elapsed());
     assert_eq!(log.count("worker_reaped"), 0);

@@ -47,10 +47,10 @@ use couch_workers_core::store::{Db, StoreError};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Error, MembershipWatch, Node, Registration, Settings};
 use faults_common::*;
-use step::step;
-use world::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use step::step;
+use world::*;
 
 const T: &[u8] = b"replicator";
 

@@ -49,7 +49,12 @@ fn settings() -> Settings {
 }
 
 fn spec(id: &str) -> WorkerSpec {
-    WorkerSpec { worker_type: T.to_vec(), id: id.as_bytes().to_vec(), options_json: b"{}".to_vec(), timeout_s: TIMEOUT_S }
+    WorkerSpec {
+        worker_type: T.to_vec(),
+        id: id.as_bytes().to_vec(),
+        options_json: b"{}".to_vec(),
+        timeout_s: TIMEOUT_S,
+    }
 }
 
 /// Node A (with worker `w` running job `j`) and [`OTHERS`] reaper-only

@@ -30,7 +30,12 @@ async fn blocking_accept_is_woken_by_an_add_on_another_node() {
     let started = Instant::now();
     let waiter = tokio::spawn(async move { jobs.accept(T, b"w", timeout).await });
     // (Waited for, not slept on: the task may start late on a busy machine.)
-    assert!(eventually(Duration::from_secs(10), || async { a.jobs().stats().waiters == 1 && a.jobs().stats().dispatchers == 1 }).await);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            a.jobs().stats().waiters == 1 && a.jobs().stats().dispatchers == 1
+        })
+        .await
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiter.is_finished(), "nothing to take yet");
     b.jobs().add(T, b"j", b"{}", 0).await.unwrap();
@@ -73,7 +78,10 @@ async fn many_waiters_share_one_dispatcher() {
     // come and go as they fire and re-arm): the count below is read with
     // a margin of two, which a watch per waiter (20, the bug) exceeds
     // many times over. Before, a 100 ms sleep was taken to arm them.
-    assert!(eventually(Duration::from_secs(10), || async { store.pending_watches() >= 1 }).await, "the sweeper's watch");
+    assert!(
+        eventually(Duration::from_secs(10), || async { store.pending_watches() >= 1 }).await,
+        "the sweeper's watch"
+    );
     let idle_watches = store.pending_watches();
     let mut regs = Vec::new();
     let mut waiters = Vec::new();
@@ -204,7 +212,11 @@ async fn an_acceptor_that_went_away_loses_no_job() {
     // (and the give-back of what it took) has ended.
     assert!(eventually(Duration::from_secs(10), || async { node.jobs().stats().dispatchers == 0 }).await);
     let dropped = get(node.jobs(), T, b"j1").await;
-    assert_eq!((dropped.state, dropped.worker.as_deref()), (JobState::Pending, None), "the dropped waiter's job is pending");
+    assert_eq!(
+        (dropped.state, dropped.worker.as_deref()),
+        (JobState::Pending, None),
+        "the dropped waiter's job is pending"
+    );
     assert!(dropped.attempts <= 1, "taken at most once, for the dropped waiter: {dropped:?}");
     assert_eq!(node.jobs().pending_count(T).await.unwrap(), 1);
     assert_eq!(active_keys(&node, T, b"w").await, 0);
@@ -220,7 +232,8 @@ async fn an_acceptor_that_went_away_loses_no_job() {
     node.jobs().accept_with(T.to_vec(), b"w".to_vec(), Duration::from_secs(30), gone);
     assert!(eventually(Duration::from_secs(10), || async { delivered.load(Ordering::SeqCst) }).await);
     assert!(
-        eventually(Duration::from_secs(10), || async { get(node.jobs(), T, b"j1").await.state == JobState::Pending }).await,
+        eventually(Duration::from_secs(10), || async { get(node.jobs(), T, b"j1").await.state == JobState::Pending })
+            .await,
         "released back to pending"
     );
     let j = get(node.jobs(), T, b"j1").await;
@@ -241,7 +254,10 @@ async fn an_acceptor_that_went_away_loses_no_job() {
         })),
     );
     assert!(eventually(Duration::from_secs(10), || async { delivered.load(Ordering::SeqCst) }).await);
-    assert!(eventually(Duration::from_secs(10), || async { get(node.jobs(), T, b"j1").await.state == JobState::Pending }).await);
+    assert!(
+        eventually(Duration::from_secs(10), || async { get(node.jobs(), T, b"j1").await.state == JobState::Pending })
+            .await
+    );
     let h = accept_now(node.jobs(), T, b"w").await;
     assert_eq!(h.job.attempts, dropped.attempts + 3);
     node.stop().await;

@@ -16,7 +16,7 @@ mod jobs_common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_workers_core::jobs::{JobHandle, JobOpts, JobState, JobSpec, NewJob, Retry};
+use couch_workers_core::jobs::{JobHandle, JobOpts, JobSpec, JobState, NewJob, Retry};
 use couch_workers_core::log::Discard;
 use couch_workers_core::store::sim::{CommitFault, SimOptions, SimStore};
 use couch_workers_core::store::Db;
@@ -41,7 +41,8 @@ async fn quiet(seed: u64, worker: bool) -> Quiet {
     // scripted.
     jobs_common::sim_node_settled(&sim).await;
     let reg = if worker {
-        let spec = WorkerSpec { worker_type: T.to_vec(), id: W.to_vec(), options_json: b"{}".to_vec(), timeout_s: 3600 };
+        let spec =
+            WorkerSpec { worker_type: T.to_vec(), id: W.to_vec(), options_json: b"{}".to_vec(), timeout_s: 3600 };
         Some(node.register_worker(spec).await.expect("register"))
     } else {
         None
@@ -91,8 +92,9 @@ async fn add_many_answers_ok_for_its_own_landed_commit() {
     let jobs = q.node.jobs();
     let batch: Vec<NewJob> = (0..5).map(|i| new_job(&format!("j{i}"))).collect();
     assert_eq!(q.landed_unknown(jobs.add_many(T, &batch)).await.map_err(|e| format!("{e:?}")), Ok(()));
-    let specs: Vec<JobSpec> =
-        (5..8).map(|i| JobSpec { id: format!("j{i}").into_bytes(), info: b"{}".to_vec(), opts: JobOpts::default() }).collect();
+    let specs: Vec<JobSpec> = (5..8)
+        .map(|i| JobSpec { id: format!("j{i}").into_bytes(), info: b"{}".to_vec(), opts: JobOpts::default() })
+        .collect();
     assert_eq!(q.landed_unknown(jobs.add_many_with(T, &specs)).await.map_err(|e| format!("{e:?}")), Ok(()));
     assert_eq!(jobs.pending_count(T).await, Ok(8));
 }
@@ -197,7 +199,8 @@ async fn receipts_older_than_their_keep_are_cleared_in_one_range() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_round_after_a_landed_commit_strands_no_job() {
     let sim = SimStore::new(SimOptions::new(7));
-    let settings = Settings { reaper_max_interval: Duration::from_secs(3600), tx_retry_limit: 1, ..Settings::default() };
+    let settings =
+        Settings { reaper_max_interval: Duration::from_secs(3600), tx_retry_limit: 1, ..Settings::default() };
     let node = Node::with_db(sim.connect() as Db, settings, Arc::new(Discard));
     // Settled before the registration: with one attempt per transaction,
     // the reaper's first pass could otherwise fail on a conflict with it.
@@ -210,7 +213,11 @@ async fn a_failed_round_after_a_landed_commit_strands_no_job() {
     sim.inject_commit_fault(CommitFault::UnknownCommitted);
     let handle = jobs.accept(T, W, Duration::from_secs(5)).await.expect("the waiter gets the job");
     let after = sim.stats();
-    assert_eq!(after.unknown_committed, before.unknown_committed + 1, "the round's first commit landed, answered unknown");
+    assert_eq!(
+        after.unknown_committed,
+        before.unknown_committed + 1,
+        "the round's first commit landed, answered unknown"
+    );
     assert_eq!(handle.job.id, b"j".to_vec());
     assert_eq!(jobs.finish(&handle.fence(), b"{}").await, Ok(()), "the handle holds the job");
     assert_eq!(jobs.get(T, b"j").await.expect("get").state, JobState::Finished);

@@ -52,7 +52,8 @@ async fn due_scheduled_jobs_list_and_count_as_pending_before_any_promotion() {
         .await
         .expect("add")
         .expect("added");
-    let stored = run(db.as_ref(), TxOptions::read(), |tx| async move { ops::get(&tx, ks, T, b"b").await }).await.unwrap();
+    let stored =
+        run(db.as_ref(), TxOptions::read(), |tx| async move { ops::get(&tx, ks, T, b"b").await }).await.unwrap();
     assert_eq!(stored.map(|j| j.state), Some(JobState::Pending), "b reads as pending");
     let scheduled_keys = run(db.as_ref(), TxOptions::read(), |tx| async move {
         let (begin, end) = ks.scheduled_range(T);
@@ -67,14 +68,17 @@ async fn due_scheduled_jobs_list_and_count_as_pending_before_any_promotion() {
     assert_eq!(counts, [2, 4, 0, 0, 0, 0]);
     assert_eq!(run(db.as_ref(), read, |tx| async move { ops::pending_count(&tx, ks, T).await }).await.unwrap(), 4);
 
-    let page = |states: &'static [JobState], limit: usize, after: Option<&'static [u8]>| {
-        let db = db.clone();
-        async move {
-            run(db.as_ref(), TxOptions::read(), |tx| async move { ops::list(&tx, ks, T, Some(states), limit, after).await })
+    let page =
+        |states: &'static [JobState], limit: usize, after: Option<&'static [u8]>| {
+            let db = db.clone();
+            async move {
+                run(db.as_ref(), TxOptions::read(), |tx| async move {
+                    ops::list(&tx, ks, T, Some(states), limit, after).await
+                })
                 .await
                 .unwrap()
-        }
-    };
+            }
+        };
     let (pending, cont) = page(&[JobState::Pending], 10, None).await;
     assert_eq!(ids(&pending), [&b"a"[..], b"b", b"d", b"e"]);
     assert!(pending.iter().all(|j| j.state == JobState::Pending && j.run_at.is_none()));

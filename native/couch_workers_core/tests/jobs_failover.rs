@@ -82,9 +82,10 @@ async fn removal_in_the_workers_transaction_and_by_the_reaper() {
     add(jobs, T, b"x", 0).await;
     let hx = accept_now(jobs, T, b"w").await;
     let (k, inc) = (&ks, w.incarnation());
-    let removed = run(node.db().as_ref(), TxOptions::write(), |tx| async move { workers::remove(&tx, k, T, b"w", inc).await })
-        .await
-        .unwrap();
+    let removed =
+        run(node.db().as_ref(), TxOptions::write(), |tx| async move { workers::remove(&tx, k, T, b"w", inc).await })
+            .await
+            .unwrap();
     assert!(removed);
     assert_eq!(get(jobs, T, b"x").await.state, JobState::Pending);
     assert_eq!(jobs.finish(&hx.fence(), b"{}").await, Err(Error::NotOwner));
@@ -165,7 +166,11 @@ async fn setup_running(db: &Db, ks: &Keyspace, worker: &[u8], n: usize, info_len
     write(db, |tx| async move { workers::register(&tx, ks, s, &INC, 0).await }).await;
     let filler = "x".repeat(info_len.saturating_sub(10));
     let batch: Vec<NewJob> = (0..n)
-        .map(|i| NewJob { id: format!("j{i:05}").into_bytes(), info: format!("{{\"f\":\"{filler}\"}}").into_bytes(), priority: 0 })
+        .map(|i| NewJob {
+            id: format!("j{i:05}").into_bytes(),
+            info: format!("{{\"f\":\"{filler}\"}}").into_bytes(),
+            priority: 0,
+        })
         .collect();
     for chunk in batch.chunks(2000) {
         write(db, |tx| async move { ops::add_many(&tx, ks, T, chunk).await }).await.unwrap();
@@ -307,10 +312,8 @@ async fn big_records_stop_a_batch_at_the_byte_budget_and_the_node_sweeper_finish
     // moves the rest.
     let c = Cluster { dir };
     let node = c.node();
-    let done = eventually(Duration::from_secs(10), || async {
-        node.jobs().pending_count(T).await.unwrap() == n as u64
-    })
-    .await;
+    let done =
+        eventually(Duration::from_secs(10), || async { node.jobs().pending_count(T).await.unwrap() == n as u64 }).await;
     assert!(done, "the sweeper requeued every job");
     assert!(eventually(Duration::from_secs(2), || async { keys(&db, ks.orphans_range()).await == 0 }).await);
     assert_eq!(keys(&db, ks.active_range(T, b"w")).await, 0);

@@ -43,7 +43,11 @@ async fn finish_accept_finishes_and_takes_the_next_job_in_queue_order() {
     let jobs = node.jobs();
     let first = accept_now(jobs, T, b"w").await;
     assert_eq!(first.job.id, b"a");
-    let second = jobs.finish_accept(&fence(&first), b"{\"r\":1}", next_for(b"w")).await.expect("finish_accept").expect("a next job");
+    let second = jobs
+        .finish_accept(&fence(&first), b"{\"r\":1}", next_for(b"w"))
+        .await
+        .expect("finish_accept")
+        .expect("a next job");
     assert_eq!(second.job.id, b"b", "FIFO");
     assert_eq!(second.job.state, JobState::Running);
     assert_eq!(second.job.worker.as_deref(), Some(&b"w"[..]));
@@ -105,7 +109,13 @@ async fn workers_draining_with_finish_accept_take_every_job_once() {
     let node = c.node();
     let jobs = node.jobs().clone();
     let n = 400usize;
-    let all: Vec<_> = (0..n).map(|i| couch_workers_core::jobs::NewJob { id: format!("j{i:04}").into_bytes(), info: b"{}".to_vec(), priority: 0 }).collect();
+    let all: Vec<_> = (0..n)
+        .map(|i| couch_workers_core::jobs::NewJob {
+            id: format!("j{i:04}").into_bytes(),
+            info: b"{}".to_vec(),
+            priority: 0,
+        })
+        .collect();
     jobs.add_many(T, &all).await.unwrap();
     let mut regs = Vec::new();
     let mut tasks = Vec::new();
@@ -150,7 +160,8 @@ async fn a_landed_unknown_commit_answers_with_the_job_it_took() {
     let h = jobs.accept(T, b"w", Duration::ZERO).await.unwrap();
     let before = sim.stats().unknown_committed;
     sim.inject_commit_fault(CommitFault::UnknownCommitted);
-    let next = jobs.finish_accept(&fence(&h), b"{}", next_for(b"w")).await.expect("ok for its own landed commit").expect("b");
+    let next =
+        jobs.finish_accept(&fence(&h), b"{}", next_for(b"w")).await.expect("ok for its own landed commit").expect("b");
     assert_eq!(sim.stats().unknown_committed, before + 1, "the call's commit took the fault");
     assert_eq!(next.job.id, b"b", "the job the landed commit took, not c");
     assert_eq!(jobs.get(T, b"a").await.unwrap().state, JobState::Finished);

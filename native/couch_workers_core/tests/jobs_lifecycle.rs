@@ -64,7 +64,9 @@ async fn step(jobs: &JobService, held: &mut Vec<JobHandle>, worker: &[u8], rng: 
             check("add", jobs.add_with(T, &id, &info, &opts(rng)).await);
         }
         2 | 3 => {
-            if let Some(h) = check("accept", jobs.accept(T, worker, Duration::from_millis(rng.random_range(0..30))).await) {
+            if let Some(h) =
+                check("accept", jobs.accept(T, worker, Duration::from_millis(rng.random_range(0..30))).await)
+            {
                 held.push(h);
             }
         }
@@ -122,7 +124,11 @@ fn states_of(snap: &faults_common::Snapshot) -> BTreeMap<String, u64> {
     let now = couch_workers_core::jobs::wall_ms() as i64;
     let mut by_state = BTreeMap::new();
     for rec in snap.jobs.values().flatten() {
-        let state = if rec.state == "scheduled" && rec.run_at.is_some_and(|t| t <= now) { "pending" } else { rec.state.as_str() };
+        let state = if rec.state == "scheduled" && rec.run_at.is_some_and(|t| t <= now) {
+            "pending"
+        } else {
+            rec.state.as_str()
+        };
         *by_state.entry(state.to_string()).or_default() += 1;
     }
     by_state
@@ -137,7 +143,9 @@ async fn randomized_mix_keeps_counts_and_indexes_exact() {
     let _wb = register(&b, T, b"wb").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
     let mut tasks = Vec::new();
-    for (n, (node, worker)) in [(a.clone(), &b"wa"[..]), (b.clone(), &b"wb"[..]), (a.clone(), &b"wa"[..])].into_iter().enumerate() {
+    for (n, (node, worker)) in
+        [(a.clone(), &b"wa"[..]), (b.clone(), &b"wb"[..]), (a.clone(), &b"wa"[..])].into_iter().enumerate()
+    {
         let worker = worker.to_vec();
         tasks.push(tokio::spawn(async move {
             let jobs = node.jobs().clone();

@@ -258,14 +258,18 @@ async fn priority_then_first_in_first_out() {
         add(jobs, T, id, *p).await;
     }
     // One add_many in between: its jobs keep their batch order.
-    jobs.add_many(T, &[
-        NewJob { id: b"z1".to_vec(), info: info(0), priority: 0 },
-        NewJob { id: b"z0".to_vec(), info: info(0), priority: -5 },
-        NewJob { id: b"z2".to_vec(), info: info(0), priority: 0 },
-    ])
+    jobs.add_many(
+        T,
+        &[
+            NewJob { id: b"z1".to_vec(), info: info(0), priority: 0 },
+            NewJob { id: b"z0".to_vec(), info: info(0), priority: -5 },
+            NewJob { id: b"z2".to_vec(), info: info(0), priority: 0 },
+        ],
+    )
     .await
     .unwrap();
-    let expected: Vec<&[u8]> = vec![b"e", b"h", b"c", b"f", b"z0", b"k", b"a", b"d", b"i", b"z1", b"z2", b"g", b"b", b"j"];
+    let expected: Vec<&[u8]> =
+        vec![b"e", b"h", b"c", b"f", b"z0", b"k", b"a", b"d", b"i", b"z1", b"z2", b"g", b"b", b"j"];
     let mut got = Vec::new();
     while let Ok(h) = jobs.accept(T, b"w", Duration::ZERO).await {
         got.push(h.job.id.clone());

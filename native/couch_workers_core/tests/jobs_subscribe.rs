@@ -128,7 +128,11 @@ async fn subscribers_of_one_job_share_one_watch() {
         assert_eq!(next_event(rx).await, JobEvent::Changed(h2.job.clone()));
     }
     // Its callback was dropped with it: the channel closes, empty.
-    assert_eq!(tokio::time::timeout(Duration::from_millis(200), rxs[0].recv()).await, Ok(None), "no event after cancel");
+    assert_eq!(
+        tokio::time::timeout(Duration::from_millis(200), rxs[0].recv()).await,
+        Ok(None),
+        "no event after cancel"
+    );
     assert_eq!(jobs.stats().job_watchers, 1);
     drop(subs);
     assert!(eventually(Duration::from_secs(2), || async { jobs.stats().job_watchers == 0 }).await);

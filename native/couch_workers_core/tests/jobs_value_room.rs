@@ -119,9 +119,14 @@ async fn a_job_of_the_largest_info_add_takes_is_accepted_and_the_queue_behind_it
         // The worst worker for it: the longest id. Before the fix the
         // round failed with value_too_large at every try, and this timed
         // out with nothing taken.
-        let h = node.jobs().accept(T, &long, ACCEPT).await.unwrap_or_else(|e| panic!("{store}: accept the largest job: {e}"));
+        let h = node
+            .jobs()
+            .accept(T, &long, ACCEPT)
+            .await
+            .unwrap_or_else(|e| panic!("{store}: accept the largest job: {e}"));
         assert_eq!((h.job.id.as_slice(), h.job.info.len()), (BIG, largest), "{store}");
-        let next = node.jobs().accept(T, b"w", ACCEPT).await.unwrap_or_else(|e| panic!("{store}: the job behind it: {e}"));
+        let next =
+            node.jobs().accept(T, b"w", ACCEPT).await.unwrap_or_else(|e| panic!("{store}: the job behind it: {e}"));
         assert_eq!(next.job.id, b"next", "{store}");
         // The reserve is what running for the longest id costs: about
         // that id, plus the token and the integers.
@@ -203,7 +208,11 @@ async fn an_accept_round_fails_a_stored_record_too_large_to_run_and_takes_the_ne
         let old = node.jobs().get(T, b"old").await.expect("get");
         assert_eq!(old.state, JobState::Pending);
 
-        let h = node.jobs().accept(T, b"w", ACCEPT).await.unwrap_or_else(|e| panic!("{store}: the queue behind it stalled: {e}"));
+        let h = node
+            .jobs()
+            .accept(T, b"w", ACCEPT)
+            .await
+            .unwrap_or_else(|e| panic!("{store}: the queue behind it stalled: {e}"));
         assert_eq!(h.job.id, b"next", "{store}");
         let failed = node.jobs().get(T, b"old").await.expect("get");
         assert_eq!(failed.state, JobState::Failed, "{store}");
@@ -213,7 +222,11 @@ async fn an_accept_round_fails_a_stored_record_too_large_to_run_and_takes_the_ne
         assert_eq!(log.0.lock().unwrap().as_slice(), [b"old".to_vec()], "{store}: logged once");
         let counts = node.jobs().counts(T).await.expect("counts");
         let count = |s: JobState| counts.iter().find(|(c, _)| *c == s).map(|(_, n)| *n);
-        assert_eq!((count(JobState::Pending), count(JobState::Running), count(JobState::Failed)), (Some(0), Some(1), Some(1)), "{store}");
+        assert_eq!(
+            (count(JobState::Pending), count(JobState::Running), count(JobState::Failed)),
+            (Some(0), Some(1), Some(1)),
+            "{store}"
+        );
         node.stop().await;
     })
     .await;

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jobs_common::*;
-use tracing::span::{Attributes, Id};
 use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
 use tracing::Subscriber;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
@@ -54,7 +54,8 @@ where
                 }
             }
             "transaction" => {
-                let parent = if attrs.is_contextual() { ctx.lookup_current() } else { attrs.parent().and_then(|p| ctx.span(p)) };
+                let parent =
+                    if attrs.is_contextual() { ctx.lookup_current() } else { attrs.parent().and_then(|p| ctx.span(p)) };
                 if parent.is_some_and(|p| p.scope().any(|s| s.name() == "reaper_pass")) {
                     self.0.transactions_in_passes.fetch_add(1, Ordering::SeqCst);
                 }

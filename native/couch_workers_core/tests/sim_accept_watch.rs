@@ -43,12 +43,18 @@ async fn adds_at_the_tail_do_not_abort_accept_rounds() {
     let workers = 2 * ROUND_MAX_WAITERS + 50;
     let mut regs = Vec::new();
     for i in 0..workers {
-        let spec = WorkerSpec { worker_type: T.to_vec(), id: format!("w{i}").into_bytes(), options_json: b"{}".to_vec(), timeout_s: 600 };
+        let spec = WorkerSpec {
+            worker_type: T.to_vec(),
+            id: format!("w{i}").into_bytes(),
+            options_json: b"{}".to_vec(),
+            timeout_s: 600,
+        };
         regs.push(node.register_worker(spec).await.expect("register"));
     }
     for chunk in 0..QUEUED / 500 {
-        let batch: Vec<NewJob> =
-            (0..500).map(|i| NewJob { id: format!("q{:05}", chunk * 500 + i).into_bytes(), info: b"{}".to_vec(), priority: 0 }).collect();
+        let batch: Vec<NewJob> = (0..500)
+            .map(|i| NewJob { id: format!("q{:05}", chunk * 500 + i).into_bytes(), info: b"{}".to_vec(), priority: 0 })
+            .collect();
         jobs.add_many(T, &batch).await.expect("add_many");
     }
     let conflicts_before = sim.stats().conflicts;

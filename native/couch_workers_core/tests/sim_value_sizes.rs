@@ -30,7 +30,12 @@ async fn record_overhead(db: &Db, ks: &Keyspace) -> usize {
     stored.len() + 4 - probe
 }
 
-async fn add_in_one_tx(db: &Db, ks: &Keyspace, id: &[u8], info: Vec<u8>) -> (Result<Result<(), Error>, StoreError>, Result<(), StoreError>) {
+async fn add_in_one_tx(
+    db: &Db,
+    ks: &Keyspace,
+    id: &[u8],
+    info: Vec<u8>,
+) -> (Result<Result<(), Error>, StoreError>, Result<(), StoreError>) {
     let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
     let job = NewJob { id: id.to_vec(), info, priority: 0 };
     let answer = ops::add(&tx, ks, T, &job).await;

@@ -9,9 +9,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use couch_workers_core::jobs::JobEvent;
 use couch_workers_core::log::{Event, Sink};
 use couch_workers_core::services::watch_limit::AT_LIMIT;
-use couch_workers_core::jobs::JobEvent;
 use couch_workers_core::store::sim::{SimOptions, SimStore, MAX_WATCHES};
 use couch_workers_core::store::{Db, TxOptions, Watch};
 use couch_workers_core::workers::WorkerSpec;
@@ -115,7 +115,11 @@ async fn job_watchers_back_off_at_the_watch_limit_and_log_once() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let deferred = log.count("job_watch_deferred");
     let most = most_rereads(started.elapsed()) * JOBS;
-    assert!(deferred <= most, "{deferred} re-reads by {JOBS} job watchers at the limit in {:?} (most {most})", started.elapsed());
+    assert!(
+        deferred <= most,
+        "{deferred} re-reads by {JOBS} job watchers at the limit in {:?} (most {most})",
+        started.elapsed()
+    );
     assert!(deferred >= JOBS, "every watcher met the limit");
     assert_eq!(log.count("watch_limit_reached"), 1, "one log line per episode");
 
@@ -179,11 +183,16 @@ async fn dispatcher_backs_off_at_the_watch_limit_and_keeps_serving() {
     // the store's read versions instead mixed in the node's other
     // services, whose cadences made the baseline vary by more than the
     // margin.)
-    wait_until("the first round met the limit", Duration::from_secs(5), || log.count("accept_watch_deferred") >= 1).await;
+    wait_until("the first round met the limit", Duration::from_secs(5), || log.count("accept_watch_deferred") >= 1)
+        .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rounds = log.count("accept_watch_deferred");
     let most = most_rereads(started.elapsed());
-    assert!((2..=most).contains(&rounds), "{rounds} accept rounds met the limit in {:?} (most {most})", started.elapsed());
+    assert!(
+        (2..=most).contains(&rounds),
+        "{rounds} accept rounds met the limit in {:?} (most {most})",
+        started.elapsed()
+    );
     assert_eq!(log.count("watch_limit_reached"), 1, "one log line per episode");
 
     // Still serving, although no watch can fire: a job added now is taken
@@ -217,9 +226,12 @@ async fn membership_watcher_backs_off_at_the_watch_limit_and_logs_once() {
     let started = Instant::now();
     let (sender, mut deliveries) = mpsc::unbounded_channel::<usize>();
     let _watch = node
-        .watch_membership(T.to_vec(), Box::new(move |m| {
-            let _ = sender.send(m.workers.len());
-        }))
+        .watch_membership(
+            T.to_vec(),
+            Box::new(move |m| {
+                let _ = sender.send(m.workers.len());
+            }),
+        )
         .expect("watch_membership");
     // The read works (only arming fails): the first delivery comes.
     let first = tokio::time::timeout(Duration::from_secs(10), deliveries.recv()).await;
@@ -233,7 +245,11 @@ async fn membership_watcher_backs_off_at_the_watch_limit_and_logs_once() {
     // logged (before the fix: `membership_watch_failed` every 100 ms).
     let (deferred, failed) = (log.count("membership_watch_deferred"), log.count("membership_watch_failed"));
     let most = most_rereads(started.elapsed());
-    assert!(deferred + failed <= most, "{deferred} + {failed} re-reads at the limit in {:?} (most {most})", started.elapsed());
+    assert!(
+        deferred + failed <= most,
+        "{deferred} + {failed} re-reads at the limit in {:?} (most {most})",
+        started.elapsed()
+    );
     assert!(deferred >= 1, "the watcher re-read at the limit");
     assert_eq!(log.count("watch_limit_reached"), 1, "one log line per episode");
 

@@ -100,7 +100,8 @@ async fn a_transaction_span_holds_its_attempts_outcome_and_duration() {
     .await
     .expect("committed on the second attempt");
     // Not retryable: one attempt, and its error names the outcome.
-    let refused = run(store.as_ref(), TxOptions::read(), |_tx| async { Err::<(), _>(StoreError::Invalid("test".into())) }).await;
+    let refused =
+        run(store.as_ref(), TxOptions::read(), |_tx| async { Err::<(), _>(StoreError::Invalid("test".into())) }).await;
     assert!(matches!(refused, Err(StoreError::Invalid(_))));
 
     let spans = capture.closed("transaction");
@@ -148,7 +149,8 @@ async fn heartbeat_reap_and_accept_round_spans_hold_their_transactions() {
     assert!(rounds.iter().any(|s| s.fields.get("type").map(String::as_str) == Some("spans")), "{rounds:?}");
     let heartbeat = &capture.closed("heartbeat")[0];
     assert!(heartbeat.fields.get("workers").is_some_and(|n| n.parse::<u64>().is_ok_and(|n| n >= 1)), "{heartbeat:?}");
-    let reap = capture.closed("reap").into_iter().find(|s| s.fields.get("id").map(String::as_str) == Some("silent")).unwrap();
+    let reap =
+        capture.closed("reap").into_iter().find(|s| s.fields.get("id").map(String::as_str) == Some("silent")).unwrap();
     assert_eq!(reap.fields.get("type").map(String::as_str), Some("spans"));
     // Each holds the transactions it ran.
     let parents: Vec<_> = capture.closed("transaction").into_iter().filter_map(|s| s.parent).collect();

@@ -21,8 +21,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::log::{Event, Value};
-use couch_workers_core::store::sim::{CommitFault, SimOptions, SimStore};
 use couch_workers_core::store::hooked::{Hooked, TxHooks, Write};
+use couch_workers_core::store::sim::{CommitFault, SimOptions, SimStore};
 use couch_workers_core::store::{run, Database, Db, StoreError, Tx, TxOptions};
 use couch_workers_core::workers::{self, WorkerSpec};
 use couch_workers_core::{Node, Settings};
@@ -152,11 +152,9 @@ async fn a_landed_unknown_reap_logs_worker_reaped() {
     // reaper reaps it.
     let ks = s.node.keyspace().clone();
     let (k, sp) = (&ks, &spec(b"silent", 1));
-    run(s.node.db().as_ref(), TxOptions::write(), |tx| async move {
-        workers::register(&tx, k, sp, &[7; 16], 0).await
-    })
-    .await
-    .expect("register");
+    run(s.node.db().as_ref(), TxOptions::write(), |tx| async move { workers::register(&tx, k, sp, &[7; 16], 0).await })
+        .await
+        .expect("register");
     s.add_running(b"silent", &["j1", "j2"]).await;
     let before = s.arm();
     let reaped = s.log.wait_for("worker_reaped", 1, Duration::from_secs(20)).await.expect("worker_reaped logged");
@@ -190,11 +188,9 @@ async fn a_replacing_registration_logs_the_jobs_it_failed_over() {
     // The id's registration of a node that is gone (no heartbeat task).
     let ks = s.node.keyspace().clone();
     let (k, sp) = (&ks, &spec(b"w1", 3600));
-    run(s.node.db().as_ref(), TxOptions::write(), |tx| async move {
-        workers::register(&tx, k, sp, &[7; 16], 0).await
-    })
-    .await
-    .expect("register");
+    run(s.node.db().as_ref(), TxOptions::write(), |tx| async move { workers::register(&tx, k, sp, &[7; 16], 0).await })
+        .await
+        .expect("register");
     s.add_running(b"w1", &["j1", "j2"]).await;
     let _reg = s.node.register_worker(spec(b"w1", 3600)).await.expect("register again");
     let events = s.log.named("worker_jobs_requeued");

@@ -66,7 +66,11 @@ async fn a_stale_handle_does_not_remove_the_next_registration() {
     node.stop().await;
     drop(new);
 
-    assert_eq!(raw_get(&observer, &ks(&observer).member(T, b"w")).await, Some(br#"{"n":2}"#.to_vec()), "still registered");
+    assert_eq!(
+        raw_get(&observer, &ks(&observer).member(T, b"w")).await,
+        Some(br#"{"n":2}"#.to_vec()),
+        "still registered"
+    );
     let job = get(observer.jobs(), T, b"j").await;
     assert_eq!((job.state, job.worker), (JobState::Running, Some(b"w".to_vec())), "its job was not requeued");
     assert_eq!(job.vs, h.job.vs, "nor touched");
@@ -118,7 +122,8 @@ async fn a_waiting_accept_takes_nothing_for_the_next_registration() {
         assert_eq!((job.state, job.attempts), (JobState::Pending, 0), "the job was left for the new registration");
         // The new registration's own accepts (by incarnation, and by id)
         // take it.
-        let h = next_on.jobs().accept_registered(T, b"w", Some(*new.incarnation()), Duration::ZERO).await.expect("taken");
+        let h =
+            next_on.jobs().accept_registered(T, b"w", Some(*new.incarnation()), Duration::ZERO).await.expect("taken");
         assert_eq!(h.job.id, b"j".to_vec());
         next_on.jobs().remove(T, b"j").await.expect("remove");
         next_on.unregister_worker(&new).await.expect("unregister the new one");

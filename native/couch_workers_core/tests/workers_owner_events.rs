@@ -26,9 +26,12 @@ fn spec_1s() -> WorkerSpec {
 fn listener() -> (OnOwnerEvent, mpsc::UnboundedReceiver<OwnerEvent>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let tx = Mutex::new(tx);
-    (Box::new(move |e| {
-        let _ = tx.lock().unwrap().send(e);
-    }), rx)
+    (
+        Box::new(move |e| {
+            let _ = tx.lock().unwrap().send(e);
+        }),
+        rx,
+    )
 }
 
 async fn next(rx: &mut mpsc::UnboundedReceiver<OwnerEvent>) -> OwnerEvent {

@@ -34,9 +34,9 @@ use std::sync::{Arc, Weak};
 use couch_workers_core::keyspace::Incarnation;
 use couch_workers_core::log::Logger;
 use couch_workers_core::log_event;
+use couch_workers_core::services::owner_events::{OnOwnerEvent, OwnerEvent};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Node, Registration};
-use couch_workers_core::services::owner_events::{OnOwnerEvent, OwnerEvent};
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 use serde_json::Value;
 
@@ -75,7 +75,11 @@ pub struct RegisteredWorker {
 pub fn registration_arg(term: Term<'_>) -> NifResult<RegisteredWorker> {
     let resource: ResourceArc<RegistrationResource> = term.decode().map_err(|_| Error::BadArg)?;
     let spec = resource.reg.spec();
-    Ok(RegisteredWorker { worker_type: spec.worker_type.clone(), id: spec.id.clone(), incarnation: *resource.reg.incarnation() })
+    Ok(RegisteredWorker {
+        worker_type: spec.worker_type.clone(),
+        id: spec.id.clone(),
+        incarnation: *resource.reg.incarnation(),
+    })
 }
 
 pub fn load(env: Env) -> bool {
@@ -256,7 +260,8 @@ impl OwnerTarget {
         let mut msg_env = OwnedEnv::new();
         let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let _ = msg_env.send_and_clear(pid, |env| {
-                let tag = env.binary_to_term(&self.tag).map(|(t, _)| t).unwrap_or_else(|| atoms::undefined().encode(env));
+                let tag =
+                    env.binary_to_term(&self.tag).map(|(t, _)| t).unwrap_or_else(|| atoms::undefined().encode(env));
                 build(env, tag)
             });
         }));

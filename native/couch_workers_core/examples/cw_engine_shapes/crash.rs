@@ -274,7 +274,9 @@ pub fn run_all(dir: &Path) {
         kill_writer(&d, trial);
         let _ = std::fs::remove_dir_all(&d);
     }
-    for (name, f) in [("crash-reader", stale_reader as fn(&Path)), ("crash-locker", dead_lock_holder), ("map-full", map_full)] {
+    for (name, f) in
+        [("crash-reader", stale_reader as fn(&Path)), ("crash-locker", dead_lock_holder), ("map-full", map_full)]
+    {
         let d = dir.join(name);
         f(&d);
         let _ = std::fs::remove_dir_all(&d);

@@ -56,7 +56,11 @@ pub enum Engine {
 const LMDB_MAP_SIZE: usize = 4 << 30;
 const VERSION_KEY: &[u8] = b"\x00last_version";
 
-pub fn open_lmdb(dir: &Path, flags: EnvFlags, map_size: usize) -> heed::Result<(heed::Env, heed::Database<Bytes, Bytes>)> {
+pub fn open_lmdb(
+    dir: &Path,
+    flags: EnvFlags,
+    map_size: usize,
+) -> heed::Result<(heed::Env, heed::Database<Bytes, Bytes>)> {
     std::fs::create_dir_all(dir).unwrap();
     // SAFETY: the benchmark opens each directory once per process and
     // never truncates or edits the files behind LMDB's back.
@@ -380,7 +384,8 @@ async fn embedded_tx(db: &Db, shape: &TxShape) {
 }
 
 const SQL_GET: &str = "SELECT value FROM kv WHERE key = ?1";
-const SQL_SET: &str = "INSERT INTO kv(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value";
+const SQL_SET: &str =
+    "INSERT INTO kv(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value";
 
 fn sqlite_get(conn: &Connection, k: &[u8]) -> Option<Vec<u8>> {
     conn.prepare_cached(SQL_GET).unwrap().query_row([k], |r| r.get(0)).optional().unwrap()
@@ -403,7 +408,8 @@ fn sqlite_op(conn: &Connection, op: &Op, version: u64, order: &mut u16) {
             };
             let limit = if *limit == 0 { -1 } else { *limit as i64 };
             let mut stmt = conn.prepare_cached(sql).unwrap();
-            let rows = stmt.query_map(params![begin, end, limit], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?)));
+            let rows =
+                stmt.query_map(params![begin, end, limit], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?)));
             rows.unwrap().for_each(drop);
         }
         Op::Set(k, v) => sqlite_set(conn, k, v),

@@ -158,7 +158,8 @@ fn run_one(dir: &Path, shape: &Shape, kind: Kind, jobs: u64, threads: usize, pro
                     .expect("spawn a child")
             })
             .collect();
-        let m: Vec<Measured> = children.into_iter().map(|c| parse_child(&c.wait_with_output().unwrap().stdout)).collect();
+        let m: Vec<Measured> =
+            children.into_iter().map(|c| parse_child(&c.wait_with_output().unwrap().stdout)).collect();
         report(kind, &format!("procs{procs}"), group, &m);
     }
     let _ = std::fs::remove_dir_all(&store);
@@ -173,7 +174,15 @@ fn parse_child(out: &[u8]) -> Measured {
         .split(' ')
         .map(|x| x.parse().unwrap())
         .collect();
-    Measured { start_us: v[0], end_us: v[1], cpu_us: v[2], wchar: v[3], commits: v[4], jobs: v[5], writer_held_us: v[6] }
+    Measured {
+        start_us: v[0],
+        end_us: v[1],
+        cpu_us: v[2],
+        wchar: v[3],
+        commits: v[4],
+        jobs: v[5],
+        writer_held_us: v[6],
+    }
 }
 
 /// `--child ENGINE STORE SHAPE PART PARTS JOBS GROUP`: one of the
@@ -186,7 +195,10 @@ fn child(args: &[String]) {
     let engine = Engine::open(kind, Path::new(&args[1]));
     let mine: Vec<u64> = (0..jobs).filter(|n| n % parts == part).collect();
     let m = measure(&engine, &shape, &mine, 1, group);
-    println!("CHILD {} {} {} {} {} {} {}", m.start_us, m.end_us, m.cpu_us, m.wchar, m.commits, m.jobs, m.writer_held_us);
+    println!(
+        "CHILD {} {} {} {} {} {} {}",
+        m.start_us, m.end_us, m.cpu_us, m.wchar, m.commits, m.jobs, m.writer_held_us
+    );
     engine.close();
 }
 
@@ -222,7 +234,15 @@ fn print_shape(shape: &Shape, left_out: usize) {
             }
         }
     }
-    line("shape", &[("txs", shape.txs.len() as f64), ("per_job_keys", shape.per_job.len() as f64), ("shared_keys", shape.shared.len() as f64), ("left_out_txs", left_out as f64)]);
+    line(
+        "shape",
+        &[
+            ("txs", shape.txs.len() as f64),
+            ("per_job_keys", shape.per_job.len() as f64),
+            ("shared_keys", shape.shared.len() as f64),
+            ("left_out_txs", left_out as f64),
+        ],
+    );
 }
 
 fn describe(op: &Op) -> String {
@@ -273,7 +293,13 @@ fn main() {
     for n in 0..jobs {
         std::hint::black_box(shape.instantiate(n));
     }
-    line("replay_itself", &[("cpu_us_per_job", (cpu_us() - c0) / jobs as f64), ("wall_us_per_job", t0.elapsed().as_secs_f64() * 1e6 / jobs as f64)]);
+    line(
+        "replay_itself",
+        &[
+            ("cpu_us_per_job", (cpu_us() - c0) / jobs as f64),
+            ("wall_us_per_job", t0.elapsed().as_secs_f64() * 1e6 / jobs as f64),
+        ],
+    );
 
     if want("runs") {
         for kind in [Kind::Embedded, Kind::Sqlite, Kind::LmdbNoSync] {

@@ -146,7 +146,8 @@ pub fn record(dir: &std::path::Path) -> (Shape, usize) {
     let db: Db = Arc::new(Recorder { inner: store.clone(), on: on.clone(), log: log.clone() });
     let node = rt.block_on(async { Node::with_db(db.clone(), Settings::default(), Arc::new(Discard)) });
     let (shape, left_out) = rt.block_on(async {
-        let spec = WorkerSpec { worker_type: b"j2".to_vec(), id: b"w0".to_vec(), options_json: b"{}".to_vec(), timeout_s: 15 };
+        let spec =
+            WorkerSpec { worker_type: b"j2".to_vec(), id: b"w0".to_vec(), options_json: b"{}".to_vec(), timeout_s: 15 };
         let reg = node.register_worker(spec).await.expect("register");
         // The add of job 0, recorded for the versionstamp it got.
         on.store(true, Ordering::SeqCst);

@@ -12,7 +12,12 @@
 #[derive(Clone, Debug)]
 pub enum Op {
     Get(Vec<u8>),
-    Range { begin: Vec<u8>, end: Vec<u8>, limit: usize, reverse: bool },
+    Range {
+        begin: Vec<u8>,
+        end: Vec<u8>,
+        limit: usize,
+        reverse: bool,
+    },
     Set(Vec<u8>, Vec<u8>),
     Clear(Vec<u8>),
     ClearRange(Vec<u8>, Vec<u8>),
@@ -226,7 +231,11 @@ pub fn decode(input: &[u8]) -> Shape {
     for which in 0..2 {
         for _ in 0..num(&mut pos) {
             let kv = (bytes(&mut pos), bytes(&mut pos));
-            if which == 0 { shape.per_job.push(kv) } else { shape.shared.push(kv) }
+            if which == 0 {
+                shape.per_job.push(kv)
+            } else {
+                shape.shared.push(kv)
+            }
         }
     }
     for _ in 0..num(&mut pos) {

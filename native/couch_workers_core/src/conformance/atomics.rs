@@ -1,7 +1,5 @@
 //! Atomic operations: ADD and BYTE_MAX.
 
-
-
 use super::StoreFactory;
 use std::time::Duration;
 
@@ -137,7 +135,10 @@ pub async fn atomic_add_in_order_with_its_transaction(s: &dyn StoreFactory) {
     })
     .await
     .expect("watch");
-    assert!(tokio::time::timeout(Duration::from_millis(300), &mut w).await.is_err(), "fired on its own transaction's add");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut w).await.is_err(),
+        "fired on its own transaction's add"
+    );
     write(db, |tx| tx.atomic_add(b, 1)).await;
     assert_eq!(tokio::time::timeout(Duration::from_secs(10), &mut w).await, Ok(Ok(())));
     assert_eq!(le_i64(get(db, b).await), -1);

@@ -1,9 +1,7 @@
 //! Reads, writes, clears and ranges; read-only commits.
 
-
-
-use super::StoreFactory;
 use super::helpers::{get, get_range, key, le_i64, put, write};
+use super::StoreFactory;
 use crate::store::{run, CommitInfo, RangeRequest, TxOptions};
 
 /// Reads see the transaction's own sets, clears, range clears and adds.

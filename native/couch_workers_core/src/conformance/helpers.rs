@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use crate::store::{run, run_with_info, CommitInfo, Db, RangeRequest, StoreError, Tx, TxOptions, Versionstamp, VERSIONSTAMP_LEN};
+use crate::store::{
+    run, run_with_info, CommitInfo, Db, RangeRequest, StoreError, Tx, TxOptions, Versionstamp, VERSIONSTAMP_LEN,
+};
 
 /// `prefix ++ "cwconf/" ++ name`: every key of the suite.
 pub(super) fn key(db: &Db, name: &[u8]) -> Vec<u8> {

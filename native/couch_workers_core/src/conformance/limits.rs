@@ -1,9 +1,7 @@
 //! Key, value and transaction size limits.
 
-
-
-use super::StoreFactory;
 use super::helpers::{get, get_range, key, put, stamp_param, write};
+use super::StoreFactory;
 use crate::store::{
     run, RangeRequest, StoreError, TxOptions, MAX_KEY_SIZE, MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE, VERSIONSTAMP_LEN,
 };

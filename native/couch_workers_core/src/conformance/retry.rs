@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::StoreFactory;
 use super::helpers::{get, get_range, key, le_i64};
+use super::StoreFactory;
 use crate::store::{run, RangeRequest, StoreError, TxOptions, MAX_VALUE_SIZE};
 
 async fn increments(s: &dyn StoreFactory, opts: TxOptions, per_task: u64) {

@@ -3,8 +3,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use super::StoreFactory;
 use super::helpers::{get, get_range, key, put, read_version, stamp_param, version_of, write};
+use super::StoreFactory;
 use crate::store::{run, run_with_info, Db, RangeRequest, StoreError, TxOptions};
 
 /// Versionstamped keys and values: one stamp per commit, shared by every

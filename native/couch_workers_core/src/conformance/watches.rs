@@ -2,8 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::StoreFactory;
 use super::helpers::{get, key, put, wait_watch, write};
+use super::StoreFactory;
 use crate::store::{run, Db, StoreError, TxOptions};
 
 /// Creates a watch on `k` in a committed transaction.

@@ -43,11 +43,14 @@ pub(super) async fn register(db: &Db, spec: &WorkerSpec) -> Versionstamp {
 
 pub(super) async fn register_as(db: &Db, spec: &WorkerSpec, inc: &Incarnation) -> Versionstamp {
     let ks = &ks_of(db);
-    let ((), info) = run_with_info(&**db, TxOptions::write(), |tx| async move {
-        workers::register(&tx, ks, spec, inc, TSTAMP).await
-    })
-    .await
-    .expect("register commits");
+    let ((), info) =
+        run_with_info(
+            &**db,
+            TxOptions::write(),
+            |tx| async move { workers::register(&tx, ks, spec, inc, TSTAMP).await },
+        )
+        .await
+        .expect("register commits");
     stamp_of(&info)
 }
 
@@ -55,7 +58,12 @@ pub(super) async fn heartbeat(db: &Db, spec: &WorkerSpec, tstamp: i64) -> (Heart
     heartbeat_as(db, spec, &INC, tstamp).await
 }
 
-pub(super) async fn heartbeat_as(db: &Db, spec: &WorkerSpec, inc: &Incarnation, tstamp: i64) -> (Heartbeat, CommitInfo) {
+pub(super) async fn heartbeat_as(
+    db: &Db,
+    spec: &WorkerSpec,
+    inc: &Incarnation,
+    tstamp: i64,
+) -> (Heartbeat, CommitInfo) {
     let ks = &ks_of(db);
     run_with_info(&**db, TxOptions::write(), |tx| async move { workers::heartbeat(&tx, ks, spec, inc, tstamp).await })
         .await
@@ -76,9 +84,13 @@ pub(super) async fn remove_as(db: &Db, worker_type: &[u8], id: &[u8], inc: &Inca
 /// Reaps `id` if its health record is still `observed`.
 pub(super) async fn reap(db: &Db, worker_type: &[u8], id: &[u8], observed: &[u8]) -> (bool, CommitInfo) {
     let ks = &ks_of(db);
-    run_with_info(&**db, TxOptions::write(), |tx| async move { workers::reap(&tx, ks, worker_type, id, observed).await })
-        .await
-        .expect("reap commits")
+    run_with_info(
+        &**db,
+        TxOptions::write(),
+        |tx| async move { workers::reap(&tx, ks, worker_type, id, observed).await },
+    )
+    .await
+    .expect("reap commits")
 }
 
 pub(super) async fn membership(db: &Db, worker_type: &[u8]) -> Membership {

@@ -2,12 +2,14 @@
 
 use std::time::{Duration, Instant};
 
-use super::helpers::{accept_now, count, info, ks_of, membership, node, range, register, remove, spec, stamp_of, INC, T};
-use crate::Error;
+use super::helpers::{
+    accept_now, count, info, ks_of, membership, node, range, register, remove, spec, stamp_of, INC, T,
+};
 use crate::conformance::StoreFactory;
 use crate::jobs::{AddManyError, Fence, JobState, NewJob};
 use crate::store::{run, StoreError, TxOptions};
 use crate::workers;
+use crate::Error;
 
 /// `add` writes a pending job that `get` returns through either handle;
 /// an id that exists is `AlreadyExists` and changes nothing; the pending
@@ -94,7 +96,10 @@ pub async fn jobs_accept_needs_a_registered_worker(s: &dyn StoreFactory) {
         assert_eq!(na.jobs().accept(T, worker, Duration::ZERO).await, Err(Error::NotFound));
         let started = Instant::now();
         assert_eq!(nb.jobs().accept(T, worker, Duration::from_secs(5)).await, Err(Error::NotFound));
-        assert!(started.elapsed() < Duration::from_secs(2), "an unregistered worker is refused at once, not at the timeout");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "an unregistered worker is refused at once, not at the timeout"
+        );
     }
     assert_eq!(nb.jobs().get(T, b"j").await.map(|j| j.state), Ok(JobState::Pending));
     assert_eq!(count(na.jobs()).await, 1);
@@ -133,7 +138,14 @@ pub async fn jobs_update_finish_fencing(s: &dyn StoreFactory) {
     assert!(h1.job.vs > h.job.vs);
     assert_eq!(na.jobs().get(T, b"j").await, Ok(h1.job.clone()));
 
-    let stale_token = Fence { token: { let mut t = h.token; t[0] ^= 1; t }, ..h.fence() };
+    let stale_token = Fence {
+        token: {
+            let mut t = h.token;
+            t[0] ^= 1;
+            t
+        },
+        ..h.fence()
+    };
     let other_worker = Fence { worker: b"w2".to_vec(), ..h.fence() };
     for f in [&stale_token, &other_worker] {
         assert_eq!(na.jobs().update(f, b"{}").await, Err(Error::NotOwner));
@@ -334,10 +346,7 @@ pub async fn jobs_add_many_all_or_nothing(s: &dyn StoreFactory) {
     nb.jobs().add_many(T, &[]).await.expect("an empty batch");
     assert_eq!(count(na.jobs()).await, 1);
 
-    nb.jobs()
-        .add_many(T, &[new(b"c", 0), new(b"a", 0), new(b"neg", -1), new(b"b", 0)])
-        .await
-        .expect("add_many");
+    nb.jobs().add_many(T, &[new(b"c", 0), new(b"a", 0), new(b"neg", -1), new(b"b", 0)]).await.expect("add_many");
     assert_eq!(count(na.jobs()).await, 5);
     let jobs = [b"c".as_slice(), b"a", b"neg", b"b"];
     let stamps: Vec<_> = {

@@ -49,7 +49,10 @@ pub async fn membership_watch_fires_on_change_not_on_heartbeat(s: &dyn StoreFact
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     assert_eq!(heartbeat(&b.db, &w2, TSTAMP).await.0, Heartbeat::Renewed);
-    assert!(tokio::time::timeout(Duration::from_millis(200), &mut watch).await.is_err(), "a heartbeat must not wake it");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut watch).await.is_err(),
+        "a heartbeat must not wake it"
+    );
     assert!(remove(&b.db, T, b"w1").await.0);
     let fired = tokio::time::timeout(Duration::from_secs(2), &mut watch).await;
     assert_eq!(fired, Ok(Ok(())), "a removal through the other handle wakes the watcher");
@@ -60,9 +63,13 @@ pub async fn membership_watch_fires_on_change_not_on_heartbeat(s: &dyn StoreFact
 
 async fn changes_since(db: &Db, worker_type: &[u8], since: &Versionstamp) -> workers::MembershipChanges {
     let ks = &ks_of(db);
-    run(&**db, TxOptions::read(), |tx| async move { workers::read_membership_changes(&tx, ks, worker_type, since).await })
-        .await
-        .expect("read membership changes")
+    run(
+        &**db,
+        TxOptions::read(),
+        |tx| async move { workers::read_membership_changes(&tx, ks, worker_type, since).await },
+    )
+    .await
+    .expect("read membership changes")
 }
 
 /// The change log says exactly what changed after a versionstamp: joins
@@ -148,13 +155,17 @@ pub async fn membership_watcher_incremental_matches_full_reads(s: &dyn StoreFact
     let n = node(&a.db);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Membership>();
     let _watch = n
-        .watch_membership(T.to_vec(), Box::new(move |m| {
-            let _ = tx.send(m);
-        }))
+        .watch_membership(
+            T.to_vec(),
+            Box::new(move |m| {
+                let _ = tx.send(m);
+            }),
+        )
         .expect("watch");
     let first = next_delivery(&mut rx).await;
     assert_eq!(first.workers.len(), 200);
-    let steps: Vec<(&[u8], bool)> = vec![(b"new1", true), (b"m007", false), (b"m100", true), (b"new2", true), (b"new1", false)];
+    let steps: Vec<(&[u8], bool)> =
+        vec![(b"new1", true), (b"m007", false), (b"m100", true), (b"new2", true), (b"new1", false)];
     for (id, join) in steps {
         if join {
             register(&b.db, &spec(T, id, b"{\"again\":true}", 15)).await;
@@ -169,7 +180,13 @@ pub async fn membership_watcher_incremental_matches_full_reads(s: &dyn StoreFact
             got = next_delivery(&mut rx).await;
         }
         assert_eq!(got.vs, full.vs);
-        assert_eq!(got.workers, full.workers, "after {} {}", if join { "join" } else { "leave" }, String::from_utf8_lossy(id));
+        assert_eq!(
+            got.workers,
+            full.workers,
+            "after {} {}",
+            if join { "join" } else { "leave" },
+            String::from_utf8_lossy(id)
+        );
     }
     n.stop().await;
 }

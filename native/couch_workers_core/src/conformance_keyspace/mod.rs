@@ -36,8 +36,6 @@
 //! Each behaviour is a `pub async fn(&dyn StoreFactory)`, callable on its
 //! own, and each checks an outcome.
 
-
-
 /// Expands the key-space conformance suite into one tokio test per
 /// behaviour. See the [module doc](crate::conformance_keyspace).
 #[macro_export]

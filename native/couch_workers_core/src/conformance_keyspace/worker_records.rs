@@ -6,12 +6,12 @@ use super::helpers::{
     accept_now, count, health, heartbeat, heartbeat_as, info, ks_of, membership, node, range, raw_get, raw_set, reap,
     register, register_as, remove, remove_as, sorted, spec, stamp_of, INC, T, TSTAMP,
 };
-use crate::Error;
 use crate::conformance::StoreFactory;
 use crate::jobs::{ops, JobState, NewJob};
 use crate::keyspace::Health;
 use crate::store::{run, run_with_info, CommitInfo, Db, TxOptions};
 use crate::workers::{self, Heartbeat};
+use crate::Error;
 
 /// `register` writes the member (the options bytes as given) and a health
 /// record stamped with its commit, and sets the type's `vs` to the
@@ -43,7 +43,10 @@ pub async fn workers_register_writes_member_health_and_bumps_vs(s: &dyn StoreFac
     assert!(vs3 > vs2);
     let m = membership(&b.db, T).await;
     assert_eq!(m.vs, vs3);
-    assert_eq!(m.workers, vec![(b"w1".to_vec(), w1_again.options_json.clone()), (b"w2".to_vec(), w2.options_json.clone())]);
+    assert_eq!(
+        m.workers,
+        vec![(b"w1".to_vec(), w1_again.options_json.clone()), (b"w2".to_vec(), w2.options_json.clone())]
+    );
     let again = Health { versionstamp: vs3, tstamp: TSTAMP, timeout_s: 3, incarnation: Some([3; 16]) };
     assert_eq!(health(&b.db, T, b"w1").await, Some(again));
 }

@@ -15,7 +15,12 @@ use crate::store::{run_attempts, CommitInfo, Database, StoreError, Tx, TxOptions
 /// `Ok(())` if that receipt is there (see [`receipt`]). An expected error
 /// wrote nothing, so it sets no receipt and is decided afresh. On a store
 /// whose commits are never unknown, no receipt is written.
-pub(crate) async fn run_once<E, F, Fut>(db: &dyn Database, opts: TxOptions, ks: &Keyspace, mut body: F) -> Result<Result<(), E>, StoreError>
+pub(crate) async fn run_once<E, F, Fut>(
+    db: &dyn Database,
+    opts: TxOptions,
+    ks: &Keyspace,
+    mut body: F,
+) -> Result<Result<(), E>, StoreError>
 where
     F: FnMut(Tx) -> Fut,
     Fut: Future<Output = Result<Result<(), E>, StoreError>>,

@@ -75,19 +75,19 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::commit::{complete_handle_vs, run_committed};
 use super::job::{AcceptToken, JobHandle};
 use super::ops::{self, Take};
 use super::place::wall_ms;
-use super::commit::{complete_handle_vs, run_committed};
 use super::service::{Live, ServiceState};
 use crate::error::Error;
 use crate::keyspace::Incarnation;
 use crate::log::TARGET;
-use tracing::Instrument;
 use crate::log_event;
 use crate::services::watch_limit::is_too_many_watches;
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError, Watch};
+use tracing::Instrument;
 
 /// Most waiters served by one accept round (one transaction).
 pub const ROUND_MAX_WAITERS: usize = 100;
@@ -317,7 +317,8 @@ struct Dispatcher {
 /// The monotonic instant at which this node's wall clock reads `at_ms`.
 fn instant_of(at_ms: u64) -> Instant {
     let now = Instant::now();
-    now.checked_add(Duration::from_millis(at_ms.saturating_sub(wall_ms()))).unwrap_or(now + Duration::from_secs(86_400 * 365))
+    now.checked_add(Duration::from_millis(at_ms.saturating_sub(wall_ms())))
+        .unwrap_or(now + Duration::from_secs(86_400 * 365))
 }
 
 impl Dispatcher {
@@ -448,7 +449,13 @@ impl Dispatcher {
                             at_limit += 1;
                             let pause = self.shared.watch_limit.reached(at_limit);
                             let (t, delay_ms) = (self.job_type.as_slice(), pause.as_millis() as u64);
-                            log_event!(self.shared.log, Debug, "accept_watch_deferred", "type" = t, delay_ms = delay_ms);
+                            log_event!(
+                                self.shared.log,
+                                Debug,
+                                "accept_watch_deferred",
+                                "type" = t,
+                                delay_ms = delay_ms
+                            );
                             rearm_at = Some(Instant::now() + pause);
                             need_round = false;
                         }
@@ -550,7 +557,12 @@ impl Dispatcher {
         let mut attempts = 0u32;
         let outcome = run_committed(shared.db.as_ref(), shared.write, |tx| {
             attempts += 1;
-            let acceptors = ops::Acceptors { workers: &workers, incarnations: &incarnations, tokens: &tokens, recheck: attempts > 1 };
+            let acceptors = ops::Acceptors {
+                workers: &workers,
+                incarnations: &incarnations,
+                tokens: &tokens,
+                recheck: attempts > 1,
+            };
             async move {
                 let round = ops::accept(&tx, ks, job_type, acceptors).await?;
                 let left = rest > 0 || round.takes.iter().any(|t| matches!(t, Take::NoJob));
@@ -630,7 +642,9 @@ impl Dispatcher {
         // job that became pending since the round's read either moved
         // `jobs_vs` before this read (then it differs from what the round
         // saw: another round at once) or fires the watch.
-        let (now, watch) = run(shared.db.as_ref(), shared.read, |tx| async move { ops::pending_watch(&tx, ks, job_type).await }).await?;
+        let (now, watch) =
+            run(shared.db.as_ref(), shared.read, |tx| async move { ops::pending_watch(&tx, ks, job_type).await })
+                .await?;
         if now != seen {
             return Ok((true, None));
         }

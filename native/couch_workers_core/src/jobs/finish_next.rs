@@ -36,7 +36,12 @@ impl ServiceState {
     /// and no job was taken (none pending, the type paused, or the
     /// registration no longer holds the id). An error of the finish
     /// (`NotOwner`, `NotFound`, ...) wrote nothing and took nothing.
-    pub(crate) async fn finish_accept(self: &Arc<Self>, fence: &Fence, result: &[u8], next: NextFor<'_>) -> Result<Option<JobHandle>, Error> {
+    pub(crate) async fn finish_accept(
+        self: &Arc<Self>,
+        fence: &Fence,
+        result: &[u8],
+        next: NextFor<'_>,
+    ) -> Result<Option<JobHandle>, Error> {
         let ks = &self.ks;
         let db = self.db.as_ref();
         let receipt = db.commits_may_be_unknown().then(|| Receipt::new(ks));
@@ -90,12 +95,14 @@ impl ServiceState {
             // scheduled ones, a spent byte budget, stale keys cleared):
             // the finish has committed; take one as `job_accept` with
             // timeout 0 would.
-            Some(Take::NoJob) if due || round.more => match self.accept_now(next.worker_type, next.worker, next.incarnation).await {
-                Ok(handle) => Ok(Some(handle)),
-                // The finish committed: it is never answered as an error
-                // (a job the accept may have taken it gives back itself).
-                Err(_) => Ok(None),
-            },
+            Some(Take::NoJob) if due || round.more => {
+                match self.accept_now(next.worker_type, next.worker, next.incarnation).await {
+                    Ok(handle) => Ok(Some(handle)),
+                    // The finish committed: it is never answered as an error
+                    // (a job the accept may have taken it gives back itself).
+                    Err(_) => Ok(None),
+                }
+            }
             _ => Ok(None),
         }
     }

@@ -95,8 +95,8 @@ mod wake;
 pub use dispatcher::{AcceptReply, GoneSignal, ReplyFn};
 pub use finish_next::NextFor;
 pub use job::{
-    AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts, NewJob,
-    Schedule,
+    AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts,
+    NewJob, Schedule,
 };
 pub use ops::{Departure, Retry, RunEnd};
 pub use place::wall_ms;

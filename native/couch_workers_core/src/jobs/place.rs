@@ -72,7 +72,15 @@ pub(crate) fn unplace(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &
 /// Puts the record into the keys and counter of `rec.state` and writes
 /// it. A `running` record names its worker; a `scheduled` one its
 /// `run_at`. An ended record's `keep` starts now (`now_ms`).
-pub(crate) fn place(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, user_version: u16, now_ms: u64) {
+pub(crate) fn place(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+    rec: &mut Record,
+    user_version: u16,
+    now_ms: u64,
+) {
     if rec.state != JobState::Scheduled {
         rec.run_at = None;
     }

@@ -27,8 +27,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ops;
-use super::receipt;
 use super::place::wall_ms;
+use super::receipt;
 use super::service::{Live, ServiceState};
 use super::wake::{Waiter, Woke};
 use crate::log_event;
@@ -86,13 +86,16 @@ pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationTo
                 Ok((ops::next_expiry(&tx, ks).await?, watch))
             })
             .await?;
-            let pruned = match next {
-                Some(at) if at <= now => {
-                    run(shared.db.as_ref(), shared.write, |tx| async move { ops::prune(&tx, ks, now, PRUNE_BATCH).await })
+            let pruned =
+                match next {
+                    Some(at) if at <= now => {
+                        run(shared.db.as_ref(), shared.write, |tx| async move {
+                            ops::prune(&tx, ks, now, PRUNE_BATCH).await
+                        })
                         .await?
-                }
-                next => ops::Pruned { removed: Vec::new(), next },
-            };
+                    }
+                    next => ops::Pruned { removed: Vec::new(), next },
+                };
             Ok::<_, StoreError>((pruned, watch))
         };
         let pass = tokio::select! {

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::commit::{complete_handle_vs, run_committed, run_once};
 use super::dispatcher::{future_reply, AcceptReply, Dispatchers, Waiter};
 use super::finish_next::NextFor;
 use super::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState, JobVs, NewJob};
@@ -25,8 +26,6 @@ use super::place::wall_ms;
 use super::promoter::run_promoter;
 use super::pruner::run_pruner;
 use super::receipt::{self, Receipt};
-use super::commit::{complete_handle_vs, run_committed, run_once};
-use crate::store::run_attempts;
 use super::subscription::{read_current, JobSubscription, OnJobEvent, Watchers};
 use super::sweeper::run_sweeper;
 use crate::error::{check_key, Error};
@@ -34,6 +33,7 @@ use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::Logger;
 use crate::log_event;
 use crate::services::watch_limit::WatchLimit;
+use crate::store::run_attempts;
 use crate::store::{run, Db, StoreError, TxOptions};
 
 /// Most rounds an accept with timeout 0 runs when a round cleared stale
@@ -103,7 +103,12 @@ impl ServiceState {
 
     /// One accept transaction for one worker (for `incarnation` only, if
     /// given), no waiting.
-    pub(crate) async fn accept_now(self: &Arc<Self>, worker_type: &[u8], worker: &[u8], incarnation: Option<Incarnation>) -> Result<JobHandle, Error> {
+    pub(crate) async fn accept_now(
+        self: &Arc<Self>,
+        worker_type: &[u8],
+        worker: &[u8],
+        incarnation: Option<Incarnation>,
+    ) -> Result<JobHandle, Error> {
         let workers = vec![worker.to_vec()];
         let incarnations = [incarnation];
         let ks = &self.ks;
@@ -112,7 +117,12 @@ impl ServiceState {
             let mut attempts = 0u32;
             let outcome = run_committed(self.db.as_ref(), self.write, |tx| {
                 attempts += 1;
-                let acceptors = ops::Acceptors { workers: &workers, incarnations: &incarnations, tokens: &tokens, recheck: attempts > 1 };
+                let acceptors = ops::Acceptors {
+                    workers: &workers,
+                    incarnations: &incarnations,
+                    tokens: &tokens,
+                    recheck: attempts > 1,
+                };
                 async move { ops::accept(&tx, ks, worker_type, acceptors).await }
             })
             .await;
@@ -152,7 +162,14 @@ impl ServiceState {
     /// it (`ops::accept`): the one word of it besides its error.
     pub(crate) fn log_unrunnable(&self, job_type: &[u8], ids: &[Vec<u8>]) {
         for id in ids {
-            log_event!(self.log, Error, "job_failed_unrunnable", "type" = job_type, id = id.as_slice(), reason = "value_too_large");
+            log_event!(
+                self.log,
+                Error,
+                "job_failed_unrunnable",
+                "type" = job_type,
+                id = id.as_slice(),
+                reason = "value_too_large"
+            );
         }
     }
 
@@ -244,7 +261,13 @@ impl JobService {
         let job = NewJob { id: id.to_vec(), info: info.to_vec(), priority };
         let ks = &self.shared.ks;
         let j = &job;
-        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add(&tx, ks, job_type, j).await }).await?
+        run_once(
+            self.shared.db.as_ref(),
+            self.shared.write,
+            ks,
+            |tx| async move { ops::add(&tx, ks, job_type, j).await },
+        )
+        .await?
     }
 
     /// Adds a job with its options (`job_add/4`): scheduled, or pending at
@@ -255,8 +278,10 @@ impl JobService {
         let ks = &self.shared.ks;
         let j = &job;
         crate::stage::mark("add_task_runs");
-        let added = run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await })
-            .await;
+        let added = run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
+            ops::add_job(&tx, ks, job_type, j, wall_ms()).await
+        })
+        .await;
         crate::stage::mark("add_committed");
         added?
     }
@@ -277,9 +302,11 @@ impl JobService {
     pub async fn add_many(&self, job_type: &[u8], jobs: &[NewJob]) -> Result<(), AddManyError> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::add_many(&tx, ks, job_type, jobs).await })
-            .await
-            .map_err(Error::from)?
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
+            ops::add_many(&tx, ks, job_type, jobs).await
+        })
+        .await
+        .map_err(Error::from)?
     }
 
     /// Takes the next pending job of `worker_type` for the registered
@@ -326,7 +353,11 @@ impl JobService {
         let now = Instant::now();
         let deadline = now.checked_add(timeout).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
         shared.dispatchers.waiting.fetch_add(1, Ordering::Relaxed);
-        shared.dispatchers.submit(shared, &worker_type, Waiter { worker, incarnation, deadline, reply, signals: false });
+        shared.dispatchers.submit(
+            shared,
+            &worker_type,
+            Waiter { worker, incarnation, deadline, reply, signals: false },
+        );
     }
 
     /// [`JobService::accept_with`] as a future. Dropping the future before
@@ -375,7 +406,9 @@ impl JobService {
                     // The job as the landed update left it (its VS complete).
                     Some(_) => {
                         let job = ops::get(&tx, ks, &fence.job_type, &fence.job_id).await?;
-                        return Ok(job.map(|job| JobHandle { job, token: fence.token, queued_at: None }).ok_or(Error::NotFound));
+                        return Ok(job
+                            .map(|job| JobHandle { job, token: fence.token, queued_at: None })
+                            .ok_or(Error::NotFound));
                     }
                     None => {}
                 }
@@ -409,7 +442,12 @@ impl JobService {
     /// `finish_next.rs`): `Ok(None)` when the finish committed and no job
     /// was taken. A taken job whose delivery fails goes back with
     /// [`JobService::give_back`].
-    pub async fn finish_accept(&self, fence: &Fence, result: &[u8], next: NextFor<'_>) -> Result<Option<JobHandle>, Error> {
+    pub async fn finish_accept(
+        &self,
+        fence: &Fence,
+        result: &[u8],
+        next: NextFor<'_>,
+    ) -> Result<Option<JobHandle>, Error> {
         self.shared.check_open()?;
         check_key(&self.shared.ks.member(next.worker_type, next.worker))?;
         self.shared.finish_accept(fence, result, next).await
@@ -448,7 +486,14 @@ impl JobService {
 
     /// Adds the job or runs it again (see [`ops::resubmit`]); with
     /// `if_vs`, `Changed` unless the job exists with that `vs`.
-    pub async fn resubmit(&self, job_type: &[u8], id: &[u8], info: &[u8], opts: &JobOpts, if_vs: Option<&JobVs>) -> Result<(), Error> {
+    pub async fn resubmit(
+        &self,
+        job_type: &[u8],
+        id: &[u8],
+        info: &[u8],
+        opts: &JobOpts,
+        if_vs: Option<&JobVs>,
+    ) -> Result<(), Error> {
         self.shared.check_open()?;
         ops::check_job_key(&self.shared.ks, job_type, id)?;
         let ks = &self.shared.ks;
@@ -463,8 +508,10 @@ impl JobService {
     pub async fn remove_if(&self, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<(), Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::remove_if(&tx, ks, job_type, id, if_vs).await })
-            .await?
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
+            ops::remove_if(&tx, ks, job_type, id, if_vs).await
+        })
+        .await?
     }
 
     /// The exact number of the type's jobs per state, in
@@ -473,7 +520,9 @@ impl JobService {
         self.shared.check_open()?;
         check_key(&self.shared.ks.state_count(job_type, b"scheduled"))?;
         let ks = &self.shared.ks;
-        let n = run(self.shared.db.as_ref(), self.shared.read, |tx| async move { ops::counts(&tx, ks, job_type).await }).await?;
+        let n =
+            run(self.shared.db.as_ref(), self.shared.read, |tx| async move { ops::counts(&tx, ks, job_type).await })
+                .await?;
         Ok(std::array::from_fn(|i| (JobState::ALL[i], n[i])))
     }
 
@@ -506,8 +555,10 @@ impl JobService {
         self.shared.check_open()?;
         check_key(&self.shared.ks.paused(job_type))?;
         let ks = &self.shared.ks;
-        Ok(run(self.shared.db.as_ref(), self.shared.write, |tx| async move { ops::set_paused(&tx, ks, job_type, paused).await })
-            .await?)
+        Ok(run(self.shared.db.as_ref(), self.shared.write, |tx| async move {
+            ops::set_paused(&tx, ks, job_type, paused).await
+        })
+        .await?)
     }
 
     /// Cancels a job (see [`ops::cancel`]).
@@ -524,7 +575,10 @@ impl JobService {
     pub async fn remove(&self, job_type: &[u8], id: &[u8]) -> Result<(), Error> {
         self.shared.check_open()?;
         let ks = &self.shared.ks;
-        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move { ops::remove(&tx, ks, job_type, id).await }).await?
+        run_once(self.shared.db.as_ref(), self.shared.write, ks, |tx| async move {
+            ops::remove(&tx, ks, job_type, id).await
+        })
+        .await?
     }
 
     pub async fn get(&self, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {
@@ -537,14 +591,23 @@ impl JobService {
         self.shared.check_open()?;
         check_key(&self.shared.ks.pending_count(job_type))?;
         let ks = &self.shared.ks;
-        Ok(run(self.shared.db.as_ref(), self.shared.read, |tx| async move { ops::pending_count(&tx, ks, job_type).await })
-            .await?)
+        Ok(run(
+            self.shared.db.as_ref(),
+            self.shared.read,
+            |tx| async move { ops::pending_count(&tx, ks, job_type).await },
+        )
+        .await?)
     }
 
     /// The current job, and a subscription whose `on_event` gets every
     /// later change (`Changed` with a greater `vs` each time; `Removed`
     /// once, which ends it). `not_found` if the job does not exist.
-    pub async fn subscribe(&self, job_type: &[u8], id: &[u8], on_event: OnJobEvent) -> Result<(Job, JobSubscription), Error> {
+    pub async fn subscribe(
+        &self,
+        job_type: &[u8],
+        id: &[u8],
+        on_event: OnJobEvent,
+    ) -> Result<(Job, JobSubscription), Error> {
         self.shared.check_open()?;
         let current = read_current(&self.shared, job_type, id).await?;
         Ok(self.shared.watchers.subscribe(&self.shared, current, on_event))

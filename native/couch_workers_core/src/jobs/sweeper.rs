@@ -82,7 +82,8 @@ pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: Ca
         if full && ok {
             continue;
         }
-        let wait = if ok { jittered(PERIOD, 0.2) } else { jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5) };
+        let wait =
+            if ok { jittered(PERIOD, 0.2) } else { jittered(Duration::from_millis(100u64 << failures.min(6)), 0.5) };
         let fired = tokio::select! {
             _ = cancel.cancelled() => return,
             fired = watch => Some(fired),
@@ -108,7 +109,12 @@ pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: Ca
 }
 
 /// Works one marker off; returns how many jobs moved.
-async fn sweep_one(shared: &ServiceState, cancel: &CancellationToken, worker_type: &[u8], worker: &[u8]) -> Result<usize, StoreError> {
+async fn sweep_one(
+    shared: &ServiceState,
+    cancel: &CancellationToken,
+    worker_type: &[u8],
+    worker: &[u8],
+) -> Result<usize, StoreError> {
     let mut cursor: Option<SweepCursor> = None;
     let mut moved = 0;
     loop {
@@ -117,8 +123,10 @@ async fn sweep_one(shared: &ServiceState, cancel: &CancellationToken, worker_typ
         }
         let ks = &shared.ks;
         let c = cursor.as_ref();
-        let step = run(shared.db.as_ref(), shared.write, |tx| async move { ops::sweep_orphan(&tx, ks, worker_type, worker, c).await })
-            .await?;
+        let step = run(shared.db.as_ref(), shared.write, |tx| async move {
+            ops::sweep_orphan(&tx, ks, worker_type, worker, c).await
+        })
+        .await?;
         match step {
             SweepStep::Done { moved: n } => return Ok(moved + n),
             SweepStep::More { moved: n, cursor: next } => {

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::services::watch_limit::{is_too_many_watches, WatchLimit};
 use crate::services::jittered;
+use crate::services::watch_limit::{is_too_many_watches, WatchLimit};
 use crate::store::Watch;
 
 /// How soon to look again when there is no working watch (it could not

@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use tracing::Instrument;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::owner_events::{OwnerEvent, OwnerEvents};
 use super::{jittered, wall_clock_s, Live};
@@ -120,8 +120,17 @@ impl Heartbeats {
         live: Live,
     ) {
         let p = period(spec.timeout_s);
-        let entry =
-            Entry { spec, incarnation, cancel, events, open: written + p / 2, due: next_due(written, p), failures: 0, in_flight: false, _live: live };
+        let entry = Entry {
+            spec,
+            incarnation,
+            cancel,
+            events,
+            open: written + p / 2,
+            due: next_due(written, p),
+            failures: 0,
+            in_flight: false,
+            _live: live,
+        };
         self.lock().insert(incarnation, entry);
         self.added.notify_one();
     }
@@ -288,7 +297,8 @@ impl HeartbeatService {
         let ks = &self.ks;
         run(self.db.as_ref(), self.tx_options, |tx| async move {
             tx.spare_own_watches(&ks.health_vs());
-            let beats: Vec<Beat<'_>> = chunk.iter().map(|d| Beat { spec: &d.spec, incarnation: &d.incarnation }).collect();
+            let beats: Vec<Beat<'_>> =
+                chunk.iter().map(|d| Beat { spec: &d.spec, incarnation: &d.incarnation }).collect();
             workers::heartbeat_many(&tx, ks, &beats, wall_clock_s(), |i| chunk[i].cancel.is_cancelled()).await
         })
         .instrument(tracing::debug_span!(target: TARGET, "heartbeat", workers = chunk.len()))

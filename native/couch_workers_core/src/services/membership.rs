@@ -99,7 +99,6 @@ enum Read {
     Changes(workers::MembershipChanges),
 }
 
-
 impl MembershipWatcher {
     pub(crate) async fn run(self, live: Live) {
         let _live = live;
@@ -116,7 +115,12 @@ impl MembershipWatcher {
             let watch = match outcome {
                 Ok((read, watch)) => {
                     if failures > 0 {
-                        log_event!(self.log, Notice, "membership_watch_recovered", "type" = self.worker_type.as_slice());
+                        log_event!(
+                            self.log,
+                            Notice,
+                            "membership_watch_recovered",
+                            "type" = self.worker_type.as_slice()
+                        );
                         failures = 0;
                     }
                     self.apply(&mut known, read);

@@ -47,11 +47,11 @@ use tracing::Instrument;
 
 use super::heartbeat::Heartbeats;
 use super::{jittered, Live};
+use crate::jobs::receipt::{self, Receipt};
 use crate::keyspace::{Keyspace, WorkerKey};
 use crate::liveness::{Look, Observer, Restart, Verdict, WorkerId};
 use crate::log::{Logger, TARGET};
 use crate::log_event;
-use crate::jobs::receipt::{self, Receipt};
 use crate::store::{run_attempts, Attempt, Db, RangeRequest, StoreError, Tx, TxOptions, Watch};
 use crate::workers;
 
@@ -64,7 +64,6 @@ const JITTER: f64 = 0.2;
 /// How far past the earliest possible death the reaper wakes, so that
 /// both measures have surely passed it.
 const WAKE_MARGIN: Duration = Duration::from_millis(20);
-
 
 pub(crate) struct Reaper {
     pub db: Db,
@@ -124,7 +123,8 @@ impl Reaper {
             };
             // The timer: the next possible death, and the liveness rule's
             // cadence while anything is observed.
-            let cadence = (observer.watching() > 0).then(|| observer.stall_bound().mul_f64(1.0 - JITTER * rand::random::<f64>()));
+            let cadence =
+                (observer.watching() > 0).then(|| observer.stall_bound().mul_f64(1.0 - JITTER * rand::random::<f64>()));
             let timer = match (next_death.map(|d| d + WAKE_MARGIN), cadence) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -152,7 +152,13 @@ impl Reaper {
     /// heartbeat's commit already made instead of two more of its own (a
     /// sleep of over 64 ms costs tokio's timer wheel two). Passing sooner
     /// never reaps sooner: the observer's rule decides that.
-    async fn wait(&self, began: Instant, timer: Option<Duration>, changed: &mut Option<Watch>, armed_at_commits: u64) -> bool {
+    async fn wait(
+        &self,
+        began: Instant,
+        timer: Option<Duration>,
+        changed: &mut Option<Watch>,
+        armed_at_commits: u64,
+    ) -> bool {
         let deadline = timer.map(|t| tokio::time::Instant::now() + t);
         let until_deadline = async {
             match deadline {
@@ -308,14 +314,23 @@ impl Reaper {
                 }
                 Ok((reaped, read_version))
             })
-            .instrument(tracing::debug_span!(target: TARGET, "reap", "type" = worker_type.as_slice(), id = id.as_slice()))
+            .instrument(
+                tracing::debug_span!(target: TARGET, "reap", "type" = worker_type.as_slice(), id = id.as_slice()),
+            )
             .await;
         observer.forget(&suspect.worker);
         match reaped {
             Ok((Some(jobs), _)) => {
                 // `jobs`: its running jobs this reap failed over (the
                 // metrics' `jobs_requeued`).
-                log_event!(self.log, Notice, "worker_reaped", "type" = worker_type.as_slice(), id = id.as_slice(), jobs = jobs);
+                log_event!(
+                    self.log,
+                    Notice,
+                    "worker_reaped",
+                    "type" = worker_type.as_slice(),
+                    id = id.as_slice(),
+                    jobs = jobs
+                );
             }
             Ok((None, _)) => {}
             Err(e) if is_this_workers_fault(&e) => self.log_reap_failed(suspect, &e),
@@ -430,7 +445,10 @@ enum ScanAt {
     /// At the next worker type at or after this key.
     Seek(Vec<u8>),
     /// In `worker_type`'s health records, from `begin`.
-    Health { worker_type: Vec<u8>, begin: Vec<u8> },
+    Health {
+        worker_type: Vec<u8>,
+        begin: Vec<u8>,
+    },
     End,
 }
 

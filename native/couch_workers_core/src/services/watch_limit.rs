@@ -118,10 +118,7 @@ mod tests {
         limit.cleared();
         limit.cleared();
         limit.reached(1);
-        assert_eq!(
-            *sink.0.lock().unwrap(),
-            vec!["watch_limit_reached", "watch_limit_cleared", "watch_limit_reached"]
-        );
+        assert_eq!(*sink.0.lock().unwrap(), vec!["watch_limit_reached", "watch_limit_cleared", "watch_limit_reached"]);
         assert!(limit.is_reached());
     }
 

@@ -33,7 +33,8 @@ impl BackoffPolicy {
     pub const FDB: BackoffPolicy = BackoffPolicy { initial: Duration::from_millis(10), max: Duration::from_secs(1) };
 
     /// The embedded store: 1 ms, doubling, capped at 100 ms.
-    pub const LOCAL: BackoffPolicy = BackoffPolicy { initial: Duration::from_millis(1), max: Duration::from_millis(100) };
+    pub const LOCAL: BackoffPolicy =
+        BackoffPolicy { initial: Duration::from_millis(1), max: Duration::from_millis(100) };
 
     /// The upper bound of the sleep before retry `retry` (1-based; 0 is
     /// treated as 1).

@@ -43,9 +43,9 @@ pub mod embedded;
 pub mod fdb;
 // A test store, shipped in nothing: behind the test kit like the suites
 // that run on it.
+pub mod config;
 #[cfg(feature = "testkit")]
 pub mod sim;
-pub mod config;
 // Test wrappers, behind the test kit too: random faults (`faulty`), and
 // a forwarding transaction with a test's hooks (`hooked`).
 #[cfg(feature = "testkit")]
@@ -54,10 +54,10 @@ pub mod faulty;
 pub mod hooked;
 // FoundationDB's mutation formats (versionstamp parameters, ADD), shared
 // by the stores that implement them themselves (embedded, sim).
-pub(crate) mod mutation;
 pub mod backoff;
 pub mod cluster_file;
 pub mod fdb_client;
+pub(crate) mod mutation;
 mod retry;
 
 pub use config::{open, StoreConfig};
@@ -146,10 +146,7 @@ impl StoreError {
     /// Whether [`run`] may retry the transaction after this error.
     pub fn is_retryable(&self) -> bool {
         match self {
-            StoreError::Conflict
-            | StoreError::Busy
-            | StoreError::TooOld
-            | StoreError::CommitUnknown => true,
+            StoreError::Conflict | StoreError::Busy | StoreError::TooOld | StoreError::CommitUnknown => true,
             StoreError::Fdb { retryable, .. } => *retryable,
             _ => false,
         }

@@ -19,10 +19,7 @@ pub(crate) fn split_versionstamp_param(param: &[u8]) -> Result<(&[u8], usize), S
     let offset = u32::from_le_bytes(le) as usize;
     match offset.checked_add(VERSIONSTAMP_LEN) {
         Some(end) if end <= bytes.len() => Ok((bytes, offset)),
-        _ => Err(StoreError::Invalid(format!(
-            "versionstamp offset {offset} out of range for {} bytes",
-            bytes.len()
-        ))),
+        _ => Err(StoreError::Invalid(format!("versionstamp offset {offset} out of range for {} bytes", bytes.len()))),
     }
 }
 

@@ -28,7 +28,11 @@ where
 /// [`run`], also returning what the commit told (its version and
 /// versionstamp): the job queue hands each changed job back with the
 /// versionstamp of the commit that changed it.
-pub async fn run_with_info<T, F, Fut>(db: &dyn Database, opts: TxOptions, mut f: F) -> Result<(T, CommitInfo), StoreError>
+pub async fn run_with_info<T, F, Fut>(
+    db: &dyn Database,
+    opts: TxOptions,
+    mut f: F,
+) -> Result<(T, CommitInfo), StoreError>
 where
     F: FnMut(Tx) -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
@@ -50,7 +54,11 @@ pub struct Attempt {
 /// may have committed. A commit still running when the time budget ends
 /// is reported `CommitUnknown` (it may land), never `TimedOut`: the
 /// caller must not take it for a write that did not happen.
-pub async fn run_attempts<T, F, Fut>(db: &dyn Database, opts: TxOptions, mut f: F) -> Result<(T, CommitInfo), StoreError>
+pub async fn run_attempts<T, F, Fut>(
+    db: &dyn Database,
+    opts: TxOptions,
+    mut f: F,
+) -> Result<(T, CommitInfo), StoreError>
 where
     F: FnMut(Tx, Attempt) -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
@@ -70,7 +78,8 @@ where
         outcome = Empty,
         duration_us = Empty
     );
-    let mut tally = Tally { span: span.clone(), started: Instant::now(), attempts: 0, conflicts: 0, retries: 0, outcome: None };
+    let mut tally =
+        Tally { span: span.clone(), started: Instant::now(), attempts: 0, conflicts: 0, retries: 0, outcome: None };
     let result = match attempt_loop(db, opts, &mut f, &mut seen, &mut tally).instrument(span).await {
         // Out of time after an attempt that may have committed: that
         // commit is the answer's truth, and it is unknown.

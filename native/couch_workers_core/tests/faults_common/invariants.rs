@@ -159,7 +159,13 @@ pub async fn snapshot(db: &dyn Database, ks: &Keyspace) -> Snapshot {
             (b"workers", 4) if b(2).as_deref() == Some(b"health") => {
                 s.health.entry(b(1).unwrap_or_default()).or_default().insert(b(3).unwrap_or_default());
             }
-            (b"workers", 3) | (b"jobs_vs", 2) | (b"orphans_vs", 1) | (b"reaper_pulse", 1) | (b"health_vs", 1) | (b"scheduled_vs", 1) | (b"expiry_vs", 1) => {}
+            (b"workers", 3)
+            | (b"jobs_vs", 2)
+            | (b"orphans_vs", 1)
+            | (b"reaper_pulse", 1)
+            | (b"health_vs", 1)
+            | (b"scheduled_vs", 1)
+            | (b"expiry_vs", 1) => {}
             // A job write's receipt (minute, token): kept 10 minutes.
             (b"receipts", 3) => {}
             // The membership change log: (workers, T, log, VS, Worker).
@@ -345,7 +351,13 @@ impl Snapshot {
                 v.push(format!("type {} {}: counter {counter}, records {}", show(&key.0), key.1, records.len()));
             }
             if index != records {
-                v.push(format!("type {} {}: index of {} ids, {} records", show(&key.0), key.1, index.len(), records.len()));
+                v.push(format!(
+                    "type {} {}: index of {} ids, {} records",
+                    show(&key.0),
+                    key.1,
+                    index.len(),
+                    records.len()
+                ));
             }
         }
         let mut types: BTreeSet<Vec<u8>> = per_type.keys().cloned().collect();

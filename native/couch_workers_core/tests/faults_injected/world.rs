@@ -93,7 +93,6 @@ pub(crate) fn fresh(prefix: &str) -> Vec<u8> {
     format!("{prefix}{}", NEXT_ID.fetch_add(1, Ordering::Relaxed)).into_bytes()
 }
 
-
 pub(crate) fn take_handle(world: &Mutex<World>, rng: &mut StdRng) -> Option<JobHandle> {
     let mut w = lock(world);
     if w.handles.is_empty() {

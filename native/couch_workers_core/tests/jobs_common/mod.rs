@@ -97,9 +97,12 @@ pub fn ks(node: &Node) -> &Keyspace {
 pub fn events() -> (OnJobEvent, mpsc::UnboundedReceiver<JobEvent>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let tx = Mutex::new(tx);
-    (Box::new(move |e| {
-        let _ = tx.lock().unwrap().send(e);
-    }), rx)
+    (
+        Box::new(move |e| {
+            let _ = tx.lock().unwrap().send(e);
+        }),
+        rx,
+    )
 }
 
 /// The next event within 5 s.

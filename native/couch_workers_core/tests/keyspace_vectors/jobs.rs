@@ -200,10 +200,7 @@ fn expiry_keys_and_ranges() {
         same(&b, &hs(&[p, ROOT, EXPIRY, "00"]));
         same(&e, &hs(&[p, ROOT, EXPIRY, "ff"]));
         same(&ks.expiry_after(255), &hs(&[p, ROOT, EXPIRY, "16 0100"]));
-        assert_eq!(
-            ks.parse_expiry(&ks.expiry(9, b"t", b"i")),
-            Some((9, b"t".to_vec(), b"i".to_vec()))
-        );
+        assert_eq!(ks.parse_expiry(&ks.expiry(9, b"t", b"i")), Some((9, b"t".to_vec(), b"i".to_vec())));
     }
 }
 
@@ -255,10 +252,12 @@ fn job_record_value_bytes() {
         let ks = &Keyspace::new(&db.prefix());
         let jobs = [JobSpec { id: b"j".to_vec(), info: b"{}".to_vec(), opts: JobOpts::default() }];
         let j = &jobs;
-        run(db.as_ref(), TxOptions::write(), |tx| async move { ops::add_many_jobs(&tx, ks, b"t", j, 1_700_000_000_000).await })
-            .await
-            .expect("add")
-            .expect("added");
+        run(db.as_ref(), TxOptions::write(), |tx| async move {
+            ops::add_many_jobs(&tx, ks, b"t", j, 1_700_000_000_000).await
+        })
+        .await
+        .expect("add")
+        .expect("added");
         let key = ks.job(b"t", b"j");
         let k = &key;
         let v = run(db.as_ref(), TxOptions::read(), |tx| async move { tx.get(k, false).await }).await.expect("read");

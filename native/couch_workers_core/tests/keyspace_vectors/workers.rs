@@ -151,7 +151,8 @@ fn parse_orphan_round_trips() {
 fn membership_log_keys() {
     for (ks, p) in both() {
         // ("couch_workers", "workers", "repl", "log", <incomplete VS>, "w1") ++ offset
-        let mut expect = hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'log' 00", "33 ffffffffffffffffffff 0000", "01 'w1' 00"]);
+        let mut expect =
+            hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'log' 00", "33 ffffffffffffffffffff 0000", "01 'w1' 00"]);
         // The placeholder starts after prefix + root (15) + "workers" (9) +
         // "repl" (6) + "log" (5) + the 0x33 code (1).
         let placeholder_at = h(p).len() + 36;
@@ -162,7 +163,8 @@ fn membership_log_keys() {
         same(&ks.membership_log_floor(b"repl"), &hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'log_floor' 00"]));
         // A completed entry parses back; "after" sorts after every entry of its commit.
         let vs = [0, 0, 0, 0, 0, 0, 0, 7, 0, 1];
-        let complete = hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'log' 00", "33 00000000000000070001 0000", "01 'w1' 00"]);
+        let complete =
+            hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'log' 00", "33 00000000000000070001 0000", "01 'w1' 00"]);
         match ks.parse_worker_key(&complete) {
             Some(couch_workers_core::keyspace::WorkerKey::Log { worker_type, vs: got, worker }) => {
                 assert_eq!((worker_type.as_slice(), got, worker.as_slice()), (&b"repl"[..], vs, &b"w1"[..]));

@@ -189,7 +189,13 @@ fn job_accept<'a>(
     // On the runtime, so that every delivery (also an immediate error)
     // happens off the schedulers.
     rt.spawn(async move {
-        jobs.accept_registered_with(worker_type, worker, incarnation, Duration::from_millis(timeout_ms), Box::new(replier));
+        jobs.accept_registered_with(
+            worker_type,
+            worker,
+            incarnation,
+            Duration::from_millis(timeout_ms),
+            Box::new(replier),
+        );
     });
     Ok((atoms::ok(), waiter).encode(env))
 }
@@ -197,7 +203,8 @@ fn job_accept<'a>(
 /// A new waiter and the replier that answers it.
 fn waiter(env: Env<'_>, reference: Term<'_>) -> (ResourceArc<WaiterResource>, AcceptReplier) {
     let state = Arc::new(Shared { state: AtomicU8::new(WAITING), gone: Mutex::new(None) });
-    let waiter = ResourceArc::new(WaiterResource { state: state.clone(), _live: LiveResource::new(&stats::ACCEPT_WAITERS) });
+    let waiter =
+        ResourceArc::new(WaiterResource { state: state.clone(), _live: LiveResource::new(&stats::ACCEPT_WAITERS) });
     (waiter, AcceptReplier { state, replier: Some(Replier::new(env, reference)) })
 }
 

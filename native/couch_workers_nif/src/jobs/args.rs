@@ -1,7 +1,6 @@
 //! The arguments of the job NIFs: shapes checked on the calling scheduler
 //! (`badarg` for a wrong one), values that are answered at once.
 
-
 use couch_workers_core::jobs::{AcceptToken, Fence, JobOpts, JobVs, Keep, MaxAttempts, Retry, Schedule};
 use couch_workers_core::log::Logger;
 use couch_workers_core::log_event;
@@ -89,7 +88,11 @@ pub(super) fn opts_arg(term: Term) -> NifResult<Option<JobOpts>> {
         });
     }
     if given(keep) {
-        opts.keep = Some(if is_infinity(keep) { Keep::Infinity } else { Keep::Seconds(keep.decode().map_err(|_| Error::BadArg)?) });
+        opts.keep = Some(if is_infinity(keep) {
+            Keep::Infinity
+        } else {
+            Keep::Seconds(keep.decode().map_err(|_| Error::BadArg)?)
+        });
     }
     Ok(Some(opts))
 }

@@ -7,8 +7,8 @@ use couch_workers_core::store::MAX_TRANSACTION_SIZE;
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
-use super::spawn_call;
 use super::args::{check_ref, finish_args, handle_args, job_args, json_arg, opts_arg, retry_arg, type_args, vs_arg};
+use super::spawn_call;
 use super::terms::{counts_answer, handle_answer, job_answer, ok_answer, page_answer, types_answer};
 use crate::atoms;
 use crate::json::{budgeted_nif, Sched};
@@ -183,7 +183,13 @@ fn resubmit<'a>(
 // ---- anyone's side: cancel, remove, get, count --------------------------------
 
 #[rustler::nif]
-fn job_remove_if<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>, vs: Term<'a>) -> NifResult<Term<'a>> {
+fn job_remove_if<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    job_type: Term<'a>,
+    id: Term<'a>,
+    vs: Term<'a>,
+) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
     let vs = vs_arg(vs)?;
     spawn_call(env, reference, move |jobs| async move { jobs.remove_if(&job_type, &id, vs.as_ref()).await }, ok_answer)
@@ -218,14 +224,18 @@ fn job_list<'a>(
         let mut out = Vec::new();
         for s in states.into_list_iterator()? {
             let name: rustler::Atom = s.decode()?;
-            let name = JobState::ALL.into_iter().find(|st| rustler::Atom::from_str(env, st.name()).is_ok_and(|a| a == name));
+            let name =
+                JobState::ALL.into_iter().find(|st| rustler::Atom::from_str(env, st.name()).is_ok_and(|a| a == name));
             out.push(name.ok_or(Error::BadArg)?);
         }
         if out.is_empty() {
             return Err(Error::BadArg);
         }
         Some(out)
-    } else if states.decode::<rustler::Atom>().is_ok_and(|a| a == rustler::Atom::from_str(env, "all").unwrap_or(atoms::undefined())) {
+    } else if states
+        .decode::<rustler::Atom>()
+        .is_ok_and(|a| a == rustler::Atom::from_str(env, "all").unwrap_or(atoms::undefined()))
+    {
         None
     } else {
         return Err(Error::BadArg);
@@ -234,7 +244,13 @@ fn job_list<'a>(
     if !(1..=1000).contains(&limit) {
         return Err(Error::BadArg);
     }
-    let after = if after.is_binary() { Some(bytes_arg(after)?.to_vec()) } else if vs_arg(after)?.is_none() { None } else { return Err(Error::BadArg) };
+    let after = if after.is_binary() {
+        Some(bytes_arg(after)?.to_vec())
+    } else if vs_arg(after)?.is_none() {
+        None
+    } else {
+        return Err(Error::BadArg);
+    };
     spawn_call(
         env,
         reference,

@@ -136,7 +136,6 @@ mod calls;
 mod subscribe;
 mod terms;
 
-
 pub fn load(env: Env) -> bool {
     env.register::<accept::WaiterResource>().is_ok() && env.register::<subscribe::SubscriptionResource>().is_ok()
 }

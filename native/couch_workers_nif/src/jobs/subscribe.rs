@@ -10,8 +10,8 @@ use couch_workers_core::log_event;
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 
 use super::args::{check_ref, job_args};
-use super::terms::job_to_term;
 use super::spawn_call;
+use super::terms::job_to_term;
 use crate::atoms;
 use crate::reply::Answer;
 use crate::runtime;
@@ -56,14 +56,15 @@ impl Notifier {
                 });
             }
             JobEvent::Removed => {
-                let _ = env
-                    .send_and_clear(&self.pid, |env| (atoms::couch_workers_job(), self.tag(env), atoms::removed()).encode(env));
+                let _ = env.send_and_clear(&self.pid, |env| {
+                    (atoms::couch_workers_job(), self.tag(env), atoms::removed()).encode(env)
+                });
                 // To the server registered now, not the one that
                 // subscribed: it may have crashed and been restarted
                 // since, taking this subscription over.
                 if let Some(server) = env.run(|env| env.whereis_pid(atoms::couch_workers_jobs_subs())) {
-                    let _ =
-                        env.send_and_clear(&server, |env| (atoms::couch_workers_job_ended(), self.tag(env)).encode(env));
+                    let _ = env
+                        .send_and_clear(&server, |env| (atoms::couch_workers_job_ended(), self.tag(env)).encode(env));
                 }
             }
         }
@@ -97,10 +98,16 @@ fn job_subscribe<'a>(
             log_event!(Logger::PROCESS, Error, "job_notify_failed");
         }
     });
-    spawn_call(env, reference, move |jobs| async move { jobs.subscribe(&job_type, &id, on_event).await }, |(job, sub)| {
-        let res = ResourceArc::new(SubscriptionResource { sub, _live: LiveResource::new(&stats::JOB_SUBSCRIPTIONS) });
-        subscribed_answer(res, job)
-    })
+    spawn_call(
+        env,
+        reference,
+        move |jobs| async move { jobs.subscribe(&job_type, &id, on_event).await },
+        |(job, sub)| {
+            let res =
+                ResourceArc::new(SubscriptionResource { sub, _live: LiveResource::new(&stats::JOB_SUBSCRIPTIONS) });
+            subscribed_answer(res, job)
+        },
+    )
 }
 
 #[rustler::nif]

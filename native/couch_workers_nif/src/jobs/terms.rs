@@ -1,6 +1,5 @@
 //! Jobs as Erlang terms, and the answers the job NIFs reply with.
 
-
 use couch_workers_core::jobs::{AcceptToken, Job, JobHandle, JobState, Keep, MaxAttempts};
 use couch_workers_core::Error as CoreError;
 use rustler::{Encoder, Env, Term};
@@ -9,7 +8,6 @@ use crate::atoms;
 use crate::json::json_bytes_to_term;
 use crate::reply::{self, Answer};
 use crate::term::{atom, binary};
-
 
 /// The Erlang map of a job; with `token`, the handle of an accept.
 pub fn job_to_term<'a>(env: Env<'a>, job: &Job, token: Option<&AcceptToken>) -> Term<'a> {
@@ -116,8 +114,6 @@ pub(super) fn page_answer(page: Vec<Job>, cont: Option<Vec<u8>>) -> Answer {
         (atoms::ok(), list, cont).encode(env)
     })
 }
-
-
 
 /// `{error, Name}` of a core error.
 pub(super) fn core_error(e: &CoreError) -> Answer {

@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 
 use rand::RngCore;
 
-use super::BATCH_WRITE_BUDGET;
 use super::helpers::{bump_pending, can_hold, get_many, get_some, read_record};
+use super::BATCH_WRITE_BUDGET;
 use crate::jobs::job::{AcceptToken, JobHandle, JobState, JobVs, Keep};
 use crate::jobs::place::{self, earliest_scheduled, key_i64, place, unplace};
 use crate::jobs::record::Record;
@@ -112,7 +112,12 @@ pub struct AcceptRound {
 /// without snapshot, so a concurrent removal of the worker either sees the
 /// new active keys (and requeues them) or makes this round retry and find
 /// the worker gone.
-pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Acceptors<'_>) -> Result<AcceptRound, StoreError> {
+pub async fn accept(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    acceptors: Acceptors<'_>,
+) -> Result<AcceptRound, StoreError> {
     let now = place::wall_ms();
     let Acceptors { workers: waiters, incarnations, tokens, recheck } = acceptors;
     if tokens.len() != waiters.len() {
@@ -136,8 +141,7 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
     };
     let member_keys: Vec<Vec<u8>> = distinct.iter().map(|w| ks.member(worker_type, w)).collect();
     let members = get_many(tx, &member_keys, false).await?;
-    let registered: HashMap<&[u8], bool> =
-        distinct.iter().copied().zip(members.iter().map(Option::is_some)).collect();
+    let registered: HashMap<&[u8], bool> = distinct.iter().copied().zip(members.iter().map(Option::is_some)).collect();
     let holders = holders(tx, ks, worker_type, waiters, incarnations, &registered).await?;
     let mut queue: Vec<usize> = Vec::with_capacity(waiters.len());
     for (i, w) in waiters.iter().enumerate() {
@@ -165,8 +169,10 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
     let (begin, end) = ks.pending_range(worker_type);
     let rows = tx.get_range(&RangeRequest::new(begin, end).limit(queue.len()).snapshot(true)).await?;
     let full = rows.len() == queue.len();
-    let parsed: Vec<Option<(i64, JobVs, Vec<u8>)>> = rows.iter().map(|(k, _)| ks.parse_pending(worker_type, k)).collect();
-    let values = get_some(tx, parsed.iter().map(|p| p.as_ref().map(|(_, _, id)| ks.job(worker_type, id))), true).await?;
+    let parsed: Vec<Option<(i64, JobVs, Vec<u8>)>> =
+        rows.iter().map(|(k, _)| ks.parse_pending(worker_type, k)).collect();
+    let values =
+        get_some(tx, parsed.iter().map(|p| p.as_ref().map(|(_, _, id)| ks.job(worker_type, id))), true).await?;
     let mut candidates: Vec<Candidate> = rows
         .into_iter()
         .zip(parsed)
@@ -286,7 +292,15 @@ pub async fn accept(tx: &Tx, ks: &Keyspace, worker_type: &[u8], acceptors: Accep
 /// would make the failed record longer than the running one that did not
 /// fit. `false`, nothing written, if even the failed record would not fit
 /// (a finite `keep` whose expiry encodes longer than `queued_at` did).
-fn fail_unrunnable(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, user_version: u16, now: u64) -> bool {
+fn fail_unrunnable(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+    rec: &mut Record,
+    user_version: u16,
+    now: u64,
+) -> bool {
     let mut failed = rec.clone();
     failed.state = JobState::Failed;
     failed.run_at = None;
@@ -359,7 +373,8 @@ async fn taken_before(
         // it must still be the worker's when this commits.
         let (begin, end) = ks.active_range(worker_type, worker);
         let rows = tx.get_range(&RangeRequest::new(begin, end).limit(RECHECK_MAX_JOBS).snapshot(true)).await?;
-        let ids: Vec<Option<Vec<u8>>> = rows.iter().map(|(k, _)| ks.parse_active_job_id(worker_type, worker, k)).collect();
+        let ids: Vec<Option<Vec<u8>>> =
+            rows.iter().map(|(k, _)| ks.parse_active_job_id(worker_type, worker, k)).collect();
         let values = get_some(tx, ids.iter().map(|id| id.as_ref().map(|id| ks.job(worker_type, id))), true).await?;
         for (id, value) in ids.iter().zip(values) {
             let (Some(id), Some(value)) = (id, value) else { continue };
@@ -368,10 +383,15 @@ async fn taken_before(
                 continue;
             }
             let Some(token) = rec.token else { continue };
-            let mine = queue.iter().find(|&&j| waiters[j] == *worker && tokens[j] == token && !found.iter().any(|(f, _)| *f == j));
+            let mine = queue
+                .iter()
+                .find(|&&j| waiters[j] == *worker && tokens[j] == token && !found.iter().any(|(f, _)| *f == j));
             if let Some(&j) = mine {
                 tx.add_read_conflict_key(&ks.job(worker_type, id));
-                found.push((j, JobHandle { job: rec.to_job(worker_type, id, place::wall_ms()), token, queued_at: None }));
+                found.push((
+                    j,
+                    JobHandle { job: rec.to_job(worker_type, id, place::wall_ms()), token, queued_at: None },
+                ));
             }
         }
     }
@@ -403,7 +423,13 @@ pub async fn pending_watch(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<(O
 /// `now` (this node's wall clock) to pending, in due order: the first
 /// moved is the first to run among equal priorities. Returns how many it
 /// moved and the earliest `run_at` left.
-pub async fn promote_due(tx: &Tx, ks: &Keyspace, job_type: &[u8], now: u64, limit: usize) -> Result<(usize, Option<u64>), StoreError> {
+pub async fn promote_due(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    now: u64,
+    limit: usize,
+) -> Result<(usize, Option<u64>), StoreError> {
     let (begin, end) = ks.scheduled_range(job_type);
     let rows = tx.get_range(&RangeRequest::new(begin, end).limit(limit + 1)).await?;
     let mut moved = 0usize;

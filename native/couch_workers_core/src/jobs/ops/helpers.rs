@@ -3,17 +3,23 @@
 
 use futures::future::try_join_all;
 
+use crate::error::{check_key, Error};
 use crate::jobs::job::{JobSpec, JobState};
 use crate::jobs::place;
 use crate::jobs::record::Record;
-use crate::error::{check_key, Error};
 use crate::keyspace::Keyspace;
 use crate::store::{StoreError, Tx, MAX_KEY_SIZE, MAX_VALUE_SIZE};
 
 /// How many point reads are in flight at once (add_many, requeues).
 const READ_CONCURRENCY: usize = 256;
 
-pub(super) async fn read_record(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], snapshot: bool) -> Result<Option<Record>, StoreError> {
+pub(super) async fn read_record(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+    snapshot: bool,
+) -> Result<Option<Record>, StoreError> {
     match tx.get(&ks.job(job_type, id), snapshot).await? {
         None => Ok(None),
         Some(value) => Record::decode(&value).map(Some),
@@ -21,7 +27,11 @@ pub(super) async fn read_record(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u
 }
 
 /// Reads the keys that are `Some`, in order; `None` where there is none.
-pub(super) async fn get_some(tx: &Tx, keys: impl Iterator<Item = Option<Vec<u8>>>, snapshot: bool) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+pub(super) async fn get_some(
+    tx: &Tx,
+    keys: impl Iterator<Item = Option<Vec<u8>>>,
+    snapshot: bool,
+) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
     let keys: Vec<Option<Vec<u8>>> = keys.collect();
     let wanted: Vec<Vec<u8>> = keys.iter().flatten().cloned().collect();
     let mut found = get_many(tx, &wanted, snapshot).await?.into_iter();

@@ -4,13 +4,13 @@
 
 use std::collections::HashSet;
 
-use super::OpResult;
 use super::helpers::{check_index_keys, check_job_key, check_room_to_run, get_many, new_record, read_record};
 use super::run_end::{end_run, Retry, RunEnd};
+use super::OpResult;
+use crate::error::Error;
 use crate::jobs::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState, JobVs, NewJob, Schedule};
 use crate::jobs::place::{self, earliest_scheduled, place, queue_state, unplace, write_record, Queued};
 use crate::jobs::record::{self, Record};
-use crate::error::Error;
 use crate::keyspace::Keyspace;
 use crate::store::{StoreError, Tx, MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE};
 
@@ -29,7 +29,13 @@ pub async fn add(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &NewJob) -> Resul
 /// Adds a job with its options: `scheduled` if its schedule is in the
 /// future of `now`, else pending. `AlreadyExists` if a job of that type and
 /// id exists in any state.
-pub async fn add_job(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &JobSpec, now: u64) -> Result<OpResult<()>, StoreError> {
+pub async fn add_job(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    job: &JobSpec,
+    now: u64,
+) -> Result<OpResult<()>, StoreError> {
     let mut rec = match new_record(ks, job_type, job, now) {
         Ok(rec) => rec,
         Err(e) => return Ok(Err(e)),
@@ -46,7 +52,17 @@ pub async fn add_job(tx: &Tx, ks: &Keyspace, job_type: &[u8], job: &JobSpec, now
 
 /// Writes a new job: queued as its schedule says, counted in its type.
 #[allow(clippy::too_many_arguments)]
-fn insert(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, schedule: Option<Schedule>, user_version: u16, now: u64, queued: &mut Queued) {
+fn insert(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+    rec: &mut Record,
+    schedule: Option<Schedule>,
+    user_version: u16,
+    now: u64,
+    queued: &mut Queued,
+) {
     queue_state(rec, schedule, now);
     place(tx, ks, job_type, id, rec, user_version, now);
     tx.atomic_add(&ks.job_type_count(job_type), 1);
@@ -58,13 +74,24 @@ fn insert(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, 
 /// (over [`MAX_ADD_MANY`] jobs, or an estimated write size over
 /// FoundationDB's 10 MB) is refused whole with `transaction_too_large`:
 /// splitting it would break the all-or-nothing contract.
-pub async fn add_many(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[NewJob]) -> Result<Result<(), AddManyError>, StoreError> {
+pub async fn add_many(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    jobs: &[NewJob],
+) -> Result<Result<(), AddManyError>, StoreError> {
     let specs: Vec<JobSpec> = jobs.iter().map(JobSpec::from).collect();
     add_many_jobs(tx, ks, job_type, &specs, place::wall_ms()).await
 }
 
 /// [`add_many`] with every job's options.
-pub async fn add_many_jobs(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[JobSpec], now: u64) -> Result<Result<(), AddManyError>, StoreError> {
+pub async fn add_many_jobs(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    jobs: &[JobSpec],
+    now: u64,
+) -> Result<Result<(), AddManyError>, StoreError> {
     if jobs.is_empty() {
         return Ok(Ok(()));
     }
@@ -102,7 +129,8 @@ pub async fn add_many_jobs(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[JobS
     if !existing.is_empty() {
         return Ok(Err(AddManyError::AlreadyExists(existing)));
     }
-    let before = if jobs.iter().any(|j| j.opts.schedule.is_some()) { earliest_scheduled(tx, ks, job_type).await? } else { None };
+    let before =
+        if jobs.iter().any(|j| j.opts.schedule.is_some()) { earliest_scheduled(tx, ks, job_type).await? } else { None };
     let mut queued = Queued::default();
     for (i, (job, rec)) in jobs.iter().zip(records.iter_mut()).enumerate() {
         // i < MAX_ADD_MANY = 2^16, checked above.
@@ -121,7 +149,10 @@ async fn owned_record(tx: &Tx, ks: &Keyspace, fence: &Fence) -> Result<OpResult<
     let Some(rec) = read_record(tx, ks, &fence.job_type, &fence.job_id, false).await? else {
         return Ok(Err(Error::NotFound));
     };
-    if rec.state != JobState::Running || rec.token != Some(fence.token) || rec.worker.as_deref() != Some(&fence.worker[..]) {
+    if rec.state != JobState::Running
+        || rec.token != Some(fence.token)
+        || rec.worker.as_deref() != Some(&fence.worker[..])
+    {
         return Ok(Err(Error::NotOwner));
     }
     if let Some(marker) = tx.get(&ks.orphan(&fence.job_type, &fence.worker), false).await? {
@@ -249,7 +280,13 @@ pub async fn remove(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Resul
 
 /// [`remove`]; with `if_vs`, only if the job's `vs` is still that
 /// (`Changed` otherwise; an absent job is `NotFound`).
-pub async fn remove_if(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<OpResult<()>, StoreError> {
+pub async fn remove_if(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+    if_vs: Option<&JobVs>,
+) -> Result<OpResult<()>, StoreError> {
     if let Err(e) = check_job_key(ks, job_type, id) {
         return Ok(Err(e));
     }

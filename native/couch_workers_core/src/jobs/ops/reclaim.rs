@@ -16,7 +16,12 @@ use crate::store::{RangeRequest, StoreError, Tx};
 /// handles, so each goes back to pending as [`give_back`] does. Reads at
 /// most [`RECHECK_MAX_JOBS`] running jobs per worker. Returns how many it
 /// gave back.
-pub async fn reclaim(tx: &Tx, ks: &Keyspace, worker_type: &[u8], taken: &[(Vec<u8>, AcceptToken)]) -> Result<usize, StoreError> {
+pub async fn reclaim(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    taken: &[(Vec<u8>, AcceptToken)],
+) -> Result<usize, StoreError> {
     let mut workers: Vec<&[u8]> = taken.iter().map(|(w, _)| w.as_slice()).collect();
     workers.sort();
     workers.dedup();
@@ -28,7 +33,8 @@ pub async fn reclaim(tx: &Tx, ks: &Keyspace, worker_type: &[u8], taken: &[(Vec<u
         fence_late_accept(tx, ks, worker_type, worker).await?;
         let (begin, end) = ks.active_range(worker_type, worker);
         let rows = tx.get_range(&RangeRequest::new(begin, end).limit(RECHECK_MAX_JOBS)).await?;
-        let ids: Vec<Option<Vec<u8>>> = rows.iter().map(|(k, _)| ks.parse_active_job_id(worker_type, worker, k)).collect();
+        let ids: Vec<Option<Vec<u8>>> =
+            rows.iter().map(|(k, _)| ks.parse_active_job_id(worker_type, worker, k)).collect();
         let values = get_some(tx, ids.iter().map(|id| id.as_ref().map(|id| ks.job(worker_type, id))), false).await?;
         for (id, value) in ids.iter().zip(values) {
             let (Some(id), Some(value)) = (id, value) else { continue };

@@ -1,9 +1,9 @@
 //! Failover: a removed worker's running jobs requeued in the transaction
 //! that removes it, and the sweep of what one transaction could not move.
 
-use super::BATCH_WRITE_BUDGET;
 use super::helpers::get_some;
 use super::run_end::{end_run, RunEnd};
+use super::BATCH_WRITE_BUDGET;
 use crate::jobs::job::{JobOpts, JobState, JobVs};
 use crate::jobs::place::{self, Queued};
 use crate::jobs::record::{self, Record};
@@ -123,7 +123,13 @@ async fn requeue_rows(
 /// transactions of the same bounds (see [`sweep_orphan`]). Until then the
 /// handles of those jobs are refused all the same: `update`/`finish` see
 /// the marker and compare it with the job's accept VS.
-pub async fn requeue_worker_jobs(tx: &Tx, ks: &Keyspace, worker_type: &[u8], worker: &[u8], departure: Departure) -> Result<usize, StoreError> {
+pub async fn requeue_worker_jobs(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    worker: &[u8],
+    departure: Departure,
+) -> Result<usize, StoreError> {
     let (begin, end) = ks.active_range(worker_type, worker);
     let rows = tx.get_range(&RangeRequest::new(begin, end).limit(REQUEUE_MAX_JOBS + 1)).await?;
     let take = rows.len().min(REQUEUE_MAX_JOBS);

@@ -1,19 +1,25 @@
 //! `resubmit`: add the job, or run it again.
 
-use super::OpResult;
 use super::helpers::{check_index_keys, check_room_to_run, read_record};
 use super::lifecycle::add_job;
 use super::run_end::{apply_opts, apply_resubmit};
+use super::OpResult;
+use crate::error::Error;
 use crate::jobs::job::{JobOpts, JobSpec, JobState, JobVs, Schedule};
 use crate::jobs::place::{earliest_scheduled, place, queue_state, unplace, write_record, Queued};
 use crate::jobs::record::{Record, Resubmit};
-use crate::error::Error;
 use crate::keyspace::Keyspace;
 use crate::store::{StoreError, Tx, MAX_VALUE_SIZE};
 
 /// The record, if `if_vs` (when given) still matches it: `Changed` when
 /// the job changed since or is gone.
-async fn read_if(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<OpResult<Option<Record>>, StoreError> {
+async fn read_if(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+    if_vs: Option<&JobVs>,
+) -> Result<OpResult<Option<Record>>, StoreError> {
     let rec = read_record(tx, ks, job_type, id, false).await?;
     match (if_vs, &rec) {
         (Some(vs), Some(r)) if r.vs != *vs => Ok(Err(Error::Changed)),

@@ -60,7 +60,16 @@ impl Retry {
 /// cancel request wins over a retry or release (nobody would see it
 /// otherwise). Returns what it queued.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn end_run(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, end: RunEnd, user_version: u16, now: u64) -> Queued {
+pub(crate) fn end_run(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+    rec: &mut Record,
+    end: RunEnd,
+    user_version: u16,
+    now: u64,
+) -> Queued {
     unplace(tx, ks, job_type, id, rec);
     let resubmit = rec.resubmit.take();
     let cancel = rec.cancel_requested;

@@ -170,9 +170,7 @@ pub(crate) fn spawn_checkpointer(
     conn: Connection,
     writer: Arc<tokio::sync::Mutex<Connection>>,
 ) -> std::io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("cw-embed-ckpt".into())
-        .spawn(move || checkpoint_loop(&signal, &conn, &writer))
+    std::thread::Builder::new().name("cw-embed-ckpt".into()).spawn(move || checkpoint_loop(&signal, &conn, &writer))
 }
 
 fn checkpoint_loop(signal: &CheckpointSignal, conn: &Connection, writer: &tokio::sync::Mutex<Connection>) {

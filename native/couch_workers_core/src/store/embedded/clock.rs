@@ -40,10 +40,7 @@ pub(crate) fn monotonic_us() -> u64 {
 /// Microseconds since the Unix epoch on the wall clock (0 if it is set
 /// before 1970). Only used to start a new boot's clock near real time.
 pub(crate) fn wall_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)).unwrap_or(0)
 }
 
 /// An identifier of the current boot of the host: Linux's

@@ -68,7 +68,8 @@ pub(crate) struct WaitSignal {
 
 impl WaitSignal {
     pub(crate) fn open(dir: &Path) -> Self {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(WAIT_FILE)).ok();
+        let file =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(dir.join(WAIT_FILE)).ok();
         let id = loop {
             let id = rand::random::<u64>();
             if id != 0 {

@@ -245,7 +245,9 @@ pub(crate) fn commit_batch(group: &GroupCommit, conn: &Connection) -> Result<(),
         Err(StoreError::Io("the group commit's transaction was rolled back by SQLite after an error".into()))
     } else {
         let saved = match group.unsaved_version() {
-            Some(v) => schema::set_last_version(conn, v).map_err(|e| schema::store_error("cannot store the last version", &e)),
+            Some(v) => {
+                schema::set_last_version(conn, v).map_err(|e| schema::store_error("cannot store the last version", &e))
+            }
             None => Ok(()),
         };
         saved.and_then(|()| schema::exec_cached(conn, "COMMIT").map_err(|e| schema::store_error("cannot commit", &e)))

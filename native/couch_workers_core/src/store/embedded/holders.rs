@@ -95,7 +95,11 @@ mod tests {
                      4: POSIX  ADVISORY  WRITE 6000 fd:01:123 0 EOF\n\
                      5: POSIX  ADVISORY  WRITE 7000 00:2a:77 0 EOF\n";
         assert_eq!(holders(table, &[id(0xfd, 1, 77), id(0xfd, 1, 78)], 99), vec![4711, 5000]);
-        assert_eq!(holders(table, &[id(0, 0x2a, 77)], 99), vec![7000], "the same inode on another device is another file");
+        assert_eq!(
+            holders(table, &[id(0, 0x2a, 77)], 99),
+            vec![7000],
+            "the same inode on another device is another file"
+        );
         assert!(holders(table, &[id(0xfd, 1, 1)], 99).is_empty());
     }
 

@@ -76,8 +76,8 @@ use watch::WatchHub;
 
 pub use schema::FILE_NAME;
 pub use wake::WakeStats;
-pub use watch::{WakeCause, WatchTrace};
 pub use watch::SAFETY_LOOK;
+pub use watch::{WakeCause, WatchTrace};
 
 /// SQLite's `synchronous` setting for every connection of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -208,7 +208,8 @@ impl EmbeddedStore {
         checkpoint::install_hook(&mut writer, checkpoints.clone(), move || sender.wake_all())
             .map_err(|e| schema::io_error("cannot install the WAL hook", &e))?;
         let writer = Arc::new(tokio::sync::Mutex::new(writer));
-        let hub = Arc::new(WatchHub::new().map_err(|e| StoreError::Io(format!("cannot create the watcher's eventfd: {e}")))?);
+        let hub =
+            Arc::new(WatchHub::new().map_err(|e| StoreError::Io(format!("cannot create the watcher's eventfd: {e}")))?);
         let polling = watch::Polling { active: opts.watch_poll, idle: opts.watch_poll_idle, safety: opts.safety_look };
         let sources = opts.wal_notify.then(|| wait::Sources {
             wake: wake.clone(),

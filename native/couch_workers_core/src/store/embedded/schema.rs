@@ -117,9 +117,8 @@ fn configure(conn: &Connection, opts: &EmbeddedOptions) -> rusqlite::Result<()> 
 /// [`OPEN_WAIT`] has passed: then the error names the directory and the
 /// processes holding locks on the file.
 pub(crate) fn open_store_file(opts: &EmbeddedOptions) -> Result<(Connection, Clock), StoreError> {
-    std::fs::create_dir_all(&opts.dir).map_err(|e| {
-        StoreError::Io(format!("cannot create the store directory {}: {e}", opts.dir.display()))
-    })?;
+    std::fs::create_dir_all(&opts.dir)
+        .map_err(|e| StoreError::Io(format!("cannot create the store directory {}: {e}", opts.dir.display())))?;
     let path = opts.dir.join(FILE_NAME);
     let started = Instant::now();
     let mut pause = Duration::from_millis(1);
@@ -225,10 +224,8 @@ fn existing_clock(conn: &Connection) -> rusqlite::Result<Option<Clock>> {
     if tables != 2 || meta_i64(conn, "format")? != Some(FORMAT) || meta_i64(conn, "last_version")?.is_none() {
         return Ok(None);
     }
-    let stored_boot: Option<String> = conn
-        .query_row(SQL_META_GET, ["boot_id"], |row| row.get::<_, Option<String>>(0))
-        .optional()?
-        .flatten();
+    let stored_boot: Option<String> =
+        conn.query_row(SQL_META_GET, ["boot_id"], |row| row.get::<_, Option<String>>(0)).optional()?.flatten();
     if stored_boot.as_deref() != Some(boot_id().as_str()) {
         return Ok(None);
     }
@@ -254,10 +251,8 @@ fn init_in_transaction(conn: &Connection) -> rusqlite::Result<Result<Clock, Stor
         meta_set(conn, "last_version", &0i64)?;
     }
     let current_boot = boot_id();
-    let stored_boot: Option<String> = conn
-        .query_row(SQL_META_GET, ["boot_id"], |row| row.get::<_, Option<String>>(0))
-        .optional()?
-        .flatten();
+    let stored_boot: Option<String> =
+        conn.query_row(SQL_META_GET, ["boot_id"], |row| row.get::<_, Option<String>>(0)).optional()?.flatten();
     let stored_base = meta_i64(conn, "clock_base")?;
     let base = match stored_base {
         Some(base) if stored_boot.as_deref() == Some(current_boot.as_str()) => base,
@@ -272,11 +267,7 @@ fn init_in_transaction(conn: &Connection) -> rusqlite::Result<Result<Clock, Stor
 }
 
 fn meta_i64(conn: &Connection, name: &str) -> rusqlite::Result<Option<i64>> {
-    Ok(conn
-        .prepare_cached(SQL_META_GET)?
-        .query_row([name], |row| row.get::<_, Option<i64>>(0))
-        .optional()?
-        .flatten())
+    Ok(conn.prepare_cached(SQL_META_GET)?.query_row([name], |row| row.get::<_, Option<i64>>(0)).optional()?.flatten())
 }
 
 fn meta_set(conn: &Connection, name: &str, value: &dyn rusqlite::ToSql) -> rusqlite::Result<()> {
@@ -330,7 +321,9 @@ pub(crate) fn io_error(what: &str, e: &rusqlite::Error) -> StoreError {
             " (the store's files could not be written or read: a read-only, immutable or failing file system?)"
         }
         Some(ffi::ErrorCode::ReadOnly) => " (the store's file or directory is read-only)",
-        Some(ffi::ErrorCode::CannotOpen) => " (cannot open the file: missing directory, no permission, or a read-only file system)",
+        Some(ffi::ErrorCode::CannotOpen) => {
+            " (cannot open the file: missing directory, no permission, or a read-only file system)"
+        }
         Some(ffi::ErrorCode::PermissionDenied) => " (permission denied)",
         Some(ffi::ErrorCode::DatabaseCorrupt) => " (the store's file is corrupt)",
         Some(ffi::ErrorCode::NotADatabase) => " (not an SQLite file)",

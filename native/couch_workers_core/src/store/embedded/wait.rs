@@ -284,7 +284,13 @@ mod linux {
         let mut fds = [
             pollfd(bell.fd.as_raw_fd()),
             pollfd(listen.as_ref().and_then(|l| l.wake.as_ref()).map_or(-1, |w| w.socket().as_raw_fd())),
-            pollfd(listen.as_ref().and_then(|l| l.inotify.as_ref()).filter(|_| wal_fd_polled).map_or(-1, |i| i.fd.as_raw_fd())),
+            pollfd(
+                listen
+                    .as_ref()
+                    .and_then(|l| l.inotify.as_ref())
+                    .filter(|_| wal_fd_polled)
+                    .map_or(-1, |i| i.fd.as_raw_fd()),
+            ),
         ];
         let ts = timeout.map(timespec);
         let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
@@ -455,9 +461,15 @@ mod linux {
             assert_eq!(read_events(&other, None, wal), Seen::default());
             other.extend(event(1, libc::IN_MODIFY, WAL));
             assert_eq!(read_events(&other, None, wal), Seen { wake_dir: false, wal: true });
-            assert_eq!(read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), None, wal), Seen { wake_dir: false, wal: true });
+            assert_eq!(
+                read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), None, wal),
+                Seen { wake_dir: false, wal: true }
+            );
             // A name that only starts like the WAL's is another file.
-            assert_eq!(read_events(&event(1, libc::IN_MODIFY, b"couch_workers.sqlite-wal2"), None, wal), Seen::default());
+            assert_eq!(
+                read_events(&event(1, libc::IN_MODIFY, b"couch_workers.sqlite-wal2"), None, wal),
+                Seen::default()
+            );
         }
 
         #[test]
@@ -466,7 +478,10 @@ mod linux {
             assert_eq!(read_events(&created, Some(2), None), Seen { wake_dir: true, wal: false });
             // The same name under another watch is not the wake directory.
             assert_eq!(read_events(&created, Some(3), None), Seen::default());
-            assert_eq!(read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), Some(2), None), Seen { wake_dir: true, wal: false });
+            assert_eq!(
+                read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), Some(2), None),
+                Seen { wake_dir: true, wal: false }
+            );
         }
     }
 }

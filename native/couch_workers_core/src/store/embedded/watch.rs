@@ -343,7 +343,11 @@ enum Wake {
     /// `dirty`: re-read even if `data_version` did not change; `wal`: a
     /// process wrote the WAL (start a settle window); `peer`: another
     /// handle's commit is visible (look once).
-    Check { dirty: bool, wal: bool, peer: bool },
+    Check {
+        dirty: bool,
+        wal: bool,
+        peer: bool,
+    },
 }
 
 /// Sleeps until there is something to look at: a flag set (a ring of the
@@ -351,7 +355,12 @@ enum Wake {
 /// that time's distance (given whether notifications run); it is fixed at
 /// the first pass, so wake-ups that bring nothing to look at (a peer list
 /// change, a wake-up with no watch pending) do not postpone the look.
-fn wait_for_work(hub: &WatchHub, waiter: &mut Waiter, sleep: impl Fn(bool) -> Duration, last_purge: &mut Instant) -> Wake {
+fn wait_for_work(
+    hub: &WatchHub,
+    waiter: &mut Waiter,
+    sleep: impl Fn(bool) -> Duration,
+    last_purge: &mut Instant,
+) -> Wake {
     let mut deadline: Option<Instant> = None;
     let mut st = loop {
         let due = {

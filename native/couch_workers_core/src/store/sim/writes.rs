@@ -290,7 +290,11 @@ impl Writes {
         let mut keys: std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>> =
             stored.into_iter().map(|(k, v)| (k, Some(v))).collect();
         for m in &self.mutations {
-            if let Mutation::Set(k, _) | Mutation::Add(k, _) | Mutation::ByteMax(k, _) | Mutation::StampValue { key: k, .. } = m {
+            if let Mutation::Set(k, _)
+            | Mutation::Add(k, _)
+            | Mutation::ByteMax(k, _)
+            | Mutation::StampValue { key: k, .. } = m
+            {
                 if in_range(k, begin, end) {
                     keys.entry(k.clone()).or_insert(None);
                 }

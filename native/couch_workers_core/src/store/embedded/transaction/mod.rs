@@ -77,8 +77,7 @@ use super::Shared;
 use crate::store::backoff::BackoffPolicy;
 use crate::store::mutation as ops;
 use crate::store::{
-    CommitInfo, KeyValue, RangeRequest, StoreError, Transaction, TxOptions, Watch, MAX_KEY_SIZE,
-    MAX_TRANSACTION_SIZE,
+    CommitInfo, KeyValue, RangeRequest, StoreError, Transaction, TxOptions, Watch, MAX_KEY_SIZE, MAX_TRANSACTION_SIZE,
 };
 use version::CommitState;
 
@@ -194,9 +193,8 @@ impl EmbeddedTransaction {
     async fn begin_write(shared: Arc<Shared>, timeout: Duration) -> Result<Self, StoreError> {
         let started = Instant::now();
         let queued = shared.group.queue();
-        let guard = tokio::time::timeout(timeout, shared.writer.clone().lock_owned())
-            .await
-            .map_err(|_| StoreError::Busy)?;
+        let guard =
+            tokio::time::timeout(timeout, shared.writer.clone().lock_owned()).await.map_err(|_| StoreError::Busy)?;
         drop(queued);
         if !guard.is_autocommit() {
             // A group commit is open: join it (SQLite's lock is ours).
@@ -305,7 +303,6 @@ impl EmbeddedTransaction {
         let result = st.slot.conn().and_then(|conn| f(conn).map_err(|e| schema::store_error(what, &e)));
         result.inspect_err(|e| self.fail(&mut st, e.clone()))
     }
-
 }
 
 /// Rolls back whatever is open and gives the connection back (the write
@@ -354,10 +351,9 @@ impl Transaction for EmbeddedTransaction {
             }
             let sql = if range.reverse { SQL_RANGE_REV } else { SQL_RANGE_FWD };
             let mut stmt = conn.prepare_cached(sql)?;
-            let rows = stmt.query_map(
-                rusqlite::params![range.begin, range.end, limit_param(range.limit)],
-                |row| Ok((row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?)),
-            )?;
+            let rows = stmt.query_map(rusqlite::params![range.begin, range.end, limit_param(range.limit)], |row| {
+                Ok((row.get::<_, Vec<u8>>(0)?, row.get::<_, Vec<u8>>(1)?))
+            })?;
             rows.collect()
         })
     }
