@@ -47,6 +47,7 @@
 %%     message before (Joined = [{Id, Opts}] to put, Left = [Id] to remove; see membership.rs)
 %% membership_unwatch(Watch)        -> ok
 %% test_panic(Ref)                  -> ok | {error, not_started}  then {Ref, {error, {panic, Msg}}}
+%% test_thread_wait_ns()            -> Ns | undefined  the calling thread's run-queue wait so far (Linux)
 %%
 %% job_add(Ref, Type, Id, Info, Opts)         -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
 %%     Opts = {Priority, Schedule, MaxAttempts, Keep}, each `undefined' when not given;
@@ -115,6 +116,7 @@
     stats/0,
     set_log_pid/1,
     test_panic/1,
+    test_thread_wait_ns/0,
     worker_register/4,
     worker_unregister/2,
     worker_notify/3,
@@ -265,6 +267,9 @@ set_log_pid(_Pid) -> erlang:nif_error(nif_not_loaded).
 
 -spec test_panic(reference()) -> ok | {error, atom()}.
 test_panic(_Ref) -> erlang:nif_error(nif_not_loaded).
+
+-spec test_thread_wait_ns() -> non_neg_integer() | undefined.
+test_thread_wait_ns() -> erlang:nif_error(nif_not_loaded).
 
 %% ---- workers -------------------------------------------------------------
 

@@ -21,7 +21,7 @@
 //!
 //! | module          | NIFs                                                    |
 //! | --------------- | ------------------------------------------------------- |
-//! | `node.rs`       | `start/2`, `stop/1`, `stats/0`, `set_log_pid/1`, `test_panic/1` |
+//! | `node.rs`       | `start/2`, `stop/1`, `stats/0`, `set_log_pid/1`, `test_panic/1`, `test_thread_wait_ns/0` |
 //! | `workers.rs`    | `worker_register/4` (and `_dirty`), `worker_unregister/2`, `worker_notify/3` |
 //! | `membership.rs` | `membership_watch/2`, `membership_unwatch/1`            |
 //! | `ops.rs`        | `ops_worker_types/1`, `ops_workers/2`, `ops_job_paused/2`, `ops_store_counters/0` |

@@ -1,5 +1,7 @@
 //! Lifecycle NIFs: `start/2`, `stop/1`, `stats/0`, `set_log_pid/1`, and
-//! `test_panic/1` (proves that a panic on the runtime still answers).
+//! two test hooks: `test_panic/1` (proves that a panic on the runtime
+//! still answers) and `test_thread_wait_ns/0` (the calling scheduler
+//! thread's run-queue wait, for `couch_workers_sched_tests`).
 //!
 //! Their signatures, immediate answers and messages are listed once, in
 //! the `@doc` of `src/couch_workers_nif.erl`.
@@ -215,6 +217,28 @@ fn set_log_pid<'a>(env: Env<'a>, pid: Term<'a>) -> NifResult<Term<'a>> {
         crate::log::set_pid(Some(pid));
     }
     Ok(atoms::ok().encode(env))
+}
+
+/// `test_thread_wait_ns/0`: how long the calling thread has waited,
+/// runnable, for a CPU since it started (ns; the second field of Linux's
+/// `/proc/thread-self/schedstat`), or `undefined` where that file cannot be
+/// read. `couch_workers_sched_tests` reads it on the scheduler thread just
+/// before and after each timed NIF call and takes the difference out of
+/// that call's wall time: time the OS gave the CPU to another thread is
+/// not the NIF's, while the NIF's own work and any time it slept (a lock,
+/// a syscall) stay counted. About 5-10 µs (an open and a read of a proc
+/// file), outside the timed interval.
+#[rustler::nif]
+fn test_thread_wait_ns<'a>(env: Env<'a>) -> Term<'a> {
+    match runqueue_wait_ns() {
+        Some(ns) => ns.encode(env),
+        None => atoms::undefined().encode(env),
+    }
+}
+
+fn runqueue_wait_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
 #[rustler::nif]
