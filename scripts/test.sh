@@ -67,6 +67,18 @@ cargo fmt --all --check
 
 stage "benchmark smoke run (proves bench/run works; no speed threshold)"
 bench/run --smoke
+# `bench/run --no-build` where no build ran stops at once with exit 2 and
+# says what to run (it once failed every workload with a bare enoent):
+# a copy of the script in an empty tree has no build.
+nobuild=$(mktemp -d)
+mkdir "$nobuild/bench" && cp bench/run "$nobuild/bench/run"
+rc=0; "$nobuild/bench/run" --no-build --only handoff 2> "$nobuild/err" || rc=$?
+if [ "$rc" != 2 ] || ! grep -q "no built app" "$nobuild/err"; then
+    echo "bench/run --no-build without a build: exit $rc, expected 2 and 'no built app':" >&2
+    cat "$nobuild/err" >&2
+    exit 1
+fi
+rm -rf "$nobuild"
 
 stage "rebar3 eunit (builds the NIF through cargo first)"
 rebar3 eunit
