@@ -145,6 +145,13 @@ impl EmbeddedTransaction {
         };
         if !writer {
             schema::exec_cached(conn, "COMMIT").map_err(|e| schema::store_error("cannot commit", &e))?;
+            if *wrote {
+                // A read connection has no WAL hook (the write connection's
+                // sends the wake-ups): its commit wakes the other handles
+                // here, now that it is visible, or they would see it only
+                // at their safety look.
+                self.shared.peers.wake_all();
+            }
             return Ok((info, None));
         }
         if *nested {
