@@ -18,6 +18,9 @@
 //! queues for the lock again: if it gets the lock and the batch is still
 //! open (the writers after it failed, gave up or were dropped), it commits
 //! the batch itself, so a batch never stays open for want of a committer.
+//! Whoever commits the batch also tells the watch hub of every member's
+//! writes (`OnCommit`): a member whose future is dropped while it waits
+//! never would.
 //!
 //! As in FoundationDB, which batches the commits of many transactions the
 //! same way, every member keeps its own commit version (they increase
