@@ -18,6 +18,9 @@
 //! queues for the lock again: if it gets the lock and the batch is still
 //! open (the writers after it failed, gave up or were dropped), it commits
 //! the batch itself, so a batch never stays open for want of a committer.
+//! Whoever commits the batch also tells the watch hub of every member's
+//! writes (`OnCommit`): a member whose future is dropped while it waits
+//! never would.
 //!
 //! As in FoundationDB, which batches the commits of many transactions the
 //! same way, every member keeps its own commit version (they increase
@@ -44,11 +47,20 @@ const MAX_MEMBERS: usize = 32;
 /// The outcome of a batch, as its members receive it.
 pub(crate) type Outcome = oneshot::Receiver<Result<(), StoreError>>;
 
+/// What a member leaves to run once its batch has committed: it tells the
+/// watch hub of the member's writes (`transaction/commit.rs`).
+pub(crate) type OnCommit = Box<dyn FnOnce() + Send>;
+
 #[derive(Default)]
 struct Batch {
     /// Counts the batches that ended: a member knows its batch by it.
     seq: u64,
     members: Vec<oneshot::Sender<Result<(), StoreError>>>,
+    /// Run by whoever commits the batch, once it committed, before the
+    /// members hear of it: a member may have stopped waiting (its future
+    /// dropped: the retry loop's timeout) and would then never tell the
+    /// watch hub of writes the batch committed for it.
+    on_commit: Vec<OnCommit>,
     /// `meta.last_version` as the open SQLite transaction of the write
     /// connection has it, raised by every commit version fixed in it:
     /// SQLite's write lock is held throughout, so no other connection can
@@ -118,11 +130,13 @@ impl GroupCommit {
         self.queued.load(Ordering::Acquire) == 0 && (tasks_waiting || self.grouping.load(Ordering::Relaxed))
     }
 
-    /// Joins the open batch: (the batch's number, its outcome).
-    pub(crate) fn join(&self) -> (u64, Outcome) {
+    /// Joins the open batch: (the batch's number, its outcome);
+    /// `on_commit` runs if it commits.
+    pub(crate) fn join(&self, on_commit: Option<OnCommit>) -> (u64, Outcome) {
         let (tx, rx) = oneshot::channel();
         let mut batch = self.lock();
         batch.members.push(tx);
+        batch.on_commit.extend(on_commit);
         (batch.seq, rx)
     }
 
@@ -131,15 +145,22 @@ impl GroupCommit {
         !self.lock().members.is_empty()
     }
 
-    /// The batch ended (committed, or lost): tells every member. Called
-    /// with the writer lock held, before it is let go, so that a member
-    /// that gets the lock next already has its outcome.
+    /// The batch ended (committed, or lost): runs its members' `on_commit`
+    /// if it committed, then tells every member. Called with the writer
+    /// lock held, before it is let go, so that a member that gets the lock
+    /// next already has its outcome.
     pub(crate) fn finish(&self, result: &Result<(), StoreError>) {
-        let members = {
+        let (members, on_commit) = {
             let mut batch = self.lock();
             batch.seq += 1;
-            std::mem::take(&mut batch.members)
+            (std::mem::take(&mut batch.members), std::mem::take(&mut batch.on_commit))
         };
+        if result.is_ok() {
+            // In the members' order, which is their writes' order.
+            for f in on_commit {
+                f();
+            }
+        }
         self.grouping.store(!members.is_empty(), Ordering::Relaxed);
         for member in members {
             let _ = member.send(result.clone());
@@ -326,7 +347,7 @@ mod tests {
         group.finish(&Ok(()));
         assert!(!group.worth_waiting(false));
         // A batch that a writer joined: writers come together.
-        let (_, mut outcome) = group.join();
+        let (_, mut outcome) = group.join(None);
         group.finish(&Ok(()));
         assert_eq!(outcome.try_recv(), Ok(Ok(())));
         assert!(group.worth_waiting(false));

@@ -162,6 +162,10 @@ pub(crate) struct Shared {
     pub(crate) watches: Arc<WatchHub>,
     pub(crate) fair: WaitSignal,
     pub(crate) group: GroupCommit,
+    /// The other handles' sockets: the write connection's WAL hook wakes
+    /// them after its commits, a read-mode transaction's commit after its
+    /// own (`transaction/commit.rs`).
+    pub(crate) peers: Arc<Peers>,
     checkpoints: Arc<CheckpointSignal>,
     closed: AtomicBool,
 }
@@ -240,6 +244,7 @@ impl EmbeddedStore {
             watches: hub,
             fair: WaitSignal::open(&opts.dir),
             group: GroupCommit::default(),
+            peers: peers.clone(),
             checkpoints,
             closed: AtomicBool::new(false),
         });

@@ -4,7 +4,9 @@
 //! socket `DIR/wake/<pid>-<random>.sock` ([`WakeSocket`]). After every
 //! commit of its write connection (SQLite's WAL hook, which runs once the
 //! commit is visible to every other connection and the write lock is
-//! released; one per group commit, not per member) a handle sends one byte
+//! released; one per group commit, not per member), and after the commit
+//! of a read-mode transaction that wrote (on its read connection, which
+//! has no such hook: `transaction/commit.rs`), a handle sends one byte
 //! to every *other* handle's socket ([`Peers::wake_all`]). The receiver's
 //! watcher thread, which polls the socket itself (`wait.rs`), then looks
 //! at `data_version` once and finds the commit: no settle window, and no

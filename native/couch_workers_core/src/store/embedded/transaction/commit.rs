@@ -56,6 +56,7 @@ impl EmbeddedTransaction {
                 }
             }
         };
+        let member = deferred.is_some();
         if let Some((seq, outcome)) = deferred {
             if let Err(e) = group::wait(&self.shared, seq, outcome).await {
                 self.lock().error = Some(e.clone());
@@ -65,7 +66,8 @@ impl EmbeddedTransaction {
                 return Err(e);
             }
         }
-        if info.version.is_some() {
+        // A member's batch told the hub itself (`group::OnCommit`).
+        if info.version.is_some() && !member {
             self.shared.watches.notify_commit(&written, &spared);
         }
         for (key, value, tx) in armed {
@@ -102,7 +104,7 @@ impl EmbeddedTransaction {
     ) -> Result<(CommitInfo, Option<(u64, group::Outcome)>), StoreError> {
         let watches = std::mem::take(&mut st.watches);
         let spared_keys = std::mem::take(&mut st.spared);
-        let TxState { slot, wrote, commit, nested, .. } = st;
+        let TxState { slot, wrote, commit, nested, written, .. } = st;
         let writer = matches!(slot, Slot::Writer(_));
         let conn = match slot.conn() {
             Ok(conn) => conn,
@@ -145,6 +147,13 @@ impl EmbeddedTransaction {
         };
         if !writer {
             schema::exec_cached(conn, "COMMIT").map_err(|e| schema::store_error("cannot commit", &e))?;
+            if *wrote {
+                // A read connection has no WAL hook (the write connection's
+                // sends the wake-ups): its commit wakes the other handles
+                // here, now that it is visible, or they would see it only
+                // at their safety look.
+                self.shared.peers.wake_all();
+            }
             return Ok((info, None));
         }
         if *nested {
@@ -154,7 +163,15 @@ impl EmbeddedTransaction {
             *nested = false;
         }
         if self.shared.group.should_defer() {
-            return Ok((info, Some(self.shared.group.join())));
+            // Whoever commits the batch tells the watch hub of this
+            // member's writes, once it committed: this member may stop
+            // waiting for it (its future dropped) and never would.
+            let on_commit = info.version.is_some().then(|| {
+                let (hub, written, spared) =
+                    (self.shared.watches.clone(), std::mem::take(written), std::mem::take(spared));
+                Box::new(move || hub.notify_commit(&written, &spared)) as group::OnCommit
+            });
+            return Ok((info, Some(self.shared.group.join(on_commit))));
         }
         group::commit_batch(&self.shared.group, conn)?;
         Ok((info, None))
