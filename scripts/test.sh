@@ -58,7 +58,7 @@ else
   echo "==> NOT RUN: the disk-fault tests (tests/faults_disk.rs) need root; run scripts/test.sh as root to include them"
 fi
 
-stage "FoundationDB store: type-check (cargo check + clippy --features fdb)"
+stage "FoundationDB store: type-check (clippy --features fdb, warnings are errors)"
 scripts/check-fdb.sh
 
 stage "clippy on every crate (core, NIF, command line), warnings are errors"
