@@ -61,7 +61,7 @@ fi
 stage "FoundationDB store: type-check (clippy --features fdb, warnings are errors)"
 scripts/check-fdb.sh
 
-stage "clippy on every crate (core, NIF, command line), warnings are errors"
+stage "clippy on every crate (core, NIF, command line, the bench programs), warnings are errors"
 cargo clippy --workspace --all-targets -- -D warnings
 
 stage "benchmark smoke run (proves bench/run works; no speed threshold)"
