@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Type-checks the FoundationDB store (cargo feature `fdb` of
-# couch_workers_core): cargo check and cargo clippy -D warnings of every
-# target of the core crate (library, unit tests, integration tests with
+# couch_workers_core): cargo clippy -D warnings of every target of the
+# core crate (library, unit tests, integration tests with
 # tests/conformance_fdb.rs), then runs the key-space test vectors.
+#
+# Clippy is the type-check: clippy-driver is rustc's whole front end
+# (parsing, name resolution, type and borrow checking, every rustc lint)
+# with clippy's lints added, so whatever `cargo check` rejects, clippy
+# rejects too, and -D warnings also fails on rustc's warnings. A `cargo
+# check` before it checked the same targets twice (bench/RESULTS.md,
+# "Session 11: CI time").
 #
 # FoundationDB's client library (libfdb_c) is not needed: the
 # `foundationdb` crate generates its bindings with bindgen from headers it
 # embeds (feature `embedded-fdb-include`), which needs libclang only, and
-# `cargo check` / `clippy` never link. Running the store needs libfdb_c and
+# clippy never links. Running the store needs libfdb_c and
 # a cluster: when FDB_CLUSTER_FILE is set and libfdb_c is installed, this
 # script also runs the live conformance suite (see docs/fdb.md).
 set -euo pipefail
@@ -35,9 +42,6 @@ if ! have_libclang; then
         $sudo apt-get install "${apt_opts[@]}" libclang-dev
     }
 fi
-
-echo "==> cargo check -p couch_workers_core --features fdb --all-targets"
-cargo check -p couch_workers_core --features fdb --all-targets
 
 echo "==> cargo clippy -p couch_workers_core --features fdb --all-targets -- -D warnings"
 cargo clippy -p couch_workers_core --features fdb --all-targets -- -D warnings

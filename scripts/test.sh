@@ -44,9 +44,16 @@ trap stage_report EXIT
 
 stage "cargo test (core crate: store conformance, key space, liveness, jobs)"
 cargo test -p couch_workers_core
-stage "cargo test (command line: argument parsing), and its release build (bin/couch-workers, used by its EUnit suite)"
+stage "cargo test (command line: argument parsing), and the release build of it (bin/couch-workers, used by its EUnit suite) and of the NIF"
 cargo test -p couch_workers_cli
-cargo build --release --locked -p couch_workers_cli
+# The NIF in the same cargo run as the command line: the NIF's rustler
+# turns on a feature of syn (extra-traits), which changes the build of
+# every crate above syn (the proc macros, tokio, the core), so two
+# separate runs compile the core and most of its dependencies twice. One
+# run resolves the features once; scripts/build-nif.sh's own build of the
+# NIF alone (rebar3 compile, below) resolves the same ones and finds it
+# built. The command line is the same program either way.
+cargo build --release --locked -p couch_workers_cli -p couch_workers_nif
 
 # The disk-fault tests (tests/faults_disk.rs: a full disk, store files
 # that turn immutable, a lost mount) mount a tmpfs and use chattr, so they
@@ -58,10 +65,10 @@ else
   echo "==> NOT RUN: the disk-fault tests (tests/faults_disk.rs) need root; run scripts/test.sh as root to include them"
 fi
 
-stage "FoundationDB store: type-check (cargo check + clippy --features fdb)"
+stage "FoundationDB store: type-check (clippy --features fdb, warnings are errors)"
 scripts/check-fdb.sh
 
-stage "clippy on every crate (core, NIF, command line), warnings are errors; rustfmt --check (rustfmt.toml)"
+stage "clippy on every crate (core, NIF, command line, the bench programs), warnings are errors; rustfmt --check (rustfmt.toml)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo fmt --all --check
 

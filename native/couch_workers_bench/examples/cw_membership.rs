@@ -2,7 +2,7 @@
 //! a small and a large membership. Run by `bench/run` (workload `M4core`).
 //!
 //! ```text
-//! cargo run --release -p couch_workers_core --example cw_membership -- DIR [SIZES] [CHANGES]
+//! cargo run --release -p couch_workers_bench --example cw_membership -- DIR [SIZES] [CHANGES]
 //! ```
 //!
 //! `SIZES` is a comma-separated list (default `100,10000`), `CHANGES` the

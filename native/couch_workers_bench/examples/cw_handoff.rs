@@ -5,7 +5,7 @@
 //! (workload `handoff`).
 //!
 //! ```text
-//! cargo run --release -p couch_workers_core --example cw_handoff -- [CALLS]
+//! cargo run --release -p couch_workers_bench --example cw_handoff -- [CALLS]
 //! ```
 //!
 //! Variants, each a round trip per call, from a thread outside the runtime

@@ -2,7 +2,7 @@
 //! (workload `H1`).
 //!
 //! ```text
-//! cargo run --release -p couch_workers_core --example cw_heartbeats -- DIR [WORKERS] [SECONDS] [TIMEOUT_S]
+//! cargo run --release -p couch_workers_bench --example cw_heartbeats -- DIR [WORKERS] [SECONDS] [TIMEOUT_S]
 //! ```
 //!
 //! Two nodes (two store handles on one store directory, as two VMs of one

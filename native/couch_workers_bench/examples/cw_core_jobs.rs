@@ -5,7 +5,7 @@
 //! the NIF boundary and the Erlang side add. Run by `bench/run --only core`.
 //!
 //! ```text
-//! cargo run --release -p couch_workers_core --example cw_core_jobs -- DIR [JOBS] [ONLY]
+//! cargo run --release -p couch_workers_bench --example cw_core_jobs -- DIR [JOBS] [ONLY]
 //! ```
 //!
 //! `ONLY` (optional) runs one part: `J1`, `J1h`, `J1b`, `J2`, `J2t0`,

@@ -15,7 +15,7 @@
 //!   default; 10000) and `page_size` (4096, the default; 1024).
 //!
 //! ```text
-//! cargo run --release -p couch_workers_core --example cw_sqlite_shapes -- DIR [SECONDS]
+//! cargo run --release -p couch_workers_bench --example cw_sqlite_shapes -- DIR [SECONDS]
 //! ```
 //!
 //! Prints one flat JSON object per configuration: transactions/s,

@@ -6,7 +6,7 @@
 //! in Rust and labelled so.
 //!
 //! ```text
-//! cargo run --release -p couch_workers_core --example cw_commit_rate -- DIR [SECONDS]
+//! cargo run --release -p couch_workers_bench --example cw_commit_rate -- DIR [SECONDS]
 //! ```
 //!
 //! Prints one flat JSON object per configuration: synchronous=NORMAL (the
