@@ -57,6 +57,26 @@ fn store_threads() -> Vec<String> {
     names
 }
 
+/// Waits (2 s at most) until the store threads are `expected`. A new
+/// thread carries its creator's name until it first runs and names itself
+/// (std names a thread from inside it), so one read straight after `open`
+/// can miss a checkpointer that has not been scheduled yet: that flaked
+/// on a loaded CI host.
+fn wait_for_store_threads(expected: &[String]) {
+    let started = Instant::now();
+    loop {
+        let names = store_threads();
+        if names == expected {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no cw-embed-notify thread: expected {expected:?}, have {names:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn watcher_threads_stop_with_their_store() {
     if !std::path::Path::new("/proc/self/task").exists() {
@@ -73,7 +93,7 @@ fn watcher_threads_stop_with_their_store() {
     // `cw-embed-notify`).
     let mut expected = vec!["cw-embed-ckpt".to_string(); 3];
     expected.extend(vec!["cw-embed-watch".to_string(); 3]);
-    assert_eq!(store_threads(), expected, "no cw-embed-notify thread");
+    wait_for_store_threads(&expected);
     a.close();
     wait_for(dir.path(), 2);
     a.close();
