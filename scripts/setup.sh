@@ -77,25 +77,22 @@ else
     echo "setup: cargo is missing: install Rust with rustup (https://rustup.rs)" >&2
     exit 1
 fi
-# The FDB type-check runs clippy; a minimal rustup profile lacks it.
-if cargo clippy --version >/dev/null 2>&1; then
-    echo "setup: clippy found: $(cargo clippy --version)"
-elif command -v rustup >/dev/null 2>&1; then
-    echo "setup: rustup component add clippy"
-    rustup component add clippy
-else
-    echo "setup: cargo clippy is missing and there is no rustup to add it" >&2
-    exit 1
-fi
-# scripts/test.sh checks the Rust formatting (rustfmt.toml); a minimal
-# rustup profile lacks rustfmt too.
-if cargo fmt --version >/dev/null 2>&1; then
-    echo "setup: rustfmt found: $(cargo fmt --version)"
-elif command -v rustup >/dev/null 2>&1; then
-    echo "setup: rustup component add rustfmt"
-    rustup component add rustfmt
-else
-    echo "setup: cargo fmt is missing and there is no rustup to add it" >&2
-    exit 1
-fi
+# need_component COMPONENT SUBCOMMAND: the cargo SUBCOMMAND a rustup
+# COMPONENT brings, added with rustup where it is missing (a minimal
+# rustup profile has neither clippy nor rustfmt).
+need_component() {
+    if cargo "$2" --version >/dev/null 2>&1; then
+        echo "setup: $1 found: $(cargo "$2" --version)"
+    elif command -v rustup >/dev/null 2>&1; then
+        echo "setup: rustup component add $1"
+        rustup component add "$1"
+    else
+        echo "setup: cargo $2 is missing and there is no rustup to add $1" >&2
+        exit 1
+    fi
+}
+# The FDB type-check runs clippy; scripts/test.sh checks the Rust
+# formatting (rustfmt.toml).
+need_component clippy clippy
+need_component rustfmt fmt
 echo "setup: done. Next: rebar3 compile && rebar3 eunit"
