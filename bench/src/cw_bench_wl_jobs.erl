@@ -71,6 +71,8 @@ j2(P, Name) ->
     Next = maps:get(finish_accept, P, false),
     Pids = [spawn_link(?MODULE, j2_worker, [Self, Type, I, {AT, Next}, go]) || I <- lists:seq(1, W)],
     [receive {ready, Pid} -> ok after 10000 -> error(worker_register_timeout) end || Pid <- Pids],
+    Th0 = cw_bench_wl_idle:thread_cpu_ms(),
+    Sw0 = cw_bench_wl_idle:thread_switches(),
     C0 = cw_bench_wl_idle:cpu_ms(),
     T0 = now_us(),
     [Pid ! go || Pid <- Pids],
@@ -78,6 +80,8 @@ j2(P, Name) ->
     %% The VM's CPU over the drain (the fill left out): CPU per job is a
     %% count that the machine's load changes less than the rate.
     Cpu = cw_bench_wl_idle:cpu_ms() - C0,
+    Sw1 = cw_bench_wl_idle:thread_switches(),
+    Th1 = cw_bench_wl_idle:thread_cpu_ms(),
     Total = lists:sum([C || {C, _} <- Done]),
     TEnd = lists:max([L || {_, L} <- Done]),
     Us = TEnd - T0,
@@ -90,8 +94,24 @@ j2(P, Name) ->
         pending_left => Left,
         seconds => Us / 1.0e6,
         jobs_per_s => rate(Total, Us),
-        cpu_us_per_job => round(Cpu * 1000 / max(Total, 1))
+        cpu_us_per_job => round(Cpu * 1000 / max(Total, 1)),
+        %% Which threads spent the CPU and how often each slept and woke,
+        %% per job: counts to compare builds by on a loaded machine, where
+        %% the rate and the CPU itself move with the load.
+        thread_cpu_us_per_job => per_job(fun(Ms) -> Ms * 1000 end, Th0, Th1, Total),
+        thread_switches_per_job => per_job(fun(N) -> N end, Sw0, Sw1, Total)
     }.
+
+%% Per thread name: what grew from Before to After, scaled by Scale and
+%% divided by the jobs (two decimals); names that did not grow left out.
+per_job(Scale, Before, After, Jobs) ->
+    maps:filter(
+        fun(_, V) -> V > 0 end,
+        maps:map(
+            fun(Name, V) -> round(Scale(V - maps:get(Name, Before, 0)) * 100 / max(Jobs, 1)) / 100 end,
+            After
+        )
+    ).
 
 j2_worker(Parent, Type, I, How, go) ->
     Ref = couch_workers:worker_register(Type, <<"w", (integer_to_binary(I))/binary>>, #{}, self()),
