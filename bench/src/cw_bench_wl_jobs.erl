@@ -99,7 +99,7 @@ j2(P, Name) ->
         %% per job: counts to compare builds by on a loaded machine, where
         %% the rate and the CPU itself move with the load.
         thread_cpu_us_per_job => per_job(fun(Ms) -> Ms * 1000 end, Th0, Th1, Total),
-        thread_switches_per_job => per_job(fun(N) -> N end, Sw0, Sw1, Total)
+        thread_switches_per_job => per_job(fun(Switches) -> Switches end, Sw0, Sw1, Total)
     }.
 
 %% Per thread name: what grew from Before to After, scaled by Scale and
