@@ -71,6 +71,7 @@ j2(P, Name) ->
     Next = maps:get(finish_accept, P, false),
     Pids = [spawn_link(?MODULE, j2_worker, [Self, Type, I, {AT, Next}, go]) || I <- lists:seq(1, W)],
     [receive {ready, Pid} -> ok after 10000 -> error(worker_register_timeout) end || Pid <- Pids],
+    St0 = couch_workers_nif:ops_store_counters(),
     Th0 = cw_bench_wl_idle:thread_cpu_ms(),
     Sw0 = cw_bench_wl_idle:thread_switches(),
     C0 = cw_bench_wl_idle:cpu_ms(),
@@ -82,6 +83,7 @@ j2(P, Name) ->
     Cpu = cw_bench_wl_idle:cpu_ms() - C0,
     Sw1 = cw_bench_wl_idle:thread_switches(),
     Th1 = cw_bench_wl_idle:thread_cpu_ms(),
+    St1 = couch_workers_nif:ops_store_counters(),
     Total = lists:sum([C || {C, _} <- Done]),
     TEnd = lists:max([L || {_, L} <- Done]),
     Us = TEnd - T0,
@@ -99,7 +101,10 @@ j2(P, Name) ->
         %% per job: counts to compare builds by on a loaded machine, where
         %% the rate and the CPU itself move with the load.
         thread_cpu_us_per_job => per_job(fun(Ms) -> Ms * 1000 end, Th0, Th1, Total),
-        thread_switches_per_job => per_job(fun(Switches) -> Switches end, Sw0, Sw1, Total)
+        thread_switches_per_job => per_job(fun(Switches) -> Switches end, Sw0, Sw1, Total),
+        %% Store transactions (the retry loop's runs: the node's services'
+        %% beside the jobs') and their conflicts, per job.
+        store_per_job => per_job(fun(Count) -> Count end, St0, St1, Total)
     }.
 
 %% Per thread name: what grew from Before to After, scaled by Scale and
