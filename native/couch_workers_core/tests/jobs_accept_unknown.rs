@@ -4,7 +4,11 @@
 //! batch (the `Stranded` path). Before, the call answered `timeout` and the
 //! job stayed `running` under a token nobody held until the worker went.
 //! Now the call answers `commit_unknown_result` and the job goes back to
-//! pending.
+//! pending. Since session 12 the retry loop first waits for the batch's
+//! outcome for the store's grace (`Database::commit_grace`: here 2 s, the
+//! cap); B holds the batch open until the accept has answered, so the
+//! grace runs out too and the outcome stays unknown to the call
+//! (`tests/embedded_commit_truth.rs` has the batch decided within it).
 //!
 //! The schedule, on one store handle (one writer lock, FIFO), driven by
 //! events, not by sleeps: A holds the writer lock; the accept (budget 4 s,

@@ -336,6 +336,12 @@ impl Database for FaultyStore {
         self.inner.backoff_policy()
     }
 
+    /// The wrapped store's: its commits (the embedded store's group
+    /// commit) are still decided after the budget ends.
+    fn commit_grace(&self, budget: Duration) -> Duration {
+        self.inner.commit_grace(budget)
+    }
+
     fn durability(&self) -> String {
         format!("{} (with injected faults)", self.inner.durability())
     }

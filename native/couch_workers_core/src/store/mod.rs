@@ -383,6 +383,17 @@ pub trait Database: Send + Sync + 'static {
         false
     }
 
+    /// How long the retry loop keeps waiting for a commit still under way
+    /// when the call's time budget (`budget`, [`TxOptions::timeout`]) ends,
+    /// so that it can answer the commit's outcome instead of
+    /// `CommitUnknown`. Zero (the default): the commit is dropped at the
+    /// budget's end, as on FoundationDB, whose outcome may be unknown
+    /// anyway. The embedded store, whose commit may be waiting for a group
+    /// commit that will decide it, declares a bound (`embedded::group`).
+    fn commit_grace(&self, _budget: Duration) -> Duration {
+        Duration::ZERO
+    }
+
     /// How the retry loop spaces its attempts on this store:
     /// FoundationDB's schedule unless the store says otherwise.
     fn backoff_policy(&self) -> backoff::BackoffPolicy {

@@ -52,8 +52,10 @@ pub struct Attempt {
 
 /// [`run_with_info`], telling `f` on each attempt whether an earlier one
 /// may have committed. A commit still running when the time budget ends
-/// is reported `CommitUnknown` (it may land), never `TimedOut`: the
-/// caller must not take it for a write that did not happen.
+/// is awaited for the store's grace ([`Database::commit_grace`]) and its
+/// outcome answered; still undecided then, it is reported `CommitUnknown`
+/// (it may land), never `TimedOut`: the caller must not take it for a
+/// write that did not happen.
 pub async fn run_attempts<T, F, Fut>(
     db: &dyn Database,
     opts: TxOptions,
@@ -144,12 +146,13 @@ where
         let remaining = opts.timeout.checked_sub(started.elapsed()).ok_or(StoreError::TimedOut)?;
         // Set once the attempt hands its writes to the store.
         let committing = std::sync::atomic::AtomicBool::new(false);
+        let told = *seen;
         let attempt = async {
             let tx = match db.create_transaction(&opts).await {
                 Ok(tx) => tx,
                 Err(e) => return Err((None, e)),
             };
-            let result = match f(tx.clone(), *seen).await {
+            let result = match f(tx.clone(), told).await {
                 Ok(value) => {
                     committing.store(true, std::sync::atomic::Ordering::Relaxed);
                     tx.commit().await.map(|info| (value, info))
@@ -158,12 +161,13 @@ where
             };
             result.map_err(|e| (Some(tx), e))
         };
-        let (tx, err): (Option<Tx>, StoreError) = match tokio::time::timeout(remaining, attempt).await {
+        let mut attempt = std::pin::pin!(attempt);
+        let (tx, err): (Option<Tx>, StoreError) = match tokio::time::timeout(remaining, &mut attempt).await {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(failed)) => failed,
-            // Dropped in its commit: the store may still apply it (the
-            // embedded store's group commit does).
-            Err(_) if committing.load(std::sync::atomic::Ordering::Relaxed) => return Err(StoreError::CommitUnknown),
+            Err(_) if committing.load(std::sync::atomic::Ordering::Relaxed) => {
+                return outcome_after_budget(attempt, db.commit_grace(opts.timeout)).await
+            }
             Err(_) => return Err(StoreError::TimedOut),
         };
         if err == StoreError::CommitUnknown {
@@ -200,5 +204,77 @@ where
             // one): the store's jittered schedule.
             tokio::time::sleep(policy.delay(attempts)).await;
         }
+    }
+}
+
+/// The budget ended while the attempt was in its commit. Dropping the
+/// commit would leave the answer unknown, while the store may still decide
+/// it (the embedded store's group commit commits or fails a member's
+/// writes whether or not the member still waits): so the commit is awaited
+/// for the grace the store declares ([`Database::commit_grace`]), and its
+/// outcome is the answer. With no time left there is no retry: a commit
+/// that failed retryably did not land (`TimedOut`, which `run_attempts`
+/// turns into `CommitUnknown` if an earlier attempt may have landed); one
+/// that failed for good answers its error. Only a commit still undecided
+/// when the grace ends answers `CommitUnknown`.
+async fn outcome_after_budget<V, Fut>(
+    attempt: std::pin::Pin<&mut Fut>,
+    grace: std::time::Duration,
+) -> Result<V, StoreError>
+where
+    Fut: Future<Output = Result<V, (Option<Tx>, StoreError)>>,
+{
+    if grace.is_zero() {
+        // The store declares none (FoundationDB): not even one more poll.
+        return Err(StoreError::CommitUnknown);
+    }
+    match tokio::time::timeout(grace, attempt).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err((_, StoreError::CommitUnknown))) | Err(_) => Err(StoreError::CommitUnknown),
+        Ok(Err((_, err))) if err.is_retryable() => Err(StoreError::TimedOut),
+        Ok(Err((_, err))) => Err(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::{pending, ready, Future};
+    use std::time::Duration;
+
+    use super::{outcome_after_budget, StoreError, Tx};
+
+    type Failed = (Option<Tx>, StoreError);
+
+    async fn answer<F: Future<Output = Result<u8, Failed>>>(commit: F, grace: Duration) -> Result<u8, StoreError> {
+        outcome_after_budget(std::pin::pin!(commit), grace).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_commit_decided_within_the_grace_answers_its_outcome() {
+        let grace = Duration::from_millis(50);
+        assert_eq!(answer(ready(Ok(7)), grace).await, Ok(7), "landed: its value");
+        let io = StoreError::Io("disk".into());
+        assert_eq!(answer(ready(Err((None, io.clone()))), grace).await, Err(io), "failed for good: its error");
+        // Failed retryably with no time left for a retry: not committed.
+        assert_eq!(answer(ready(Err((None, StoreError::Conflict))), grace).await, Err(StoreError::TimedOut));
+        assert_eq!(answer(ready(Err((None, StoreError::Busy))), grace).await, Err(StoreError::TimedOut));
+        // The store itself did not know.
+        assert_eq!(answer(ready(Err((None, StoreError::CommitUnknown))), grace).await, Err(StoreError::CommitUnknown));
+        // Decided late but within the grace.
+        let late = async {
+            tokio::time::sleep(grace / 2).await;
+            Ok(1)
+        };
+        assert_eq!(answer(late, grace).await, Ok(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_commit_undecided_after_the_grace_or_with_none_is_unknown() {
+        let started = tokio::time::Instant::now();
+        assert_eq!(answer(pending(), Duration::from_millis(50)).await, Err(StoreError::CommitUnknown));
+        assert_eq!(started.elapsed(), Duration::from_millis(50), "waited the grace, no longer");
+        // No grace (FoundationDB): unknown at once, the commit not polled
+        // again even when it would be ready.
+        assert_eq!(answer(ready(Ok(1)), Duration::ZERO).await, Err(StoreError::CommitUnknown));
     }
 }

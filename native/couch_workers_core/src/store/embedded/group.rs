@@ -32,6 +32,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use rusqlite::Connection;
 use tokio::sync::{oneshot, OwnedMutexGuard};
@@ -43,6 +44,29 @@ use crate::store::StoreError;
 /// The most members of one batch: bounds what one failed commit takes with
 /// it and how long the first member waits.
 const MAX_MEMBERS: usize = 32;
+
+/// The most [`commit_grace`] gives: a call waits for its budget plus the
+/// grace at worst, and the Erlang side gives up on a call after its budget
+/// plus 5 s (`couch_workers_app:call_timeout/0`), so the answer must come
+/// well before that or nobody hears it.
+const MAX_COMMIT_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a member whose call's budget ended while it waits for its
+/// batch keeps waiting for the outcome (`Database::commit_grace`). A batch
+/// stays open only while a writer of this process holds the writer lock
+/// (another process's write lock blocks a `BEGIN`, never a batch already
+/// open, which holds SQLite's lock), and the member, queued for that lock
+/// since it joined (`wait`), commits the batch itself once it gets it. The
+/// writers ahead of it queued before it joined, so they started less than
+/// one budget before its deadline; with the node's one budget
+/// (`tx_timeout_ms`) each ends (commits, fails or is dropped by its own
+/// retry loop, letting the lock go) within one budget after the member's
+/// deadline. So one budget is enough for writers under the retry loop,
+/// capped at [`MAX_COMMIT_GRACE`]; a writer holding the lock outside any
+/// budget can outlast it, and then the answer is still `CommitUnknown`.
+pub(crate) fn commit_grace(budget: Duration) -> Duration {
+    budget.min(MAX_COMMIT_GRACE)
+}
 
 /// The outcome of a batch, as its members receive it.
 pub(crate) type Outcome = oneshot::Receiver<Result<(), StoreError>>;

@@ -354,6 +354,12 @@ impl Database for EmbeddedStore {
         true
     }
 
+    /// A commit cut off by the budget may be waiting for a group commit
+    /// that will decide it: wait for that (`group::commit_grace`).
+    fn commit_grace(&self, budget: Duration) -> Duration {
+        group::commit_grace(budget)
+    }
+
     fn backoff_policy(&self) -> crate::store::backoff::BackoffPolicy {
         crate::store::backoff::BackoffPolicy::LOCAL
     }
