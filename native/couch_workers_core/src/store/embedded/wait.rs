@@ -71,6 +71,9 @@ pub(crate) struct Bell {
     fd: std::os::fd::OwnedFd,
     #[cfg(not(target_os = "linux"))]
     rung: (std::sync::Mutex<bool>, std::sync::Condvar),
+    /// Tests only: the next wait treats its sources as failed.
+    #[cfg(feature = "testkit")]
+    sources_fault: std::sync::atomic::AtomicBool,
 }
 
 impl Bell {
@@ -79,11 +82,48 @@ impl Bell {
         {
             // SAFETY: a plain syscall with constant flags.
             let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-            linux::owned(fd).map(|fd| Bell { fd }).ok_or_else(std::io::Error::last_os_error)
+            let fd = linux::owned(fd).ok_or_else(std::io::Error::last_os_error)?;
+            Ok(Bell {
+                fd,
+                #[cfg(feature = "testkit")]
+                sources_fault: Default::default(),
+            })
         }
         #[cfg(not(target_os = "linux"))]
         {
-            Ok(Bell { rung: Default::default() })
+            Ok(Bell {
+                rung: Default::default(),
+                #[cfg(feature = "testkit")]
+                sources_fault: Default::default(),
+            })
+        }
+    }
+
+    /// Tests only: makes the watcher's wait (woken by this ring) find its
+    /// sources failed, as a failing `recv` of the wake socket or read of
+    /// inotify would.
+    #[cfg(feature = "testkit")]
+    pub(crate) fn fail_sources(&self) {
+        self.sources_fault.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.ring();
+    }
+
+    /// Tests only: [`Bell::fail_sources`] not yet taken by a wait.
+    #[cfg(feature = "testkit")]
+    pub(crate) fn sources_failure_pending(&self) -> bool {
+        self.sources_fault.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether a wait must treat its sources as failed (tests only).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    fn take_sources_fault(&self) -> bool {
+        #[cfg(feature = "testkit")]
+        {
+            self.sources_fault.swap(false, std::sync::atomic::Ordering::SeqCst)
+        }
+        #[cfg(not(feature = "testkit"))]
+        {
+            false
         }
     }
 
@@ -314,7 +354,7 @@ mod linux {
             drain_bell(bell);
         }
         let Some(l) = listen.as_mut() else { return woken };
-        let mut failed = false;
+        let mut failed = bell.take_sources_fault();
         if fds[1].revents != 0 {
             if let Some(wake) = &l.wake {
                 match drain_socket(wake, &mut l.buf) {

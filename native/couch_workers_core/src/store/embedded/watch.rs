@@ -153,6 +153,8 @@ struct HubState {
     last_peer_wake: Option<Instant>,
     /// The stages of the last wake-up that fired a watch.
     trace: Option<WatchTrace>,
+    /// Looks whose read of `data_version` and the watched keys failed.
+    failed_reads: u64,
 }
 
 /// When the stages of the watcher thread's last wake-up that fired a
@@ -315,6 +317,27 @@ impl WatchHub {
     /// The stages of the last wake-up that fired a watch.
     pub(crate) fn trace(&self) -> Option<WatchTrace> {
         self.lock().trace
+    }
+
+    /// Looks of the thread whose read failed (busy: a WAL recovery by
+    /// another process; an I/O error), for tests and diagnostics.
+    pub(crate) fn failed_reads(&self) -> u64 {
+        self.lock().failed_reads
+    }
+
+    /// Tests only: the watcher's next wait finds its notification sources
+    /// failed (as a failing `recv` or inotify read does) and polls from
+    /// then on.
+    #[cfg(feature = "testkit")]
+    pub(crate) fn fail_sources(&self) {
+        self.bell.fail_sources();
+    }
+
+    /// Tests only: [`WatchHub::fail_sources`] was called and the watcher
+    /// has not yet taken the failure.
+    #[cfg(feature = "testkit")]
+    pub(crate) fn sources_failure_pending(&self) -> bool {
+        self.bell.sources_failure_pending()
     }
 
     /// Number of pending watches (for tests and diagnostics): dropped
@@ -481,6 +504,7 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling, waiter: &mu
             Err(_) => {
                 // Busy (a WAL reset or recovery by another process) or an
                 // I/O error: try again at the next poll. Never spin.
+                hub.lock().failed_reads += 1;
                 last_data_version = None;
                 std::thread::sleep(polling.active);
             }
