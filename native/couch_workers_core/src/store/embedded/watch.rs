@@ -38,6 +38,12 @@
 //! reasons ring its bell (an eventfd), other handles' wake-ups come on its
 //! own wake socket, and the timeout is the next look's.
 //!
+//! A look whose read fails (the store busy: another process recovering
+//! the WAL; an I/O error) is tried again soon, at doubling intervals from
+//! [`RETRY_FIRST`] up to [`RETRY_MAX`] while it keeps failing: what made
+//! the thread look will not come again, and with notifications the next
+//! look would otherwise be the safety look.
+//!
 //! With no watch registered the thread sleeps until one is (no polling at
 //! all; wake-ups from other handles are still read, and need no look).
 //! One poll costs a few µs (three syscalls: the WAL-index read lock
