@@ -64,3 +64,42 @@ async fn a_change_after_the_sources_failed_is_seen_by_polling_not_at_the_safety_
     watcher.close();
     writer.close();
 }
+
+/// The outside action: the store directory's `wake/` (this handle's
+/// socket file, and the inotify watch on the directory) removed while the
+/// handle is open. Other handles can no longer find this one's socket,
+/// so their commits wake it no more: it must poll from then on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_after_the_wake_directory_was_removed_is_seen_by_polling() {
+    let dir = tempfile::tempdir().expect("dir");
+    let opts =
+        |dir: &std::path::Path| EmbeddedOptions { safety_look: Duration::from_secs(3600), ..EmbeddedOptions::new(dir) };
+    let writer = EmbeddedStore::open(opts(dir.path())).expect("open the writing handle");
+    let watcher = EmbeddedStore::open(opts(dir.path())).expect("open the watching handle");
+    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
+    let w = tx.watch(b"k");
+    tx.commit().await.expect("arm the watch");
+    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
+    let synced = tx.watch(b"sync");
+    tx.commit().await.expect("arm the second watch");
+    let tx = watcher.create_transaction(&TxOptions::write()).await.expect("tx");
+    tx.set(b"sync", b"1");
+    tx.commit().await.expect("plain write");
+    tokio::time::timeout(FIRE_LIMIT, synced).await.expect("a local write fires its watch").expect("fired");
+
+    std::fs::remove_dir_all(dir.path().join("wake")).expect("remove the wake directory");
+
+    let tx = writer.create_transaction(&TxOptions::write()).await.expect("tx");
+    tx.set(b"k", b"v");
+    tx.commit().await.expect("the other handle's write");
+    let committed = Instant::now();
+    tokio::time::timeout(FIRE_LIMIT, w)
+        .await
+        .expect("the watch fires by polling once the wake directory is gone, not at the safety look")
+        .expect("fired");
+    let late = committed.elapsed();
+    eprintln!("fired {late:?} after the other handle's commit (wake directory removed)");
+    assert!(late <= POLLED_WITHIN, "fired {late:?} after the commit");
+    watcher.close();
+    writer.close();
+}
