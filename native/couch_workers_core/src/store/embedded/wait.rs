@@ -8,7 +8,8 @@
 //!   its commit is visible: the watcher looks at `data_version` once;
 //! * an inotify descriptor watching `DIR/wake`: a handle opened or closed,
 //!   so the list of peers this handle sends to is read again before its
-//!   next send;
+//!   next send (the directory removed, with this handle's socket file, no
+//!   other handle can reach it: notifications end, the watcher polls);
 //! * only where the wake socket could not be bound (a read-only or full
 //!   directory, a path too long for a socket): inotify on the WAL file, as
 //!   before the wake sockets. Every write of the WAL by any process (this
@@ -233,6 +234,8 @@ mod linux {
         fd: OwnedFd,
         /// The watch on `DIR/wake` (peers come and go).
         wake_dir: Option<libc::c_int>,
+        /// This handle's socket file's name in `DIR/wake`.
+        own_socket: Option<Vec<u8>>,
         /// The watch on `DIR` for the WAL (fallback only), and its name.
         wal: Option<(libc::c_int, Vec<u8>)>,
     }
@@ -247,16 +250,17 @@ mod linux {
     fn inotify(dir: &Path, sources: &Sources) -> Option<Inotify> {
         // SAFETY: a plain syscall with constant flags.
         let fd = owned(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
-        if sources.wake.is_some() {
+        if let Some(socket) = &sources.wake {
             let mask = libc::IN_CREATE | libc::IN_DELETE | libc::IN_MOVED_TO | libc::IN_MOVED_FROM;
             let wake_dir = add_watch(&fd, &dir.join(wake::DIR_NAME), mask)?;
-            Some(Inotify { fd, wake_dir: Some(wake_dir), wal: None })
+            let own_socket = socket.file_name().map(|n| n.as_bytes().to_vec());
+            Some(Inotify { fd, wake_dir: Some(wake_dir), own_socket, wal: None })
         } else {
             // The directory, not the WAL file: SQLite deletes and recreates
             // the WAL (when the last connection of the host closes), which
             // would end a watch on the file itself.
             let wal = add_watch(&fd, dir, libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO)?;
-            Some(Inotify { fd, wake_dir: None, wal: Some((wal, sources.wal_name.as_bytes().to_vec())) })
+            Some(Inotify { fd, wake_dir: None, own_socket: None, wal: Some((wal, sources.wal_name.as_bytes().to_vec())) })
         }
     }
 
@@ -372,6 +376,7 @@ mod linux {
             if let Some(inotify) = &l.inotify {
                 match drain_inotify(inotify, &mut l.buf) {
                     Ok(seen) => {
+                        failed |= seen.lost;
                         if seen.wake_dir {
                             l.peers.mark_stale();
                         }
@@ -385,8 +390,9 @@ mod linux {
             }
         }
         if failed {
-            // As the notify thread did: one failing source ends
-            // notifications, and the watcher polls from then on.
+            // As the notify thread did: one failing source (or a lost
+            // watch: `DIR/wake` removed with this handle's socket file)
+            // ends notifications, and the watcher polls from then on.
             *listen = None;
         }
         woken
@@ -417,6 +423,10 @@ mod linux {
     pub(super) struct Seen {
         pub(super) wake_dir: bool,
         pub(super) wal: bool,
+        /// A watch is gone (`IN_IGNORED`: its directory was removed, or
+        /// its file system unmounted). For `DIR/wake`, this handle's
+        /// socket file went with it: no other handle can wake it any more.
+        pub(super) lost: bool,
     }
 
     fn drain_inotify(inotify: &Inotify, buf: &mut [u8]) -> Result<Seen, ()> {
@@ -436,16 +446,26 @@ mod linux {
                 return Ok(seen);
             }
             let wal = inotify.wal.as_ref().map(|(wd, name)| (*wd, name.as_slice()));
-            let more = read_events(&buf[..n], inotify.wake_dir, wal);
+            let wake_dir = inotify.wake_dir.map(|wd| (wd, inotify.own_socket.as_deref().unwrap_or(&[])));
+            let more = read_events(&buf[..n], wake_dir, wal);
             seen.wake_dir |= more.wake_dir;
             seen.wal |= more.wal;
+            seen.lost |= more.lost;
         }
     }
 
     /// Reads `bytes` (a whole number of `inotify_event`s, as read returns
-    /// them): any event of the `wake_dir` watch, an event of the `wal`
-    /// watch naming the WAL file; an overflow (events lost) counts as both.
-    pub(super) fn read_events(bytes: &[u8], wake_dir: Option<libc::c_int>, wal: Option<(libc::c_int, &[u8])>) -> Seen {
+    /// them): any event of the `wake_dir` watch (given with this handle's
+    /// socket file's name), an event of the `wal` watch naming the WAL
+    /// file; an overflow (events lost) counts as both. Lost: the socket
+    /// file deleted or moved away (the directory removed: its watch stays
+    /// while the sockets bound in it pin it, so no `IN_IGNORED` comes), or
+    /// either watch removed (`IN_IGNORED`).
+    pub(super) fn read_events(
+        bytes: &[u8],
+        wake_dir: Option<(libc::c_int, &[u8])>,
+        wal: Option<(libc::c_int, &[u8])>,
+    ) -> Seen {
         const HEADER: usize = std::mem::size_of::<libc::inotify_event>();
         let mut at = 0;
         let mut seen = Seen::default();
@@ -462,8 +482,18 @@ mod linux {
                 seen.wake_dir = wake_dir.is_some();
                 seen.wal = wal.is_some();
             }
-            if Some(wd) == wake_dir {
-                seen.wake_dir = true;
+            if let Some((wake_wd, own_socket)) = wake_dir {
+                if wd == wake_wd {
+                    seen.wake_dir = true;
+                    let gone = libc::IN_DELETE | libc::IN_MOVED_FROM;
+                    if mask & gone != 0 && !own_socket.is_empty() && name == own_socket {
+                        seen.lost = true;
+                    }
+                }
+            }
+            let ours = wake_dir.is_some_and(|(w, _)| wd == w) || wal.is_some_and(|(w, _)| wd == w);
+            if ours && mask & libc::IN_IGNORED != 0 {
+                seen.lost = true;
             }
             if let Some((wal_wd, wal_name)) = wal {
                 if wd == wal_wd && name == wal_name {
@@ -500,10 +530,10 @@ mod linux {
             let mut other = event(1, libc::IN_MODIFY, b"couch_workers.wait");
             assert_eq!(read_events(&other, None, wal), Seen::default());
             other.extend(event(1, libc::IN_MODIFY, WAL));
-            assert_eq!(read_events(&other, None, wal), Seen { wake_dir: false, wal: true });
+            assert_eq!(read_events(&other, None, wal), Seen { wal: true, ..Seen::default() });
             assert_eq!(
                 read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), None, wal),
-                Seen { wake_dir: false, wal: true }
+                Seen { wal: true, ..Seen::default() }
             );
             // A name that only starts like the WAL's is another file.
             assert_eq!(
@@ -512,15 +542,32 @@ mod linux {
             );
         }
 
+        const OWN: &[u8] = b"123-00ff.sock";
+
+        #[test]
+        fn the_own_socket_file_removed_or_a_removed_watch_is_lost() {
+            let lost = Seen { wake_dir: true, wal: false, lost: true };
+            assert_eq!(read_events(&event(2, libc::IN_DELETE, OWN), Some((2, OWN)), None), lost);
+            assert_eq!(read_events(&event(2, libc::IN_MOVED_FROM, OWN), Some((2, OWN)), None), lost);
+            // Another handle's socket going only changes the peers.
+            let other = event(2, libc::IN_DELETE, b"124-00ff.sock");
+            assert_eq!(read_events(&other, Some((2, OWN)), None), Seen { wake_dir: true, ..Seen::default() });
+            let ignored = event(2, libc::IN_IGNORED, b"");
+            assert_eq!(read_events(&ignored, Some((2, OWN)), None), lost);
+            assert_eq!(read_events(&ignored, None, Some((2, WAL))), Seen { lost: true, ..Seen::default() });
+            // Another watch's removal is not ours.
+            assert_eq!(read_events(&ignored, Some((3, OWN)), None), Seen::default());
+        }
+
         #[test]
         fn any_event_of_the_wake_directory_marks_the_peers_stale() {
-            let created = event(2, libc::IN_CREATE, b"123-00ff.sock");
-            assert_eq!(read_events(&created, Some(2), None), Seen { wake_dir: true, wal: false });
+            let created = event(2, libc::IN_CREATE, b"124-00ff.sock");
+            assert_eq!(read_events(&created, Some((2, OWN)), None), Seen { wake_dir: true, ..Seen::default() });
             // The same name under another watch is not the wake directory.
-            assert_eq!(read_events(&created, Some(3), None), Seen::default());
+            assert_eq!(read_events(&created, Some((3, OWN)), None), Seen::default());
             assert_eq!(
-                read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), Some(2), None),
-                Seen { wake_dir: true, wal: false }
+                read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), Some((2, OWN)), None),
+                Seen { wake_dir: true, ..Seen::default() }
             );
         }
     }
