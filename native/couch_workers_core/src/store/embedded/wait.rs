@@ -260,7 +260,12 @@ mod linux {
             // the WAL (when the last connection of the host closes), which
             // would end a watch on the file itself.
             let wal = add_watch(&fd, dir, libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO)?;
-            Some(Inotify { fd, wake_dir: None, own_socket: None, wal: Some((wal, sources.wal_name.as_bytes().to_vec())) })
+            Some(Inotify {
+                fd,
+                wake_dir: None,
+                own_socket: None,
+                wal: Some((wal, sources.wal_name.as_bytes().to_vec())),
+            })
         }
     }
 
