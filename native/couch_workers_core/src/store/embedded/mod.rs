@@ -291,6 +291,28 @@ impl EmbeddedStore {
         self.shared.watches.pending()
     }
 
+    /// Looks of the watcher thread whose read failed (the store was busy:
+    /// a WAL recovery by another process; or an I/O error).
+    pub fn watch_read_failures(&self) -> u64 {
+        self.shared.watches.failed_reads()
+    }
+
+    /// Tests only: the watcher thread's notification sources (this
+    /// handle's wake socket, inotify) fail at its next wait, as when a
+    /// `recv` or an inotify read fails; it polls from then on. Returns at
+    /// once: see [`EmbeddedStore::watch_sources_failure_pending`].
+    #[cfg(feature = "testkit")]
+    pub fn fail_watch_sources(&self) {
+        self.shared.watches.fail_sources();
+    }
+
+    /// Tests only: [`EmbeddedStore::fail_watch_sources`] was called and the
+    /// watcher thread has not yet taken the failure.
+    #[cfg(feature = "testkit")]
+    pub fn watch_sources_failure_pending(&self) -> bool {
+        self.shared.watches.sources_failure_pending()
+    }
+
     /// The stages of the watcher thread's last wake-up that fired a watch
     /// (`None` before the first), for the bench's breakdown.
     pub fn watch_trace(&self) -> Option<WatchTrace> {

@@ -8,7 +8,8 @@
 //!   its commit is visible: the watcher looks at `data_version` once;
 //! * an inotify descriptor watching `DIR/wake`: a handle opened or closed,
 //!   so the list of peers this handle sends to is read again before its
-//!   next send;
+//!   next send (the directory removed, with this handle's socket file, no
+//!   other handle can reach it: notifications end, the watcher polls);
 //! * only where the wake socket could not be bound (a read-only or full
 //!   directory, a path too long for a socket): inotify on the WAL file, as
 //!   before the wake sockets. Every write of the WAL by any process (this
@@ -71,6 +72,9 @@ pub(crate) struct Bell {
     fd: std::os::fd::OwnedFd,
     #[cfg(not(target_os = "linux"))]
     rung: (std::sync::Mutex<bool>, std::sync::Condvar),
+    /// Tests only: the next wait treats its sources as failed.
+    #[cfg(feature = "testkit")]
+    sources_fault: std::sync::atomic::AtomicBool,
 }
 
 impl Bell {
@@ -79,11 +83,48 @@ impl Bell {
         {
             // SAFETY: a plain syscall with constant flags.
             let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-            linux::owned(fd).map(|fd| Bell { fd }).ok_or_else(std::io::Error::last_os_error)
+            let fd = linux::owned(fd).ok_or_else(std::io::Error::last_os_error)?;
+            Ok(Bell {
+                fd,
+                #[cfg(feature = "testkit")]
+                sources_fault: Default::default(),
+            })
         }
         #[cfg(not(target_os = "linux"))]
         {
-            Ok(Bell { rung: Default::default() })
+            Ok(Bell {
+                rung: Default::default(),
+                #[cfg(feature = "testkit")]
+                sources_fault: Default::default(),
+            })
+        }
+    }
+
+    /// Tests only: makes the watcher's wait (woken by this ring) find its
+    /// sources failed, as a failing `recv` of the wake socket or read of
+    /// inotify would.
+    #[cfg(feature = "testkit")]
+    pub(crate) fn fail_sources(&self) {
+        self.sources_fault.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.ring();
+    }
+
+    /// Tests only: [`Bell::fail_sources`] not yet taken by a wait.
+    #[cfg(feature = "testkit")]
+    pub(crate) fn sources_failure_pending(&self) -> bool {
+        self.sources_fault.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether a wait must treat its sources as failed (tests only).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    fn take_sources_fault(&self) -> bool {
+        #[cfg(feature = "testkit")]
+        {
+            self.sources_fault.swap(false, std::sync::atomic::Ordering::SeqCst)
+        }
+        #[cfg(not(feature = "testkit"))]
+        {
+            false
         }
     }
 
@@ -193,6 +234,8 @@ mod linux {
         fd: OwnedFd,
         /// The watch on `DIR/wake` (peers come and go).
         wake_dir: Option<libc::c_int>,
+        /// This handle's socket file's name in `DIR/wake`.
+        own_socket: Option<Vec<u8>>,
         /// The watch on `DIR` for the WAL (fallback only), and its name.
         wal: Option<(libc::c_int, Vec<u8>)>,
     }
@@ -207,16 +250,22 @@ mod linux {
     fn inotify(dir: &Path, sources: &Sources) -> Option<Inotify> {
         // SAFETY: a plain syscall with constant flags.
         let fd = owned(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
-        if sources.wake.is_some() {
+        if let Some(socket) = &sources.wake {
             let mask = libc::IN_CREATE | libc::IN_DELETE | libc::IN_MOVED_TO | libc::IN_MOVED_FROM;
             let wake_dir = add_watch(&fd, &dir.join(wake::DIR_NAME), mask)?;
-            Some(Inotify { fd, wake_dir: Some(wake_dir), wal: None })
+            let own_socket = socket.file_name().map(|n| n.as_bytes().to_vec());
+            Some(Inotify { fd, wake_dir: Some(wake_dir), own_socket, wal: None })
         } else {
             // The directory, not the WAL file: SQLite deletes and recreates
             // the WAL (when the last connection of the host closes), which
             // would end a watch on the file itself.
             let wal = add_watch(&fd, dir, libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO)?;
-            Some(Inotify { fd, wake_dir: None, wal: Some((wal, sources.wal_name.as_bytes().to_vec())) })
+            Some(Inotify {
+                fd,
+                wake_dir: None,
+                own_socket: None,
+                wal: Some((wal, sources.wal_name.as_bytes().to_vec())),
+            })
         }
     }
 
@@ -314,7 +363,7 @@ mod linux {
             drain_bell(bell);
         }
         let Some(l) = listen.as_mut() else { return woken };
-        let mut failed = false;
+        let mut failed = bell.take_sources_fault();
         if fds[1].revents != 0 {
             if let Some(wake) = &l.wake {
                 match drain_socket(wake, &mut l.buf) {
@@ -332,6 +381,7 @@ mod linux {
             if let Some(inotify) = &l.inotify {
                 match drain_inotify(inotify, &mut l.buf) {
                     Ok(seen) => {
+                        failed |= seen.lost;
                         if seen.wake_dir {
                             l.peers.mark_stale();
                         }
@@ -345,8 +395,9 @@ mod linux {
             }
         }
         if failed {
-            // As the notify thread did: one failing source ends
-            // notifications, and the watcher polls from then on.
+            // As the notify thread did: one failing source (or a lost
+            // watch: `DIR/wake` removed with this handle's socket file)
+            // ends notifications, and the watcher polls from then on.
             *listen = None;
         }
         woken
@@ -377,6 +428,10 @@ mod linux {
     pub(super) struct Seen {
         pub(super) wake_dir: bool,
         pub(super) wal: bool,
+        /// A watch is gone (`IN_IGNORED`: its directory was removed, or
+        /// its file system unmounted). For `DIR/wake`, this handle's
+        /// socket file went with it: no other handle can wake it any more.
+        pub(super) lost: bool,
     }
 
     fn drain_inotify(inotify: &Inotify, buf: &mut [u8]) -> Result<Seen, ()> {
@@ -396,16 +451,26 @@ mod linux {
                 return Ok(seen);
             }
             let wal = inotify.wal.as_ref().map(|(wd, name)| (*wd, name.as_slice()));
-            let more = read_events(&buf[..n], inotify.wake_dir, wal);
+            let wake_dir = inotify.wake_dir.map(|wd| (wd, inotify.own_socket.as_deref().unwrap_or(&[])));
+            let more = read_events(&buf[..n], wake_dir, wal);
             seen.wake_dir |= more.wake_dir;
             seen.wal |= more.wal;
+            seen.lost |= more.lost;
         }
     }
 
     /// Reads `bytes` (a whole number of `inotify_event`s, as read returns
-    /// them): any event of the `wake_dir` watch, an event of the `wal`
-    /// watch naming the WAL file; an overflow (events lost) counts as both.
-    pub(super) fn read_events(bytes: &[u8], wake_dir: Option<libc::c_int>, wal: Option<(libc::c_int, &[u8])>) -> Seen {
+    /// them): any event of the `wake_dir` watch (given with this handle's
+    /// socket file's name), an event of the `wal` watch naming the WAL
+    /// file; an overflow (events lost) counts as both. Lost: the socket
+    /// file deleted or moved away (the directory removed: its watch stays
+    /// while the sockets bound in it pin it, so no `IN_IGNORED` comes), or
+    /// either watch removed (`IN_IGNORED`).
+    pub(super) fn read_events(
+        bytes: &[u8],
+        wake_dir: Option<(libc::c_int, &[u8])>,
+        wal: Option<(libc::c_int, &[u8])>,
+    ) -> Seen {
         const HEADER: usize = std::mem::size_of::<libc::inotify_event>();
         let mut at = 0;
         let mut seen = Seen::default();
@@ -422,8 +487,18 @@ mod linux {
                 seen.wake_dir = wake_dir.is_some();
                 seen.wal = wal.is_some();
             }
-            if Some(wd) == wake_dir {
-                seen.wake_dir = true;
+            if let Some((wake_wd, own_socket)) = wake_dir {
+                if wd == wake_wd {
+                    seen.wake_dir = true;
+                    let gone = libc::IN_DELETE | libc::IN_MOVED_FROM;
+                    if mask & gone != 0 && !own_socket.is_empty() && name == own_socket {
+                        seen.lost = true;
+                    }
+                }
+            }
+            let ours = wake_dir.is_some_and(|(w, _)| wd == w) || wal.is_some_and(|(w, _)| wd == w);
+            if ours && mask & libc::IN_IGNORED != 0 {
+                seen.lost = true;
             }
             if let Some((wal_wd, wal_name)) = wal {
                 if wd == wal_wd && name == wal_name {
@@ -460,10 +535,10 @@ mod linux {
             let mut other = event(1, libc::IN_MODIFY, b"couch_workers.wait");
             assert_eq!(read_events(&other, None, wal), Seen::default());
             other.extend(event(1, libc::IN_MODIFY, WAL));
-            assert_eq!(read_events(&other, None, wal), Seen { wake_dir: false, wal: true });
+            assert_eq!(read_events(&other, None, wal), Seen { wal: true, ..Seen::default() });
             assert_eq!(
                 read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), None, wal),
-                Seen { wake_dir: false, wal: true }
+                Seen { wal: true, ..Seen::default() }
             );
             // A name that only starts like the WAL's is another file.
             assert_eq!(
@@ -472,15 +547,32 @@ mod linux {
             );
         }
 
+        const OWN: &[u8] = b"123-00ff.sock";
+
+        #[test]
+        fn the_own_socket_file_removed_or_a_removed_watch_is_lost() {
+            let lost = Seen { wake_dir: true, wal: false, lost: true };
+            assert_eq!(read_events(&event(2, libc::IN_DELETE, OWN), Some((2, OWN)), None), lost);
+            assert_eq!(read_events(&event(2, libc::IN_MOVED_FROM, OWN), Some((2, OWN)), None), lost);
+            // Another handle's socket going only changes the peers.
+            let other = event(2, libc::IN_DELETE, b"124-00ff.sock");
+            assert_eq!(read_events(&other, Some((2, OWN)), None), Seen { wake_dir: true, ..Seen::default() });
+            let ignored = event(2, libc::IN_IGNORED, b"");
+            assert_eq!(read_events(&ignored, Some((2, OWN)), None), lost);
+            assert_eq!(read_events(&ignored, None, Some((2, WAL))), Seen { lost: true, ..Seen::default() });
+            // Another watch's removal is not ours.
+            assert_eq!(read_events(&ignored, Some((3, OWN)), None), Seen::default());
+        }
+
         #[test]
         fn any_event_of_the_wake_directory_marks_the_peers_stale() {
-            let created = event(2, libc::IN_CREATE, b"123-00ff.sock");
-            assert_eq!(read_events(&created, Some(2), None), Seen { wake_dir: true, wal: false });
+            let created = event(2, libc::IN_CREATE, b"124-00ff.sock");
+            assert_eq!(read_events(&created, Some((2, OWN)), None), Seen { wake_dir: true, ..Seen::default() });
             // The same name under another watch is not the wake directory.
-            assert_eq!(read_events(&created, Some(3), None), Seen::default());
+            assert_eq!(read_events(&created, Some((3, OWN)), None), Seen::default());
             assert_eq!(
-                read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), Some(2), None),
-                Seen { wake_dir: true, wal: false }
+                read_events(&event(-1, libc::IN_Q_OVERFLOW, b""), Some((2, OWN)), None),
+                Seen { wake_dir: true, ..Seen::default() }
             );
         }
     }

@@ -38,6 +38,12 @@
 //! reasons ring its bell (an eventfd), other handles' wake-ups come on its
 //! own wake socket, and the timeout is the next look's.
 //!
+//! A look whose read fails (the store busy: another process recovering
+//! the WAL; an I/O error) is tried again soon, at doubling intervals from
+//! [`RETRY_FIRST`] up to [`RETRY_MAX`] while it keeps failing: what made
+//! the thread look will not come again, and with notifications the next
+//! look would otherwise be the safety look.
+//!
 //! With no watch registered the thread sleeps until one is (no polling at
 //! all; wake-ups from other handles are still read, and need no look).
 //! One poll costs a few µs (three syscalls: the WAL-index read lock
@@ -97,6 +103,14 @@ pub(crate) const SETTLE_FIRST: Duration = Duration::from_micros(50);
 /// The longest interval between two looks of a settle window.
 pub(crate) const SETTLE_MAX_STEP: Duration = Duration::from_millis(4);
 
+/// The first retry after a failed read of the watched keys (at least: the
+/// active polling interval if longer).
+const RETRY_FIRST: Duration = Duration::from_millis(1);
+
+/// The longest interval between retries while reads keep failing: a
+/// change is seen within about this of the store becoming readable again.
+const RETRY_MAX: Duration = Duration::from_millis(32);
+
 /// With notifications (wake sockets or the WAL's), the longest sleep
 /// between looks by default (`EmbeddedOptions::safety_look`). Every
 /// writer of this code sends a wake-up, so this look only bounds how late
@@ -153,6 +167,8 @@ struct HubState {
     last_peer_wake: Option<Instant>,
     /// The stages of the last wake-up that fired a watch.
     trace: Option<WatchTrace>,
+    /// Looks whose read of `data_version` and the watched keys failed.
+    failed_reads: u64,
 }
 
 /// When the stages of the watcher thread's last wake-up that fired a
@@ -317,6 +333,27 @@ impl WatchHub {
         self.lock().trace
     }
 
+    /// Looks of the thread whose read failed (busy: a WAL recovery by
+    /// another process; an I/O error), for tests and diagnostics.
+    pub(crate) fn failed_reads(&self) -> u64 {
+        self.lock().failed_reads
+    }
+
+    /// Tests only: the watcher's next wait finds its notification sources
+    /// failed (as a failing `recv` or inotify read does) and polls from
+    /// then on.
+    #[cfg(feature = "testkit")]
+    pub(crate) fn fail_sources(&self) {
+        self.bell.fail_sources();
+    }
+
+    /// Tests only: [`WatchHub::fail_sources`] was called and the watcher
+    /// has not yet taken the failure.
+    #[cfg(feature = "testkit")]
+    pub(crate) fn sources_failure_pending(&self) -> bool {
+        self.bell.sources_failure_pending()
+    }
+
     /// Number of pending watches (for tests and diagnostics): dropped
     /// ones not yet swept out are not counted.
     pub(crate) fn pending(&self) -> usize {
@@ -354,14 +391,18 @@ enum Wake {
 /// bell, or what the wait brought), or the next look's time. `sleep` gives
 /// that time's distance (given whether notifications run); it is fixed at
 /// the first pass, so wake-ups that bring nothing to look at (a peer list
-/// change, a wake-up with no watch pending) do not postpone the look.
+/// change, a wake-up with no watch pending) do not postpone the look. It
+/// is planned again when the notifications fail during the wait: the
+/// safety look planned with them would leave the first change after the
+/// failure, whose wake-up nobody reads any more, unseen until then.
 fn wait_for_work(
     hub: &WatchHub,
     waiter: &mut Waiter,
     sleep: impl Fn(bool) -> Duration,
     last_purge: &mut Instant,
 ) -> Wake {
-    let mut deadline: Option<Instant> = None;
+    // The next look's time, and whether notifications ran when planned.
+    let mut deadline: Option<(Instant, bool)> = None;
     let mut st = loop {
         let due = {
             let st = hub.lock();
@@ -375,7 +416,15 @@ fn wait_for_work(
                 // Idle: nothing to poll for until a registration rings.
                 None
             } else {
-                let due = *deadline.get_or_insert_with(|| Instant::now() + sleep(waiter.notified()));
+                let notified = waiter.notified();
+                let due = match deadline {
+                    Some((due, planned_notified)) if planned_notified == notified => due,
+                    _ => {
+                        let due = Instant::now() + sleep(notified);
+                        deadline = Some((due, notified));
+                        due
+                    }
+                };
                 if Instant::now() >= due {
                     break st;
                 }
@@ -406,10 +455,12 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling, waiter: &mu
     let mut settle_until: Option<Instant> = None;
     let mut settle_step = SETTLE_FIRST;
     let mut looks: u32 = 0;
+    // After a failed read: when to try again (doubling up to RETRY_MAX).
+    let mut retry: Option<Duration> = None;
     loop {
         let settling = settle_until.is_some_and(|t| Instant::now() < t);
         let sleep = |notified: bool| {
-            if notified {
+            let planned = if notified {
                 if settling {
                     settle_step
                 } else {
@@ -419,7 +470,8 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling, waiter: &mu
                 polling.active
             } else {
                 polling.idle.max(polling.active)
-            }
+            };
+            retry.map_or(planned, |r| r.min(planned))
         };
         let (dirty, cause) = match wait_for_work(hub, waiter, sleep, &mut last_purge) {
             Wake::Stop => return,
@@ -466,6 +518,7 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling, waiter: &mu
         crate::stage::mark("watcher_reads");
         match read_values(conn, &keys) {
             Ok(values) => {
+                retry = None;
                 last_data_version = data_version;
                 let read_done = Instant::now();
                 fire_changed(hub, keys, values, seq_limit, |wal_event, peer_wake| WatchTrace {
@@ -480,9 +533,14 @@ fn watcher_loop(hub: &WatchHub, conn: &Connection, polling: Polling, waiter: &mu
             }
             Err(_) => {
                 // Busy (a WAL reset or recovery by another process) or an
-                // I/O error: try again at the next poll. Never spin.
+                // I/O error: what made this look (a wake-up, a
+                // registration) will not come again, so try again soon,
+                // whether notifications run or not (with them the next
+                // look would be the safety look). Never spin: the retries
+                // space out, up to RETRY_MAX while the store stays so.
+                hub.lock().failed_reads += 1;
                 last_data_version = None;
-                std::thread::sleep(polling.active);
+                retry = Some(retry.map_or(polling.active.max(RETRY_FIRST), |r| (r * 2).min(RETRY_MAX)));
             }
         }
     }

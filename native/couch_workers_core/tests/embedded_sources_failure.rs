@@ -1,0 +1,105 @@
+//! When the watcher thread's notification sources fail while it waits (a
+//! failing `recv` of its wake socket or read of inotify: `wait.rs` then
+//! drops them and the thread polls `data_version`), the wait it is in no
+//! longer keeps the deadline it planned with notifications (the safety
+//! look, an hour here): the first commit of another handle after the
+//! failure, whose wake-up nobody reads any more, is seen by polling,
+//! within a few milliseconds.
+//!
+//! The failure comes from the store's test hook
+//! (`EmbeddedStore::fail_watch_sources`): no outside action makes a bound
+//! datagram socket's `recv` or an inotify read fail.
+
+use std::time::{Duration, Instant};
+
+use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::{Database, TxOptions};
+
+/// Generous for a watch that fires at all: the safety look is an hour away.
+const FIRE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Polling looks every `watch_poll_idle` (4 ms by default); this leaves
+/// room for a loaded host.
+const POLLED_WITHIN: Duration = Duration::from_secs(1);
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_after_the_sources_failed_is_seen_by_polling_not_at_the_safety_look() {
+    let dir = tempfile::tempdir().expect("dir");
+    let opts =
+        |dir: &std::path::Path| EmbeddedOptions { safety_look: Duration::from_secs(3600), ..EmbeddedOptions::new(dir) };
+    let writer = EmbeddedStore::open(opts(dir.path())).expect("open the writing handle");
+    let watcher = EmbeddedStore::open(opts(dir.path())).expect("open the watching handle");
+    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
+    let w = tx.watch(b"k");
+    tx.commit().await.expect("arm the watch");
+    // A point after which the watcher thread has read `k` since arming
+    // `w` and sleeps towards its safety look: a second watch, fired by a
+    // plain local write, is judged in such a read.
+    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
+    let synced = tx.watch(b"sync");
+    tx.commit().await.expect("arm the second watch");
+    let tx = watcher.create_transaction(&TxOptions::write()).await.expect("tx");
+    tx.set(b"sync", b"1");
+    tx.commit().await.expect("plain write");
+    tokio::time::timeout(FIRE_LIMIT, synced).await.expect("a local write fires its watch").expect("fired");
+
+    watcher.fail_watch_sources();
+    let failed = Instant::now();
+    while watcher.watch_sources_failure_pending() {
+        assert!(failed.elapsed() < FIRE_LIMIT, "the watcher thread never took the sources' failure");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    let tx = writer.create_transaction(&TxOptions::write()).await.expect("tx");
+    tx.set(b"k", b"v");
+    tx.commit().await.expect("the other handle's write");
+    let committed = Instant::now();
+    tokio::time::timeout(FIRE_LIMIT, w)
+        .await
+        .expect("the watch fires by polling once the sources failed, not at the safety look")
+        .expect("fired");
+    let late = committed.elapsed();
+    eprintln!("fired {late:?} after the other handle's commit");
+    assert!(late <= POLLED_WITHIN, "fired {late:?} after the commit");
+    watcher.close();
+    writer.close();
+}
+
+/// The outside action: the store directory's `wake/` (this handle's
+/// socket file, and the inotify watch on the directory) removed while the
+/// handle is open. Other handles can no longer find this one's socket,
+/// so their commits wake it no more: it must poll from then on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_after_the_wake_directory_was_removed_is_seen_by_polling() {
+    let dir = tempfile::tempdir().expect("dir");
+    let opts =
+        |dir: &std::path::Path| EmbeddedOptions { safety_look: Duration::from_secs(3600), ..EmbeddedOptions::new(dir) };
+    let writer = EmbeddedStore::open(opts(dir.path())).expect("open the writing handle");
+    let watcher = EmbeddedStore::open(opts(dir.path())).expect("open the watching handle");
+    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
+    let w = tx.watch(b"k");
+    tx.commit().await.expect("arm the watch");
+    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
+    let synced = tx.watch(b"sync");
+    tx.commit().await.expect("arm the second watch");
+    let tx = watcher.create_transaction(&TxOptions::write()).await.expect("tx");
+    tx.set(b"sync", b"1");
+    tx.commit().await.expect("plain write");
+    tokio::time::timeout(FIRE_LIMIT, synced).await.expect("a local write fires its watch").expect("fired");
+
+    std::fs::remove_dir_all(dir.path().join("wake")).expect("remove the wake directory");
+
+    let tx = writer.create_transaction(&TxOptions::write()).await.expect("tx");
+    tx.set(b"k", b"v");
+    tx.commit().await.expect("the other handle's write");
+    let committed = Instant::now();
+    tokio::time::timeout(FIRE_LIMIT, w)
+        .await
+        .expect("the watch fires by polling once the wake directory is gone, not at the safety look")
+        .expect("fired");
+    let late = committed.elapsed();
+    eprintln!("fired {late:?} after the other handle's commit (wake directory removed)");
+    assert!(late <= POLLED_WITHIN, "fired {late:?} after the commit");
+    watcher.close();
+    writer.close();
+}
