@@ -19,8 +19,11 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore, FILE_NAME};
+use couch_workers_core::store::embedded::{EmbeddedStore, FILE_NAME};
 use couch_workers_core::store::{Database, TxOptions};
+
+mod late_fire_common;
+use late_fire_common::{armed_watch, hour_safety_look, FIRE_LIMIT};
 
 const ROLE: &str = "CW_BUSY_READ_ROLE";
 const ROLE_DIR: &str = "CW_BUSY_READ_DIR";
@@ -33,9 +36,6 @@ const SHM_LOCKS_AT: i64 = 120;
 const RECOVERY_LOCKS: i64 = 3;
 /// The two copies of the index header (`WalIndexHdr`, 48 bytes each).
 const INDEX_HEADERS: usize = 96;
-
-/// Generous for a watch that fires at all: the safety look is an hour away.
-const FIRE_LIMIT: Duration = Duration::from_secs(5);
 
 /// How long after the recovery's locks go the watch must fire: a retry
 /// comes within tens of milliseconds; this leaves room for a loaded host.
@@ -80,21 +80,10 @@ async fn a_look_that_failed_on_a_wal_recovery_is_retried_soon() {
         return;
     }
     let dir = tempfile::tempdir().expect("dir");
-    let opts = EmbeddedOptions { safety_look: Duration::from_secs(3600), ..EmbeddedOptions::new(dir.path()) };
+    let opts = hour_safety_look(dir.path());
     let db = EmbeddedStore::open(opts).expect("open");
-    let tx = db.create_transaction(&TxOptions::read()).await.expect("tx");
-    let w = tx.watch(b"k");
-    tx.commit().await.expect("arm the watch");
-    // A point after which the watcher thread has read `k` since arming
-    // `w`: a second watch, fired by a plain local write, is judged in
-    // such a read.
-    let tx = db.create_transaction(&TxOptions::read()).await.expect("tx");
-    let synced = tx.watch(b"sync");
-    tx.commit().await.expect("arm the second watch");
-    let tx = db.create_transaction(&TxOptions::write()).await.expect("tx");
-    tx.set(b"sync", b"1");
-    tx.commit().await.expect("plain write");
-    tokio::time::timeout(FIRE_LIMIT, synced).await.expect("a local write fires its watch").expect("fired");
+    // Armed once the watcher thread has read `k` since (`armed_watch`).
+    let w = armed_watch(&*db, b"k").await;
 
     // The registration that makes the thread look: its transaction reads
     // (takes its snapshot) before the recovery starts, and commits while

@@ -9,15 +9,13 @@
 //! next look for another reason (the safety look: an hour here).
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::embedded::EmbeddedStore;
 use couch_workers_core::store::{Database, TxOptions};
 use futures::FutureExt;
 
-/// Generous: a watch that fires at all fires within this; the safety look
-/// is an hour away.
-const FIRE_LIMIT: Duration = Duration::from_secs(5);
+mod late_fire_common;
+use late_fire_common::{armed_watch, hour_safety_look, FIRE_LIMIT};
 
 /// One runtime thread: the queued writer runs only when this task waits,
 /// so it cannot commit the batch (and answer the member) within the one
@@ -25,22 +23,10 @@ const FIRE_LIMIT: Duration = Duration::from_secs(5);
 #[tokio::test(flavor = "current_thread")]
 async fn a_dropped_group_members_committed_write_fires_the_handles_watch() {
     let dir = tempfile::tempdir().expect("dir");
-    let opts = EmbeddedOptions { safety_look: Duration::from_secs(3600), ..EmbeddedOptions::new(dir.path()) };
+    let opts = hour_safety_look(dir.path());
     let db: Arc<EmbeddedStore> = EmbeddedStore::open(opts).expect("open");
-    let tx = db.create_transaction(&TxOptions::read()).await.expect("tx");
-    let w = tx.watch(b"k");
-    tx.commit().await.expect("arm the watch");
-    // A point after which the watcher thread has read `k` since arming
-    // `w` (else that read could come after the member's write and fire
-    // `w` by chance): a second watch, fired by a plain write, is judged in
-    // such a read.
-    let tx = db.create_transaction(&TxOptions::read()).await.expect("tx");
-    let synced = tx.watch(b"sync");
-    tx.commit().await.expect("arm the second watch");
-    let tx = db.create_transaction(&TxOptions::write()).await.expect("tx");
-    tx.set(b"sync", b"1");
-    tx.commit().await.expect("plain write");
-    tokio::time::timeout(FIRE_LIMIT, synced).await.expect("a plain write fires its watch").expect("fired");
+    // Armed once the watcher thread has read `k` since (`armed_watch`).
+    let w = armed_watch(&*db, b"k").await;
 
     // The member: holds the writer lock while a second writer queues.
     let member = db.create_transaction(&TxOptions::write()).await.expect("member tx");

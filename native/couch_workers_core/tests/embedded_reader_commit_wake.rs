@@ -6,36 +6,20 @@
 //! commit was seen by other handles only at their safety look (10 s by
 //! default; an hour here).
 
-use std::time::Duration;
-
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::embedded::EmbeddedStore;
 use couch_workers_core::store::{Database, TxOptions};
 
-/// Generous: a watch that fires at all fires within this; the safety look
-/// is an hour away.
-const FIRE_LIMIT: Duration = Duration::from_secs(5);
+mod late_fire_common;
+use late_fire_common::{armed_watch, hour_safety_look, FIRE_LIMIT};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_read_mode_commit_that_wrote_wakes_the_other_handles() {
     let dir = tempfile::tempdir().expect("dir");
-    let opts =
-        |dir: &std::path::Path| EmbeddedOptions { safety_look: Duration::from_secs(3600), ..EmbeddedOptions::new(dir) };
+    let opts = hour_safety_look;
     let writer = EmbeddedStore::open(opts(dir.path())).expect("open the writing handle");
     let watcher = EmbeddedStore::open(opts(dir.path())).expect("open the watching handle");
-    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
-    let w = tx.watch(b"k");
-    tx.commit().await.expect("arm the watch");
-    // A point after which the watcher thread has read `k` since arming
-    // `w` (else that read could come after the write below and fire `w`
-    // by chance): a second watch, fired by a plain local write, is judged
-    // in such a read.
-    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
-    let synced = tx.watch(b"sync");
-    tx.commit().await.expect("arm the second watch");
-    let tx = watcher.create_transaction(&TxOptions::write()).await.expect("tx");
-    tx.set(b"sync", b"1");
-    tx.commit().await.expect("plain write");
-    tokio::time::timeout(FIRE_LIMIT, synced).await.expect("a local write fires its watch").expect("fired");
+    // Armed once the watcher thread has read `k` since (`armed_watch`).
+    let w = armed_watch(&*watcher, b"k").await;
     assert_eq!(watcher.pending_watches(), 1);
 
     let tx = writer.create_transaction(&TxOptions::read()).await.expect("read-mode tx");

@@ -12,11 +12,11 @@
 
 use std::time::{Duration, Instant};
 
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::embedded::EmbeddedStore;
 use couch_workers_core::store::{Database, TxOptions};
 
-/// Generous for a watch that fires at all: the safety look is an hour away.
-const FIRE_LIMIT: Duration = Duration::from_secs(5);
+mod late_fire_common;
+use late_fire_common::{armed_watch, hour_safety_look, FIRE_LIMIT};
 
 /// Polling looks every `watch_poll_idle` (4 ms by default); this leaves
 /// room for a loaded host.
@@ -25,23 +25,11 @@ const POLLED_WITHIN: Duration = Duration::from_secs(1);
 #[tokio::test(flavor = "multi_thread")]
 async fn a_change_after_the_sources_failed_is_seen_by_polling_not_at_the_safety_look() {
     let dir = tempfile::tempdir().expect("dir");
-    let opts =
-        |dir: &std::path::Path| EmbeddedOptions { safety_look: Duration::from_secs(3600), ..EmbeddedOptions::new(dir) };
+    let opts = hour_safety_look;
     let writer = EmbeddedStore::open(opts(dir.path())).expect("open the writing handle");
     let watcher = EmbeddedStore::open(opts(dir.path())).expect("open the watching handle");
-    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
-    let w = tx.watch(b"k");
-    tx.commit().await.expect("arm the watch");
-    // A point after which the watcher thread has read `k` since arming
-    // `w` and sleeps towards its safety look: a second watch, fired by a
-    // plain local write, is judged in such a read.
-    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
-    let synced = tx.watch(b"sync");
-    tx.commit().await.expect("arm the second watch");
-    let tx = watcher.create_transaction(&TxOptions::write()).await.expect("tx");
-    tx.set(b"sync", b"1");
-    tx.commit().await.expect("plain write");
-    tokio::time::timeout(FIRE_LIMIT, synced).await.expect("a local write fires its watch").expect("fired");
+    // Armed once the watcher thread has read `k` since (`armed_watch`).
+    let w = armed_watch(&*watcher, b"k").await;
 
     watcher.fail_watch_sources();
     let failed = Instant::now();
@@ -72,20 +60,11 @@ async fn a_change_after_the_sources_failed_is_seen_by_polling_not_at_the_safety_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_change_after_the_wake_directory_was_removed_is_seen_by_polling() {
     let dir = tempfile::tempdir().expect("dir");
-    let opts =
-        |dir: &std::path::Path| EmbeddedOptions { safety_look: Duration::from_secs(3600), ..EmbeddedOptions::new(dir) };
+    let opts = hour_safety_look;
     let writer = EmbeddedStore::open(opts(dir.path())).expect("open the writing handle");
     let watcher = EmbeddedStore::open(opts(dir.path())).expect("open the watching handle");
-    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
-    let w = tx.watch(b"k");
-    tx.commit().await.expect("arm the watch");
-    let tx = watcher.create_transaction(&TxOptions::read()).await.expect("tx");
-    let synced = tx.watch(b"sync");
-    tx.commit().await.expect("arm the second watch");
-    let tx = watcher.create_transaction(&TxOptions::write()).await.expect("tx");
-    tx.set(b"sync", b"1");
-    tx.commit().await.expect("plain write");
-    tokio::time::timeout(FIRE_LIMIT, synced).await.expect("a local write fires its watch").expect("fired");
+    // Armed once the watcher thread has read `k` since (`armed_watch`).
+    let w = armed_watch(&*watcher, b"k").await;
 
     std::fs::remove_dir_all(dir.path().join("wake")).expect("remove the wake directory");
 
