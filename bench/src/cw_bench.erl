@@ -11,7 +11,7 @@
 
 -define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2n", "J2t0", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "H1", "J3x"]).
 %% Extra workloads, run only when named with --only.
--define(EXTRA, ["sqlite_shapes"]).
+-define(EXTRA, ["sqlite_shapes", "J2sqlite"]).
 -define(CHILD_TIMEOUT_MS, 30 * 60 * 1000).
 
 -spec main([string()]) -> ok.
@@ -130,6 +130,8 @@ sizes("handoff", true, _) -> #{calls => 2000};
 sizes("handoff", false, _) -> #{calls => 20000};
 sizes("sqlite_shapes", true, _) -> #{seconds => 1};
 sizes("sqlite_shapes", false, _) -> #{seconds => 2};
+sizes("J2sqlite", true, _) -> #{jobs => 1000};
+sizes("J2sqlite", false, _) -> #{jobs => 20000};
 sizes("core", true, _) -> #{jobs => 1000};
 sizes("core", false, _) -> #{jobs => 20000};
 sizes("J1", true, _) -> #{jobs => 1000};
@@ -192,6 +194,15 @@ run_one("sqlite_shapes", #{seconds := Secs, tmp := Tmp}, _Opts) ->
     Out = os:cmd(example_bin("cw_sqlite_shapes") ++ " " ++ Dir ++ " " ++ integer_to_list(Secs) ++ " 2>&1"),
     _ = file:del_dir_r(Dir),
     example_lines(Out, <<"sqlite_shapes">>);
+run_one("J2sqlite", #{jobs := N}, _Opts) ->
+    %% SQLite's own time for J2's writes (bench/sqlite_replay.sh: a traced
+    %% J2 on the core, replayed on bare SQLite); it builds its traced
+    %% binaries (a check that they are up to date once built). os:cmd/1
+    %% reads standard error too: the traced run's own lines (slowed by the
+    %% trace, not figures) are left out.
+    Script = filename:join([repo_root(), "bench", "sqlite_replay.sh"]),
+    Rows = example_lines(os:cmd(Script ++ " --jobs " ++ integer_to_list(N)), <<"J2sqlite">>),
+    [R || R <- Rows, maps:get(workload, R) =/= <<"core">>];
 run_one("M4", #{sizes := Sizes} = Params, Opts) ->
     %% One VM per size, so that a VM that crashes at one size (see
     %% bench/RESULTS.md: memberships over 128 workers) does not take the
@@ -444,7 +455,7 @@ durability(Results) ->
     Ds = lists:usort([
         D
      || R <- Results,
-        not lists:member(maps:get(workload, R), [<<"commit_rate">>, <<"core">>, <<"M4core">>, <<"sqlite_shapes">>, <<"handoff">>]),
+        not lists:member(maps:get(workload, R), [<<"commit_rate">>, <<"core">>, <<"M4core">>, <<"sqlite_shapes">>, <<"sqlite_replay">>, <<"handoff">>]),
         D <- [maps:get(durability, R, null)],
         D =/= null
     ]),

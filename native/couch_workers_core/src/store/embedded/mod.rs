@@ -23,6 +23,7 @@
 //! | `wake.rs` | post-commit wake-ups: this handle's socket in `wake/`, and the sends to the other handles' |
 //! | `checkpoint.rs` | WAL checkpoints: the `cw-embed-ckpt` thread |
 //! | `pool.rs` | pooled read connections |
+//! | `sql_trace.rs` | the write connection's statements to a file, for the bench's bare-SQLite replay (feature `sql-trace`) |
 //!
 //! Durability: `synchronous=NORMAL` (the default) makes every commit a
 //! write into the WAL without fsync. It survives the crash or `kill -9` of
@@ -59,6 +60,7 @@ mod holders;
 // Also the sim store's versionstamp and ADD formats.
 mod pool;
 mod schema;
+mod sql_trace;
 mod transaction;
 mod unreadable;
 mod wait;
@@ -202,6 +204,7 @@ impl EmbeddedStore {
     /// open the same directory at the same time.
     pub fn open(opts: EmbeddedOptions) -> Result<Arc<EmbeddedStore>, StoreError> {
         let (mut writer, clock) = schema::open_store_file(&opts)?;
+        sql_trace::install(&mut writer);
         let path = opts.dir.join(FILE_NAME);
         let watch_conn = schema::open_connection(&path, &opts)?;
         let checkpoint_conn = schema::open_connection(&path, &opts)?;
