@@ -12,8 +12,8 @@
 //! executed with its values bound (the blobs, integers and `zeroblob`s of
 //! the expanded SQL become parameters), every row of a read stepped
 //! through. The database starts empty, with the store's schema and
-//! connection settings (WAL, `synchronous=NORMAL`, no checkpoint inside a
-//! commit: the store runs them on another thread).
+//! settings (1 KiB pages, WAL, `synchronous=NORMAL`, no checkpoint inside
+//! a commit: the store runs them on another thread).
 //!
 //! ```text
 //! cw_sqlite_replay TRACE DIR
@@ -85,6 +85,8 @@ fn hex(s: &str) -> Vec<u8> {
 
 fn open(path: &std::path::Path) -> Connection {
     let conn = Connection::open(path).expect("open");
+    // The store's page size for new files (schema.rs), set before WAL.
+    conn.pragma_update(None, "page_size", 1024).expect("page_size");
     let _: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).expect("WAL");
     conn.pragma_update(None, "synchronous", "NORMAL").expect("synchronous");
     conn.pragma_update(None, "wal_autocheckpoint", 0).expect("wal_autocheckpoint");
