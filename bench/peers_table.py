@@ -70,6 +70,31 @@ def main(peers_path, couch_path, run_id):
             ratio = ours[0] / theirs[0] if higher else theirs[0] / ours[0]
             cells += [f"{fmt(theirs[0])} (n={theirs[1]})", f"{ratio:.2f}×"]
         print(f"| {workload} | " + " | ".join(cells) + " |")
+    j2_bound(read_lines(couch_path), peers)
+
+
+def j2_bound(couch_rows, peers):
+    """What bounds J2, from the same run: our CPU per job, SQLite's own
+    time for J2's writes (J2sqlite: bench/sqlite_replay.sh) and the rate
+    that 2x the fastest peer's J2 asks for."""
+    best = max((v[0] for (peer, w), v in peers.items() if w == "J2"), default=None)
+    cpu = [r["cpu_us_per_job"] for r in couch_rows if r.get("workload") == "J2" and "cpu_us_per_job" in r]
+    replay = {}
+    for r in couch_rows:
+        if r.get("workload") == "sqlite_replay":
+            replay.setdefault(r.get("variant"), []).append(r)
+    if best is None or not (cpu or replay):
+        return
+    print(f"\nJ2's bound in this run: 2x the fastest peer's J2 is {fmt(2 * best)} jobs/s, "
+          f"{2e6 / (2 * best):.1f} us of CPU per job with both cores busy.")
+    if cpu:
+        print(f"- couch_workers' J2 used {statistics.median(cpu):.0f} us of CPU per job (whole VM, n={len(cpu)}).")
+    for variant, rows in sorted(replay.items()):
+        us = statistics.median(r["sqlite_us_per_job"] for r in rows)
+        ceiling = statistics.median(r["ceiling_jobs_per_s"] for r in rows)
+        commits = statistics.median(r["commits_per_job"] for r in rows)
+        print(f"- SQLite alone, J2's writes replayed ({variant}, {commits:.3f} commits per job): "
+              f"{us:.1f} us per job, at most {fmt(ceiling)} jobs/s ({ceiling / best:.2f}x the fastest peer; n={len(rows)}).")
 
 
 if __name__ == "__main__":
