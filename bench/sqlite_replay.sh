@@ -36,14 +36,17 @@ while [ $# -gt 0 ]; do
 done
 
 TARGET="$ROOT/target/sql-trace"
+cd "$ROOT"
 echo "bench/sqlite_replay.sh: cargo build (feature sql-trace) into $TARGET" >&2
 cargo build --release --locked -p couch_workers_bench --features sql-trace \
     --example cw_core_jobs --example cw_sqlite_replay --target-dir "$TARGET" >&2
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cw_sqlite_replay.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT INT TERM
+trap 'rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
 for part in J2 J2fill; do
-    CW_SQL_TRACE="$WORK/$part.trace" "$TARGET/release/examples/cw_core_jobs" "$WORK/store-$part" "$JOBS" "$part" >&2
+    # Its own lines are not figures (the trace slows it): not printed.
+    CW_SQL_TRACE="$WORK/$part.trace" "$TARGET/release/examples/cw_core_jobs" "$WORK/store-$part" "$JOBS" "$part" > /dev/null
     rm -rf "$WORK/store-$part"
 done
 for group in "" "--per-commit 8"; do

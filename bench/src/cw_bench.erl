@@ -197,12 +197,9 @@ run_one("sqlite_shapes", #{seconds := Secs, tmp := Tmp}, _Opts) ->
 run_one("J2sqlite", #{jobs := N}, _Opts) ->
     %% SQLite's own time for J2's writes (bench/sqlite_replay.sh: a traced
     %% J2 on the core, replayed on bare SQLite); it builds its traced
-    %% binaries (a check that they are up to date once built). os:cmd/1
-    %% reads standard error too: the traced run's own lines (slowed by the
-    %% trace, not figures) are left out.
+    %% binaries (a check that they are up to date once built).
     Script = filename:join([repo_root(), "bench", "sqlite_replay.sh"]),
-    Rows = example_lines(os:cmd(Script ++ " --jobs " ++ integer_to_list(N)), <<"J2sqlite">>),
-    [R || R <- Rows, maps:get(workload, R) =/= <<"core">>];
+    example_lines(os:cmd(Script ++ " --jobs " ++ integer_to_list(N)), <<"J2sqlite">>);
 run_one("M4", #{sizes := Sizes} = Params, Opts) ->
     %% One VM per size, so that a VM that crashes at one size (see
     %% bench/RESULTS.md: memberships over 128 workers) does not take the

@@ -33,8 +33,13 @@ pub(crate) fn install(conn: &mut Connection) {
         TraceEventCodes::SQLITE_TRACE_STMT,
         Some(move |event: TraceEvent<'_>| {
             if let TraceEvent::Stmt(stmt, _) = event {
-                if let (Some(sql), Ok(mut out)) = (stmt.expanded_sql(), out.lock()) {
-                    let _ = writeln!(out, "{sql}");
+                if let Ok(mut out) = out.lock() {
+                    // A statement SQLite could not expand is marked, so
+                    // that the replay stops on it rather than skip work.
+                    let _ = match stmt.expanded_sql() {
+                        Some(sql) => writeln!(out, "{sql}"),
+                        None => writeln!(out, "-- unexpanded: {}", stmt.sql()),
+                    };
                 }
             }
         }),
