@@ -17,7 +17,7 @@ use couch_workers_core::store::embedded::EmbeddedStore;
 use couch_workers_core::store::{Database, TxOptions, Watch};
 
 mod late_fire_common;
-use late_fire_common::{armed_watch, hour_safety_look, FIRE_LIMIT};
+use late_fire_common::{armed_watch, fail_sources, hour_safety_look, FIRE_LIMIT};
 
 /// Polling looks every `watch_poll_idle` (4 ms by default); this leaves
 /// room for a loaded host.
@@ -55,12 +55,7 @@ async fn a_change_after_the_sources_failed_is_seen_by_polling_not_at_the_safety_
     // Armed once the watcher thread has read `k` since (`armed_watch`).
     let w = armed_watch(&*watcher, b"k").await;
 
-    watcher.fail_watch_sources();
-    let failed = Instant::now();
-    while watcher.watch_sources_failure_pending() {
-        assert!(failed.elapsed() < FIRE_LIMIT, "the watcher thread never took the sources' failure");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    fail_sources(&watcher).await;
 
     fires_by_polling(&*writer, w, "the sources failed").await;
     watcher.close();

@@ -5,9 +5,9 @@
 
 #![allow(dead_code)]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use couch_workers_core::store::embedded::EmbeddedOptions;
+use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::{Database, TxOptions, Watch};
 
 /// Generous for a watch that fires at all: the safety look is an hour away.
@@ -21,7 +21,7 @@ pub fn hour_safety_look(dir: &std::path::Path) -> EmbeddedOptions {
 /// A watch of `key` on `db`, returned once the watcher thread has read
 /// `key` since arming it (else that read could come after the change a
 /// test makes next and fire the watch by chance): a second watch, fired
-/// by a plain local write, is judged in such a read. `db`'s watches then
+/// by a plain local write of a new value, is judged in such a read. `db`'s watches then
 /// pend on `key` alone.
 pub async fn armed_watch(db: &dyn Database, key: &[u8]) -> Watch {
     let tx = db.create_transaction(&TxOptions::read()).await.expect("tx");
@@ -30,9 +30,25 @@ pub async fn armed_watch(db: &dyn Database, key: &[u8]) -> Watch {
     let tx = db.create_transaction(&TxOptions::read()).await.expect("tx");
     let synced = tx.watch(b"sync");
     tx.commit().await.expect("arm the second watch");
+    // A new value each time, so that the helper can arm several watches
+    // of one handle in turn (a write of the same value fires nothing).
+    static SYNCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let sync = SYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
     let tx = db.create_transaction(&TxOptions::write()).await.expect("tx");
-    tx.set(b"sync", b"1");
+    tx.set(b"sync", &sync.to_be_bytes());
     tx.commit().await.expect("plain write");
     tokio::time::timeout(FIRE_LIMIT, synced).await.expect("a local write fires its watch").expect("fired");
     w
+}
+
+/// Makes `db`'s notification sources fail (testkit hook: no outside action
+/// makes a bound socket's `recv` or an inotify read fail) and returns once
+/// the watcher thread has taken the failure.
+pub async fn fail_sources(db: &EmbeddedStore) {
+    db.fail_watch_sources();
+    let failed = Instant::now();
+    while db.watch_sources_failure_pending() {
+        assert!(failed.elapsed() < FIRE_LIMIT, "the watcher thread never took the sources' failure");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }

@@ -185,9 +185,6 @@ pub struct EmbeddedStore {
     path: PathBuf,
     /// The watcher and checkpoint threads, joined by `close`.
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// This handle's wake socket: its file goes at `close`.
-    wake: Mutex<Option<Arc<WakeSocket>>>,
-    listening: bool,
     /// The other handles' sockets, woken after each commit.
     peers: Arc<Peers>,
 }
@@ -223,10 +220,12 @@ impl EmbeddedStore {
             peers: peers.clone(),
             wal_name: format!("{FILE_NAME}-wal"),
         });
-        let waiter = wait::Waiter::new(&opts.dir, sources, hub.bell());
-        // Nothing would read the socket: let its file go (others then
-        // stop sending to it).
-        let wake = if waiter.notified() { wake } else { None };
+        // The socket is the watcher's alone from here: its file goes when
+        // the watcher thread ends (`close` joins it), or as soon as its
+        // notifications fail (a new one is bound when it listens again),
+        // and at once if nothing reads it (others then stop sending to it).
+        let waiter = wait::Waiter::new(&opts.dir, sources, opts.wake_socket, hub.bell());
+        drop(wake);
         let watcher = watch::spawn_watcher(hub.clone(), watch_conn, polling, waiter)
             .map_err(|e| StoreError::Io(format!("cannot start the watcher thread: {e}")))?;
         let checkpointer = match checkpoint::spawn_checkpointer(checkpoints.clone(), checkpoint_conn, writer.clone()) {
@@ -238,7 +237,6 @@ impl EmbeddedStore {
             }
         };
         let threads = vec![watcher, checkpointer];
-        let listening = wake.is_some();
         let shared = Arc::new(Shared {
             clock,
             max_age: opts.max_transaction_age,
@@ -251,20 +249,12 @@ impl EmbeddedStore {
             checkpoints,
             closed: AtomicBool::new(false),
         });
-        Ok(Arc::new(EmbeddedStore {
-            shared,
-            opts,
-            path,
-            threads: Mutex::new(threads),
-            wake: Mutex::new(wake),
-            listening,
-            peers,
-        }))
+        Ok(Arc::new(EmbeddedStore { shared, opts, path, threads: Mutex::new(threads), peers }))
     }
 
     /// This handle's post-commit wake-ups: sent, received, peers known.
     pub fn wake_stats(&self) -> WakeStats {
-        self.peers.stats(self.listening)
+        self.peers.stats()
     }
 
     /// The WAL's length after the last commit of this store, in frames
@@ -408,8 +398,6 @@ impl Database for EmbeddedStore {
         for handle in threads {
             let _ = handle.join();
         }
-        // The watcher thread's copy is gone: this removes the socket's file.
-        drop(self.wake.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
         self.shared.readers.clear();
     }
 }

@@ -27,12 +27,21 @@
 //! condition variable, one more thread hand-off on every cross-node wake-up
 //! (bench/RESULTS.md, "Session 10").
 //!
+//! When the sources fail (a failing read, an inotify queue overflow, this
+//! handle's socket file or `DIR/wake` removed), the watcher polls at once
+//! and the [`Waiter`] listens again after [`RELISTEN_FIRST`] (doubling up
+//! to [`RELISTEN_MAX`] while that fails, or while the sources fail again
+//! within [`RELISTEN_MAX`] of the last time): a new socket in `DIR/wake`
+//! (recreated if need be), a new inotify. Until session 13 a handle that
+//! fell back polled `data_version` every few milliseconds until it
+//! closed: an idle node stayed at hundreds of wake-ups a second.
+//!
 //! Either way a quiet store costs nothing: nothing wakes the thread while
 //! no process writes. Without a socket or inotify (not Linux, or
 //! `wal_notify` off) it waits on the bell alone (a condition variable off
 //! Linux) and the watcher polls.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +50,11 @@ use super::wake::{Peers, WakeSocket};
 /// How long the WAL's inotify descriptor stays out of the poll after each
 /// of its events (fallback only).
 pub(crate) const COALESCE: Duration = Duration::from_millis(1);
+
+/// After the sources failed, the first attempt to listen again; each
+/// failed attempt doubles the wait, up to [`RELISTEN_MAX`].
+pub(crate) const RELISTEN_FIRST: Duration = Duration::from_secs(1);
+pub(crate) const RELISTEN_MAX: Duration = Duration::from_secs(60);
 
 /// What the watcher listens to besides its bell (with `wal_notify`).
 pub(crate) struct Sources {
@@ -152,21 +166,105 @@ pub(crate) struct Waiter {
     bell: Arc<Bell>,
     #[cfg(target_os = "linux")]
     listen: Option<linux::Listen>,
+    /// How to listen again once the sources failed (`None`: there were
+    /// none to begin with).
+    #[cfg(target_os = "linux")]
+    relisten: Option<Relisten>,
+}
+
+/// What a [`Waiter`] needs to listen again, and when it tries next.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+struct Relisten {
+    dir: PathBuf,
+    peers: Arc<Peers>,
+    wal_name: String,
+    /// Bind a wake socket (`EmbeddedOptions::wake_socket`).
+    socket: bool,
+    /// The next attempt, while not listening.
+    next: Option<Instant>,
+    /// The wait before the next attempt.
+    backoff: Duration,
+    /// When it last listened again: a loss soon after keeps the longer
+    /// wait, so that a source that fails at once is not rebound, and
+    /// logged, every second.
+    relistened: Option<Instant>,
 }
 
 impl Waiter {
     /// The waiter of the store in `dir`: the bell alone without `sources`
-    /// (or where none of them can start: the watcher then polls).
-    pub(crate) fn new(dir: &Path, sources: Option<Sources>, bell: Arc<Bell>) -> Waiter {
+    /// (or, until they can start, where none of them can: the watcher
+    /// then polls). `socket`: bind a new wake socket when listening again.
+    pub(crate) fn new(dir: &Path, sources: Option<Sources>, socket: bool, bell: Arc<Bell>) -> Waiter {
         #[cfg(target_os = "linux")]
         {
+            let relisten = sources.as_ref().map(|s| Relisten {
+                dir: dir.to_path_buf(),
+                peers: s.peers.clone(),
+                wal_name: s.wal_name.clone(),
+                socket,
+                next: None,
+                backoff: RELISTEN_FIRST,
+                relistened: None,
+            });
             let listen = sources.and_then(|s| linux::Listen::new(dir, s));
-            Waiter { bell, listen }
+            let mut waiter = Waiter { bell, listen, relisten };
+            if waiter.listen.is_none() {
+                waiter.lost();
+            }
+            waiter
         }
         #[cfg(not(target_os = "linux"))]
         {
-            let _ = (dir, sources);
+            let _ = (dir, sources, socket);
             Waiter { bell }
+        }
+    }
+
+    /// The sources failed (or never started): plan the next attempt, in
+    /// [`RELISTEN_FIRST`], or later if it listened again only a moment ago.
+    #[cfg(target_os = "linux")]
+    fn lost(&mut self) {
+        if let Some(r) = self.relisten.as_mut() {
+            let now = Instant::now();
+            r.backoff = match r.relistened {
+                Some(at) if now.duration_since(at) < RELISTEN_MAX => (r.backoff * 2).min(RELISTEN_MAX),
+                _ => RELISTEN_FIRST,
+            };
+            r.next = Some(now + r.backoff);
+        }
+    }
+
+    /// Listens again if it is time to: `true` when the sources run again.
+    #[cfg(target_os = "linux")]
+    fn try_relisten(&mut self, now: Instant) -> bool {
+        let Some(r) = self.relisten.as_mut() else { return false };
+        if r.next.is_none_or(|at| now < at) {
+            return false;
+        }
+        let wake = if r.socket { WakeSocket::bind(&r.dir).ok().map(Arc::new) } else { None };
+        if let Some(w) = &wake {
+            r.peers.set_own(w.file_name());
+        }
+        let sources = Sources { wake, peers: r.peers.clone(), wal_name: r.wal_name.clone() };
+        match linux::Listen::new(&r.dir, sources) {
+            Some(listen) => {
+                crate::log_event!(
+                    crate::log::Logger::PROCESS,
+                    Info,
+                    "watch_notifications_restored",
+                    dir = %r.dir.display(),
+                    wake_socket = listen.has_socket()
+                );
+                r.next = None;
+                r.relistened = Some(now);
+                self.listen = Some(listen);
+                true
+            }
+            None => {
+                r.backoff = (r.backoff * 2).min(RELISTEN_MAX);
+                r.next = Some(now + r.backoff);
+                false
+            }
         }
     }
 
@@ -184,11 +282,37 @@ impl Waiter {
     }
 
     /// Sleeps until the bell rings, a source has news, or `deadline`
-    /// (`None`: no deadline). May return early with nothing.
+    /// (`None`: no deadline). May return early with nothing. Listening
+    /// again returns at once as a peer's wake-up: a commit made while this
+    /// handle had no socket woke nobody, so the watcher looks once.
     pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Woken {
         #[cfg(target_os = "linux")]
         {
-            linux::wait(&self.bell, &mut self.listen, deadline)
+            if self.listen.is_none() && self.try_relisten(Instant::now()) {
+                return Woken { peer: true, wal: false };
+            }
+            let listening = self.listen.is_some();
+            // Not listening: wake for the next attempt, even with no watch
+            // to poll for (the wait would have no deadline).
+            let relisten_at = if listening { None } else { self.relisten.as_ref().and_then(|r| r.next) };
+            let deadline = match (deadline, relisten_at) {
+                (Some(d), Some(r)) => Some(d.min(r)),
+                (d, r) => d.or(r),
+            };
+            let woken = linux::wait(&self.bell, &mut self.listen, deadline);
+            if listening && self.listen.is_none() {
+                self.lost();
+                if let Some(r) = self.relisten.as_ref() {
+                    crate::log_event!(
+                        crate::log::Logger::PROCESS,
+                        Warning,
+                        "watch_notifications_failed",
+                        dir = %r.dir.display(),
+                        retry_in_ms = u64::try_from(r.backoff.as_millis()).unwrap_or(u64::MAX)
+                    );
+                }
+            }
+            woken
         }
         #[cfg(not(target_os = "linux"))]
         {
@@ -288,6 +412,7 @@ mod linux {
             }
             // Without inotify on `DIR/wake` the sender reads it again now and then.
             sources.peers.set_watched(inotify.as_ref().is_some_and(|i| i.wake_dir.is_some()));
+            sources.peers.set_listening(sources.wake.is_some());
             Some(Listen {
                 wake: sources.wake,
                 peers: sources.peers,
@@ -298,9 +423,17 @@ mod linux {
         }
     }
 
+    impl Listen {
+        /// Wake-ups come through a socket (else through inotify on the WAL).
+        pub(super) fn has_socket(&self) -> bool {
+            self.wake.is_some()
+        }
+    }
+
     impl Drop for Listen {
         fn drop(&mut self) {
             self.peers.set_watched(false);
+            self.peers.set_listening(false);
         }
     }
 

@@ -129,8 +129,11 @@ pub struct WakeStats {
 /// The sending side: the other handles' sockets.
 pub(crate) struct Peers {
     dir: PathBuf,
-    /// This handle's own socket file, never sent to.
-    own: Option<OsString>,
+    /// This handle's own socket file, never sent to (a new one after the
+    /// watcher binds its socket again, `wait.rs`).
+    own: Mutex<Option<OsString>>,
+    /// This handle's socket is bound and read by its watcher thread.
+    listening: AtomicBool,
     list: Mutex<PeerList>,
     /// The directory changed since the last scan (set by `wait.rs`).
     stale: AtomicBool,
@@ -147,7 +150,8 @@ impl Peers {
     pub(crate) fn new(store_dir: &Path, own: Option<OsString>) -> Peers {
         Peers {
             dir: store_dir.join(DIR_NAME),
-            own,
+            own: Mutex::new(own),
+            listening: AtomicBool::new(false),
             list: Mutex::new(PeerList { peers: Vec::new(), scanned: None }),
             stale: AtomicBool::new(true),
             watched: AtomicBool::new(false),
@@ -166,6 +170,18 @@ impl Peers {
     /// The directory changed: read it again before the next send.
     pub(crate) fn mark_stale(&self) {
         self.stale.store(true, Ordering::Release);
+    }
+
+    /// This handle's socket file is now `own` (none: it has none).
+    pub(crate) fn set_own(&self, own: Option<OsString>) {
+        *self.own.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = own;
+        self.mark_stale();
+    }
+
+    /// The watcher thread reads this handle's socket (`true`) or no
+    /// longer does.
+    pub(crate) fn set_listening(&self, on: bool) {
+        self.listening.store(on, Ordering::Release);
     }
 
     /// inotify on the directory started (`true`) or stopped.
@@ -189,24 +205,40 @@ impl Peers {
         if self.stale.swap(false, Ordering::AcqRel) || due {
             self.scan(&mut list);
         }
-        let mut gone = Vec::new();
-        for (i, peer) in list.peers.iter().enumerate() {
-            match peer.socket.send(&[1]) {
-                Ok(_) => {
-                    self.sent.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.dropped.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) if peer_gone(&e) => gone.push(i),
-                // Anything else (ENOBUFS): try again at the next commit.
-                Err(_) => {}
-            }
+        let gone: Vec<usize> = (0..list.peers.len()).filter(|&i| !self.send(&list.peers[i])).collect();
+        if gone.is_empty() {
+            return;
         }
         for i in gone.into_iter().rev() {
             let peer = list.peers.swap_remove(i);
             self.remove_dead(&peer.name);
         }
+        // A peer's socket went: the directory changed, and the handle may
+        // have bound a new one (it listens again after its notifications
+        // failed) that this list learns of only when this handle's watcher
+        // thread reads the inotify event. Read it now, and wake the new
+        // ones too.
+        let known: Vec<OsString> = list.peers.iter().map(|p| p.name.clone()).collect();
+        self.scan(&mut list);
+        for peer in list.peers.iter().filter(|p| !known.contains(&p.name)) {
+            self.send(peer);
+        }
+    }
+
+    /// One wake-up to `peer`: `false` when its socket is gone.
+    fn send(&self, peer: &Peer) -> bool {
+        match peer.socket.send(&[1]) {
+            Ok(_) => {
+                self.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) if peer_gone(&e) => return false,
+            // Anything else (ENOBUFS): try again at the next commit.
+            Err(_) => {}
+        }
+        true
     }
 
     /// Reads the directory: connects to new sockets, forgets removed ones,
@@ -217,10 +249,11 @@ impl Peers {
             list.peers.clear();
             return;
         };
+        let own = self.own.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         let mut found = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name();
-            if !name.to_string_lossy().ends_with(SUFFIX) || self.own.as_ref() == Some(&name) {
+            if !name.to_string_lossy().ends_with(SUFFIX) || own.as_ref() == Some(&name) {
                 continue;
             }
             found.push(name);
@@ -248,9 +281,9 @@ impl Peers {
         }
     }
 
-    pub(crate) fn stats(&self, listening: bool) -> WakeStats {
+    pub(crate) fn stats(&self) -> WakeStats {
         WakeStats {
-            listening,
+            listening: self.listening.load(Ordering::Acquire),
             peers: self.lock().peers.len(),
             sent: self.sent.load(Ordering::Relaxed),
             dropped: self.dropped.load(Ordering::Relaxed),
@@ -304,27 +337,27 @@ mod tests {
         drop(b);
         assert!(!b_path.exists());
         peers.wake_all();
-        assert_eq!(peers.stats(true).peers, 0);
-        assert_eq!(peers.stats(true).cleaned, 0, "nothing left to clean");
+        assert_eq!(peers.stats().peers, 0);
+        assert_eq!(peers.stats().cleaned, 0, "nothing left to clean");
         // c is "killed": its socket closes, its file stays.
         let c_path = dir.path().join(DIR_NAME).join("999-dead.sock");
         let c = UnixDatagram::bind(&c_path).expect("bind c");
         peers.mark_stale();
         peers.wake_all();
-        assert_eq!(peers.stats(true).peers, 1);
+        assert_eq!(peers.stats().peers, 1);
         drop(c);
         assert!(c_path.exists(), "a killed handle leaves its file");
         peers.wake_all();
         assert!(!c_path.exists(), "the send that found it dead removed it");
-        assert_eq!(peers.stats(true).cleaned, 1);
-        assert_eq!(peers.stats(true).peers, 0);
+        assert_eq!(peers.stats().cleaned, 1);
+        assert_eq!(peers.stats().peers, 0);
         // A file left before the scan: the scan removes it.
         let d_path = dir.path().join(DIR_NAME).join("998-dead.sock");
         drop(UnixDatagram::bind(&d_path).expect("bind d"));
         peers.mark_stale();
         peers.wake_all();
         assert!(!d_path.exists(), "the scan removed the dead socket's file");
-        assert_eq!(peers.stats(true).cleaned, 2);
+        assert_eq!(peers.stats().cleaned, 2);
         assert_eq!(recv_all(&a), 0, "a never woke itself");
     }
 }
