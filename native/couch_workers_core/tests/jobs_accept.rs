@@ -74,10 +74,13 @@ async fn accept_times_out_with_not_found() {
 async fn many_waiters_share_one_dispatcher() {
     let c = Cluster::new();
     let (node, store) = c.node_and_store();
-    // The node's own watches (its sweeper's, once armed; its services'
-    // come and go as they fire and re-arm): the count below is read with
-    // a margin of two, which a watch per waiter (20, the bug) exceeds
-    // many times over. Before, a 100 ms sleep was taken to arm them.
+    // The node's own watches (its sweeper's, once armed; its other
+    // services' come and go as they fire and re-arm, and the 20
+    // registrations wake some of them): the count below is read with a
+    // margin of 10 over the idle count, half the 20 more that a watch per
+    // waiter (the bug) would add. A margin of 3 failed a clean-clone CI
+    // run (session 13: 5 watches over an idle count of 1) on code that
+    // had not touched the dispatcher.
     assert!(
         eventually(Duration::from_secs(10), || async { store.pending_watches() >= 1 }).await,
         "the sweeper's watch"
@@ -96,7 +99,7 @@ async fn many_waiters_share_one_dispatcher() {
     assert!(
         eventually(Duration::from_secs(10), || async {
             let n = store.pending_watches();
-            n > idle_watches && n <= idle_watches + 3
+            n > idle_watches && n <= idle_watches + 10
         })
         .await,
         "one store watch for 20 waiters, not 20: {} (idle {idle_watches})",

@@ -292,7 +292,8 @@ impl EmbeddedStore {
 
     /// Tests only: the watcher thread's notification sources (this
     /// handle's wake socket, inotify) fail at its next wait, as when a
-    /// `recv` or an inotify read fails; it polls from then on. Returns at
+    /// `recv` or an inotify read fails; it polls until it listens again
+    /// (`wait.rs`). Returns at
     /// once: see [`EmbeddedStore::watch_sources_failure_pending`].
     #[cfg(feature = "testkit")]
     pub fn fail_watch_sources(&self) {

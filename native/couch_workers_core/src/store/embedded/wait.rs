@@ -9,7 +9,8 @@
 //! * an inotify descriptor watching `DIR/wake`: a handle opened or closed,
 //!   so the list of peers this handle sends to is read again before its
 //!   next send (the directory removed, with this handle's socket file, no
-//!   other handle can reach it: notifications end, the watcher polls);
+//!   other handle can reach it: notifications end, the watcher polls
+//!   until it listens again, below);
 //! * only where the wake socket could not be bound (a read-only or full
 //!   directory, a path too long for a socket): inotify on the WAL file, as
 //!   before the wake sockets. Every write of the WAL by any process (this
@@ -32,9 +33,14 @@
 //! and the [`Waiter`] listens again after [`RELISTEN_FIRST`] (doubling up
 //! to [`RELISTEN_MAX`] while that fails, or while the sources fail again
 //! within [`RELISTEN_MAX`] of the last time): a new socket in `DIR/wake`
-//! (recreated if need be), a new inotify. Until session 13 a handle that
-//! fell back polled `data_version` every few milliseconds until it
-//! closed: an idle node stayed at hundreds of wake-ups a second.
+//! (recreated if need be), a new inotify. The other handles learn of the
+//! new socket when their watcher threads read the directory's event (or
+//! its next timed read, without inotify: about a second), so the watcher
+//! goes on polling for [`RELISTEN_GRACE`] after listening again: a commit
+//! in between, whose wake-up went nowhere, is still seen at once. Until
+//! session 13 a handle that fell back polled `data_version` every few
+//! milliseconds until it closed: an idle node stayed at hundreds of
+//! wake-ups a second.
 //!
 //! Either way a quiet store costs nothing: nothing wakes the thread while
 //! no process writes. Without a socket or inotify (not Linux, or
@@ -53,8 +59,15 @@ pub(crate) const COALESCE: Duration = Duration::from_millis(1);
 
 /// After the sources failed, the first attempt to listen again; each
 /// failed attempt doubles the wait, up to [`RELISTEN_MAX`].
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) const RELISTEN_FIRST: Duration = Duration::from_secs(1);
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) const RELISTEN_MAX: Duration = Duration::from_secs(60);
+/// How long the watcher goes on polling after it listens again: longer
+/// than a peer without inotify takes to read the directory again
+/// (`wake.rs`'s `RESCAN_UNWATCHED`, 1 s).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) const RELISTEN_GRACE: Duration = Duration::from_secs(2);
 
 /// What the watcher listens to besides its bell (with `wal_notify`).
 pub(crate) struct Sources {
@@ -186,7 +199,8 @@ struct Relisten {
     backoff: Duration,
     /// When it last listened again: a loss soon after keeps the longer
     /// wait, so that a source that fails at once is not rebound, and
-    /// logged, every second.
+    /// logged, every second; until [`RELISTEN_GRACE`] after it, the
+    /// watcher still polls.
     relistened: Option<Instant>,
 }
 
@@ -241,10 +255,15 @@ impl Waiter {
         if r.next.is_none_or(|at| now < at) {
             return false;
         }
-        let wake = if r.socket { WakeSocket::bind(&r.dir).ok().map(Arc::new) } else { None };
-        if let Some(w) = &wake {
-            r.peers.set_own(w.file_name());
-        }
+        // The peer list knows the name before the file exists: a commit of
+        // this handle meanwhile never sends to its own socket.
+        let wake = if r.socket {
+            let name = WakeSocket::new_name();
+            r.peers.set_own(Some(name.clone()));
+            WakeSocket::bind_as(&r.dir, &name).ok().map(Arc::new)
+        } else {
+            None
+        };
         let sources = Sources { wake, peers: r.peers.clone(), wal_name: r.wal_name.clone() };
         match linux::Listen::new(&r.dir, sources) {
             Some(listen) => {
@@ -263,17 +282,26 @@ impl Waiter {
             None => {
                 r.backoff = (r.backoff * 2).min(RELISTEN_MAX);
                 r.next = Some(now + r.backoff);
+                crate::log_event!(
+                    crate::log::Logger::PROCESS,
+                    Debug,
+                    "watch_notifications_still_failed",
+                    dir = %r.dir.display(),
+                    retry_in_ms = u64::try_from(r.backoff.as_millis()).unwrap_or(u64::MAX)
+                );
                 false
             }
         }
     }
 
     /// Notifications run: other handles' commits wake the thread, which
-    /// needs no polling.
+    /// needs no polling (not yet in the grace after listening again).
     pub(crate) fn notified(&self) -> bool {
         #[cfg(target_os = "linux")]
         {
-            self.listen.is_some()
+            let in_grace =
+                self.relisten.as_ref().and_then(|r| r.relistened).is_some_and(|at| at.elapsed() < RELISTEN_GRACE);
+            self.listen.is_some() && !in_grace
         }
         #[cfg(not(target_os = "linux"))]
         {
@@ -282,14 +310,14 @@ impl Waiter {
     }
 
     /// Sleeps until the bell rings, a source has news, or `deadline`
-    /// (`None`: no deadline). May return early with nothing. Listening
-    /// again returns at once as a peer's wake-up: a commit made while this
-    /// handle had no socket woke nobody, so the watcher looks once.
+    /// (`None`: no deadline). May return early with nothing (as it does
+    /// when it has just listened again: the watcher, still polling for
+    /// [`RELISTEN_GRACE`], plans its next look).
     pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Woken {
         #[cfg(target_os = "linux")]
         {
             if self.listen.is_none() && self.try_relisten(Instant::now()) {
-                return Woken { peer: true, wal: false };
+                return Woken::default();
             }
             let listening = self.listen.is_some();
             // Not listening: wake for the next attempt, even with no watch
@@ -530,7 +558,8 @@ mod linux {
         if failed {
             // As the notify thread did: one failing source (or a lost
             // watch: `DIR/wake` removed with this handle's socket file)
-            // ends notifications, and the watcher polls from then on.
+            // ends notifications; the watcher polls until the `Waiter`
+            // listens again.
             *listen = None;
         }
         woken

@@ -58,13 +58,25 @@ impl WakeSocket {
     /// Creates `store_dir/wake` if needed and binds a new socket in it
     /// (non-blocking: the watcher thread polls it).
     pub(crate) fn bind(store_dir: &Path) -> io::Result<WakeSocket> {
+        WakeSocket::bind_as(store_dir, &WakeSocket::new_name())
+    }
+
+    /// A name no other socket has had: this process's id and 64 random
+    /// bits.
+    pub(crate) fn new_name() -> OsString {
+        format!("{}-{:016x}{SUFFIX}", std::process::id(), rand::random::<u64>()).into()
+    }
+
+    /// [`WakeSocket::bind`] under `name` (from [`WakeSocket::new_name`]),
+    /// so that the handle's peer list can know the name before the file
+    /// exists and never take it for another handle's.
+    pub(crate) fn bind_as(store_dir: &Path, name: &OsString) -> io::Result<WakeSocket> {
         let dir = store_dir.join(DIR_NAME);
         match std::fs::create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
-        let name = format!("{}-{:016x}{SUFFIX}", std::process::id(), rand::random::<u64>());
         let path = dir.join(name);
         if path.as_os_str().len() > MAX_SOCKET_PATH {
             return Err(io::Error::new(
@@ -173,6 +185,7 @@ impl Peers {
     }
 
     /// This handle's socket file is now `own` (none: it has none).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub(crate) fn set_own(&self, own: Option<OsString>) {
         *self.own.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = own;
         self.mark_stale();
@@ -180,6 +193,7 @@ impl Peers {
 
     /// The watcher thread reads this handle's socket (`true`) or no
     /// longer does.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub(crate) fn set_listening(&self, on: bool) {
         self.listening.store(on, Ordering::Release);
     }

@@ -340,8 +340,8 @@ impl WatchHub {
     }
 
     /// Tests only: the watcher's next wait finds its notification sources
-    /// failed (as a failing `recv` or inotify read does) and polls from
-    /// then on.
+    /// failed (as a failing `recv` or inotify read does) and polls until
+    /// it listens again.
     #[cfg(feature = "testkit")]
     pub(crate) fn fail_sources(&self) {
         self.bell.fail_sources();
