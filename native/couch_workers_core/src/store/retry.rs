@@ -137,7 +137,14 @@ where
     F: FnMut(Tx, Attempt) -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
 {
-    let started = Instant::now();
+    // The budget on tokio's clock, the one its timeouts and sleeps wait
+    // on: on std's, a test runtime with a paused clock (whose timers all
+    // fire as soon as every task waits) saw a writer queued behind a held
+    // lock fail its lock wait again and again within a millisecond of
+    // real time, and answer `RetryLimit` after 100 attempts instead of
+    // `TimedOut` at its budget (`embedded_commit_truth`, 10 of 10 in a
+    // release build). The same monotonic clock in a normal runtime.
+    let started = tokio::time::Instant::now();
     let policy = db.backoff_policy();
     let mut attempts: u32 = 0;
     loop {
