@@ -215,17 +215,13 @@ impl EmbeddedStore {
         let hub =
             Arc::new(WatchHub::new().map_err(|e| StoreError::Io(format!("cannot create the watcher's eventfd: {e}")))?);
         let polling = watch::Polling { active: opts.watch_poll, idle: opts.watch_poll_idle, safety: opts.safety_look };
-        let sources = opts.wal_notify.then(|| wait::Sources {
-            wake: wake.clone(),
-            peers: peers.clone(),
-            wal_name: format!("{FILE_NAME}-wal"),
-        });
-        // The socket is the watcher's alone from here: its file goes when
-        // the watcher thread ends (`close` joins it), or as soon as its
-        // notifications fail (a new one is bound when it listens again),
-        // and at once if nothing reads it (others then stop sending to it).
+        // The socket is the watcher's alone: its file goes when the watcher
+        // thread ends (`close` joins it), as soon as its notifications fail
+        // (a new one is bound when it listens again), and at once if
+        // nothing reads it (others then stop sending to it).
+        let sources =
+            opts.wal_notify.then(|| wait::Sources { wake, peers: peers.clone(), wal_name: format!("{FILE_NAME}-wal") });
         let waiter = wait::Waiter::new(&opts.dir, sources, opts.wake_socket, hub.bell());
-        drop(wake);
         let watcher = watch::spawn_watcher(hub.clone(), watch_conn, polling, waiter)
             .map_err(|e| StoreError::Io(format!("cannot start the watcher thread: {e}")))?;
         let checkpointer = match checkpoint::spawn_checkpointer(checkpoints.clone(), checkpoint_conn, writer.clone()) {

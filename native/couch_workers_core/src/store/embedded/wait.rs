@@ -204,6 +204,23 @@ struct Relisten {
     relistened: Option<Instant>,
 }
 
+#[cfg(target_os = "linux")]
+impl Relisten {
+    /// No notifications now: the next attempt in `backoff`, logged (a
+    /// loss, a failed attempt: at most one a minute once backed off).
+    fn retry_in(&mut self, now: Instant, backoff: Duration) {
+        self.backoff = backoff;
+        self.next = Some(now + backoff);
+        crate::log_event!(
+            crate::log::Logger::PROCESS,
+            Warning,
+            "watch_notifications_failed",
+            dir = %self.dir.display(),
+            retry_in_ms = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX)
+        );
+    }
+}
+
 impl Waiter {
     /// The waiter of the store in `dir`: the bell alone without `sources`
     /// (or, until they can start, where none of them can: the watcher
@@ -240,11 +257,11 @@ impl Waiter {
     fn lost(&mut self) {
         if let Some(r) = self.relisten.as_mut() {
             let now = Instant::now();
-            r.backoff = match r.relistened {
+            let backoff = match r.relistened {
                 Some(at) if now.duration_since(at) < RELISTEN_MAX => (r.backoff * 2).min(RELISTEN_MAX),
                 _ => RELISTEN_FIRST,
             };
-            r.next = Some(now + r.backoff);
+            r.retry_in(now, backoff);
         }
     }
 
@@ -280,15 +297,7 @@ impl Waiter {
                 true
             }
             None => {
-                r.backoff = (r.backoff * 2).min(RELISTEN_MAX);
-                r.next = Some(now + r.backoff);
-                crate::log_event!(
-                    crate::log::Logger::PROCESS,
-                    Debug,
-                    "watch_notifications_still_failed",
-                    dir = %r.dir.display(),
-                    retry_in_ms = u64::try_from(r.backoff.as_millis()).unwrap_or(u64::MAX)
-                );
+                r.retry_in(now, (r.backoff * 2).min(RELISTEN_MAX));
                 false
             }
         }
@@ -330,15 +339,6 @@ impl Waiter {
             let woken = linux::wait(&self.bell, &mut self.listen, deadline);
             if listening && self.listen.is_none() {
                 self.lost();
-                if let Some(r) = self.relisten.as_ref() {
-                    crate::log_event!(
-                        crate::log::Logger::PROCESS,
-                        Warning,
-                        "watch_notifications_failed",
-                        dir = %r.dir.display(),
-                        retry_in_ms = u64::try_from(r.backoff.as_millis()).unwrap_or(u64::MAX)
-                    );
-                }
             }
             woken
         }
