@@ -20,6 +20,7 @@
 //! | `transaction/` | [`Transaction`](crate::store::Transaction): read and write modes (`mod.rs`), writes (`write.rs`), commit (`commit.rs`), versions (`version.rs`) |
 //! | `watch.rs` | watch registry and the `cw-embed-watch` thread |
 //! | `wait.rs` | what that thread sleeps on: its bell, wake-ups from other handles (or, as a fallback, inotify on the WAL), in one `ppoll` |
+//! | `relisten.rs` | when and how that thread listens again after its notification sources failed |
 //! | `wake.rs` | post-commit wake-ups: this handle's socket in `wake/`, and the sends to the other handles' |
 //! | `checkpoint.rs` | WAL checkpoints: the `cw-embed-ckpt` thread |
 //! | `pool.rs` | pooled read connections |
@@ -59,6 +60,8 @@ mod group;
 mod holders;
 // Also the sim store's versionstamp and ADD formats.
 mod pool;
+#[cfg(target_os = "linux")]
+mod relisten;
 mod schema;
 mod sql_trace;
 mod transaction;

@@ -30,13 +30,13 @@
 //!
 //! When the sources fail (a failing read, an inotify queue overflow, this
 //! handle's socket file or `DIR/wake` removed), the watcher polls at once
-//! and the [`Waiter`] listens again after [`RELISTEN_FIRST`] (doubling up
-//! to [`RELISTEN_MAX`] while that fails, or while the sources fail again
-//! within [`RELISTEN_MAX`] of the last time): a new socket in `DIR/wake`
+//! and the [`Waiter`] listens again a second later (`relisten.rs`: backing
+//! off to a minute while that fails, or while the sources fail again soon
+//! after): a new socket in `DIR/wake`
 //! (recreated if need be), a new inotify. The other handles learn of the
 //! new socket when their watcher threads read the directory's event (or
 //! its next timed read, without inotify: about a second), so the watcher
-//! goes on polling for [`RELISTEN_GRACE`] after listening again: a commit
+//! goes on polling for a grace after listening again: a commit
 //! in between, whose wake-up went nowhere, is still seen at once. Until
 //! session 13 a handle that fell back polled `data_version` every few
 //! milliseconds until it closed: an idle node stayed at hundreds of
@@ -47,27 +47,17 @@
 //! `wal_notify` off) it waits on the bell alone (a condition variable off
 //! Linux) and the watcher polls.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(target_os = "linux")]
+use super::relisten::Relisten;
 use super::wake::{Peers, WakeSocket};
 
 /// How long the WAL's inotify descriptor stays out of the poll after each
 /// of its events (fallback only).
 pub(crate) const COALESCE: Duration = Duration::from_millis(1);
-
-/// After the sources failed, the first attempt to listen again; each
-/// failed attempt doubles the wait, up to [`RELISTEN_MAX`].
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-pub(crate) const RELISTEN_FIRST: Duration = Duration::from_secs(1);
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-pub(crate) const RELISTEN_MAX: Duration = Duration::from_secs(60);
-/// How long the watcher goes on polling after it listens again: longer
-/// than a peer without inotify takes to read the directory again
-/// (`wake.rs`'s `RESCAN_UNWATCHED`, 1 s).
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-pub(crate) const RELISTEN_GRACE: Duration = Duration::from_secs(2);
 
 /// What the watcher listens to besides its bell (with `wal_notify`).
 pub(crate) struct Sources {
@@ -185,42 +175,6 @@ pub(crate) struct Waiter {
     relisten: Option<Relisten>,
 }
 
-/// What a [`Waiter`] needs to listen again, and when it tries next.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-struct Relisten {
-    dir: PathBuf,
-    peers: Arc<Peers>,
-    wal_name: String,
-    /// Bind a wake socket (`EmbeddedOptions::wake_socket`).
-    socket: bool,
-    /// The next attempt, while not listening.
-    next: Option<Instant>,
-    /// The wait before the next attempt.
-    backoff: Duration,
-    /// When it last listened again: a loss soon after keeps the longer
-    /// wait, so that a source that fails at once is not rebound, and
-    /// logged, every second; until [`RELISTEN_GRACE`] after it, the
-    /// watcher still polls.
-    relistened: Option<Instant>,
-}
-
-#[cfg(target_os = "linux")]
-impl Relisten {
-    /// No notifications now: the next attempt in `backoff`, logged (a
-    /// loss, a failed attempt: at most one a minute once backed off).
-    fn retry_in(&mut self, now: Instant, backoff: Duration) {
-        self.backoff = backoff;
-        self.next = Some(now + backoff);
-        crate::log_event!(
-            crate::log::Logger::PROCESS,
-            Warning,
-            "watch_notifications_failed",
-            dir = %self.dir.display(),
-            retry_in_ms = u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX)
-        );
-    }
-}
-
 impl Waiter {
     /// The waiter of the store in `dir`: the bell alone without `sources`
     /// (or, until they can start, where none of them can: the watcher
@@ -228,15 +182,7 @@ impl Waiter {
     pub(crate) fn new(dir: &Path, sources: Option<Sources>, socket: bool, bell: Arc<Bell>) -> Waiter {
         #[cfg(target_os = "linux")]
         {
-            let relisten = sources.as_ref().map(|s| Relisten {
-                dir: dir.to_path_buf(),
-                peers: s.peers.clone(),
-                wal_name: s.wal_name.clone(),
-                socket,
-                next: None,
-                backoff: RELISTEN_FIRST,
-                relistened: None,
-            });
+            let relisten = sources.as_ref().map(|s| Relisten::new(dir, s, socket));
             let listen = sources.and_then(|s| linux::Listen::new(dir, s));
             let mut waiter = Waiter { bell, listen, relisten };
             if waiter.listen.is_none() {
@@ -251,17 +197,11 @@ impl Waiter {
         }
     }
 
-    /// The sources failed (or never started): plan the next attempt, in
-    /// [`RELISTEN_FIRST`], or later if it listened again only a moment ago.
+    /// The sources failed (or never started): plan the next attempt.
     #[cfg(target_os = "linux")]
     fn lost(&mut self) {
         if let Some(r) = self.relisten.as_mut() {
-            let now = Instant::now();
-            let backoff = match r.relistened {
-                Some(at) if now.duration_since(at) < RELISTEN_MAX => (r.backoff * 2).min(RELISTEN_MAX),
-                _ => RELISTEN_FIRST,
-            };
-            r.retry_in(now, backoff);
+            r.lost();
         }
     }
 
@@ -269,38 +209,11 @@ impl Waiter {
     #[cfg(target_os = "linux")]
     fn try_relisten(&mut self, now: Instant) -> bool {
         let Some(r) = self.relisten.as_mut() else { return false };
-        if r.next.is_none_or(|at| now < at) {
-            return false;
-        }
-        // The peer list knows the name before the file exists: a commit of
-        // this handle meanwhile never sends to its own socket.
-        let wake = if r.socket {
-            let name = WakeSocket::new_name();
-            r.peers.set_own(Some(name.clone()));
-            WakeSocket::bind_as(&r.dir, &name).ok().map(Arc::new)
-        } else {
-            None
-        };
-        let sources = Sources { wake, peers: r.peers.clone(), wal_name: r.wal_name.clone() };
-        match linux::Listen::new(&r.dir, sources) {
-            Some(listen) => {
-                crate::log_event!(
-                    crate::log::Logger::PROCESS,
-                    Info,
-                    "watch_notifications_restored",
-                    dir = %r.dir.display(),
-                    wake_socket = listen.has_socket()
-                );
-                r.next = None;
-                r.relistened = Some(now);
-                self.listen = Some(listen);
-                true
-            }
-            None => {
-                r.retry_in(now, (r.backoff * 2).min(RELISTEN_MAX));
-                false
-            }
-        }
+        let Some(sources) = r.due_sources(now) else { return false };
+        self.listen = linux::Listen::new(r.dir(), sources);
+        let socket = self.listen.as_ref().is_some_and(|l| l.has_socket());
+        r.attempted(now, self.listen.is_some(), socket);
+        self.listen.is_some()
     }
 
     /// Notifications run: other handles' commits wake the thread, which
@@ -308,9 +221,7 @@ impl Waiter {
     pub(crate) fn notified(&self) -> bool {
         #[cfg(target_os = "linux")]
         {
-            let in_grace =
-                self.relisten.as_ref().and_then(|r| r.relistened).is_some_and(|at| at.elapsed() < RELISTEN_GRACE);
-            self.listen.is_some() && !in_grace
+            self.listen.is_some() && !self.relisten.as_ref().is_some_and(Relisten::in_grace)
         }
         #[cfg(not(target_os = "linux"))]
         {
@@ -321,7 +232,7 @@ impl Waiter {
     /// Sleeps until the bell rings, a source has news, or `deadline`
     /// (`None`: no deadline). May return early with nothing (as it does
     /// when it has just listened again: the watcher, still polling for
-    /// [`RELISTEN_GRACE`], plans its next look).
+    /// `relisten.rs`'s grace, plans its next look).
     pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Woken {
         #[cfg(target_os = "linux")]
         {
@@ -331,7 +242,7 @@ impl Waiter {
             let listening = self.listen.is_some();
             // Not listening: wake for the next attempt, even with no watch
             // to poll for (the wait would have no deadline).
-            let relisten_at = if listening { None } else { self.relisten.as_ref().and_then(|r| r.next) };
+            let relisten_at = if listening { None } else { self.relisten.as_ref().and_then(Relisten::next) };
             let deadline = match (deadline, relisten_at) {
                 (Some(d), Some(r)) => Some(d.min(r)),
                 (d, r) => d.or(r),
