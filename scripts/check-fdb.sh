@@ -14,9 +14,7 @@
 # FoundationDB's client library (libfdb_c) is not needed: the
 # `foundationdb` crate generates its bindings with bindgen from headers it
 # embeds (feature `embedded-fdb-include`), which needs libclang only, and
-# clippy never links. Running the store needs libfdb_c and
-# a cluster: when FDB_CLUSTER_FILE is set and libfdb_c is installed, this
-# script also runs the live conformance suite (see docs/fdb.md).
+# clippy never links.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,14 +47,5 @@ cargo clippy -p couch_workers_core --features fdb --all-targets -- -D warnings
 echo "==> cargo test -p couch_workers_core --test keyspace_vectors"
 cargo test -p couch_workers_core --test keyspace_vectors
 
-if [ -n "${FDB_CLUSTER_FILE:-}" ]; then
-    if ldconfig -p 2>/dev/null | grep -q 'libfdb_c\.so'; then
-        echo "==> live FoundationDB conformance suite against $FDB_CLUSTER_FILE"
-        cargo test -p couch_workers_core --features fdb --test conformance_fdb -- --include-ignored
-    else
-        echo "check-fdb.sh: FDB_CLUSTER_FILE is set but libfdb_c is not installed: live conformance NOT run" >&2
-        exit 1
-    fi
-else
-    echo "==> SKIPPED: live FoundationDB conformance suite (set FDB_CLUSTER_FILE and install libfdb_c; see docs/fdb.md)" >&2
-fi
+# The live suites run in scripts/test.sh, on a local cluster it starts
+# (scripts/fdb-cluster.sh): this script needs no cluster.

@@ -68,6 +68,35 @@ fi
 stage "FoundationDB store: type-check (clippy --features fdb, warnings are errors)"
 scripts/check-fdb.sh
 
+# A real FoundationDB for the live suites: a local cluster in a temp dir,
+# stopped and removed when this script ends, however it ends.
+stage "FoundationDB: a local cluster (scripts/fdb-cluster.sh)"
+. scripts/fdb-env.sh
+if [ "$FDB_FOUND" != yes ]; then
+    bar=$(printf '!%.0s' $(seq 1 78))
+    cat >&2 <<MSG
+$bar
+No FoundationDB found: the live suites cannot run. Install FoundationDB's
+official packages (foundationdb-clients and foundationdb-server, 7.1 or
+newer: https://github.com/apple/foundationdb/releases), or set
+COUCH_WORKERS_FDB_DIR to a directory with bin/fdbserver, bin/fdbcli and
+lib/libfdb_c.so. (COUCH_WORKERS_NO_FDB=1 runs the rest and says NOT RUN.)
+$bar
+MSG
+    [ "${COUCH_WORKERS_NO_FDB:-}" = 1 ] || exit 1
+    echo "==> NOT RUN: every live FoundationDB suite (COUCH_WORKERS_NO_FDB=1)" >&2
+else
+    echo "==> FoundationDB: $FDB_WHERE"
+    fdb_assignments=$(scripts/fdb-cluster.sh start)
+    eval "$fdb_assignments"
+    trap 'scripts/fdb-cluster.sh stop "$FDB_CLUSTER_DIR"; stage_report' EXIT
+    echo "==> cluster file $FDB_CLUSTER_FILE"
+
+    stage "FoundationDB live: the store and key-space conformance suites, a clean process exit"
+    FDB_CLUSTER_FILE=$FDB_CLUSTER_FILE scripts/live-cargo-test.sh \
+        -p couch_workers_core --features fdb --test conformance_fdb --test fdb_exit
+fi
+
 stage "clippy on every crate (core, NIF, command line, the bench programs), warnings are errors; rustfmt --check (rustfmt.toml)"
 cargo clippy --workspace --all-targets -- -D warnings
 cargo fmt --all --check

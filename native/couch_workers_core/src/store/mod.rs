@@ -142,7 +142,27 @@ pub enum StoreError {
     Fdb { code: i32, message: String, retryable: bool },
 }
 
+/// FoundationDB's error code for `accessed_unreadable`.
+const ACCESSED_UNREADABLE: i32 = 1036;
+
 impl StoreError {
+    /// FoundationDB's `accessed_unreadable` (1036): a read of what the
+    /// transaction itself wrote with a versionstamp. Every store answers it
+    /// for the same reads, and then fails the transaction's commit with it.
+    pub fn accessed_unreadable() -> StoreError {
+        StoreError::Fdb {
+            code: ACCESSED_UNREADABLE,
+            message: "accessed_unreadable: read of a key or range written with a versionstamp in this transaction"
+                .into(),
+            retryable: false,
+        }
+    }
+
+    /// Whether this is [`StoreError::accessed_unreadable`].
+    pub fn is_accessed_unreadable(&self) -> bool {
+        matches!(self, StoreError::Fdb { code: ACCESSED_UNREADABLE, .. })
+    }
+
     /// Whether [`run`] may retry the transaction after this error.
     pub fn is_retryable(&self) -> bool {
         match self {

@@ -11,26 +11,25 @@
 //!   placeholder filled with `0xff` (inclusive; FDB starts at 0 before the
 //!   transaction's first read, this store always has its read version);
 //! * a versionstamped value makes its key unreadable until the transaction
-//!   sets or clears the key again.
+//!   clears it (setting it again does not: FoundationDB 7.1 still refuses);
+//! * a refused read fails the transaction: its commit answers
+//!   `accessed_unreadable` too ([`Unreadable::refused`]).
 
 use crate::store::mutation::{fill_versionstamp, versionstamp};
 use crate::store::{StoreError, VERSIONSTAMP_LEN};
 
-/// FoundationDB's `accessed_unreadable`.
-pub(super) fn accessed_unreadable() -> StoreError {
-    StoreError::Fdb {
-        code: 1036,
-        message: "accessed_unreadable: read of a key or range written with a versionstamp in this transaction".into(),
-        retryable: false,
-    }
+fn accessed_unreadable() -> StoreError {
+    StoreError::accessed_unreadable()
 }
 
 #[derive(Debug, Default)]
 pub(super) struct Unreadable {
     /// `[begin, end)` ranges a versionstamped key may land in.
     ranges: Vec<(Vec<u8>, Vec<u8>)>,
-    /// Keys holding a versionstamped value not overwritten since.
+    /// Keys holding a versionstamped value not cleared since.
     keys: Vec<Vec<u8>>,
+    /// A read was refused: the commit must fail.
+    refused: bool,
 }
 
 impl Unreadable {
@@ -47,9 +46,15 @@ impl Unreadable {
         self.keys.push(key.to_vec());
     }
 
-    /// `key` was set or cleared: its value no longer depends on a stamp.
-    pub(super) fn overwritten(&mut self, key: &[u8]) {
+    /// `key` was cleared: its value no longer depends on a stamp.
+    pub(super) fn cleared_key(&mut self, key: &[u8]) {
         self.keys.retain(|k| k.as_slice() != key);
+    }
+
+    /// Whether a read was refused (the commit then fails with the same
+    /// error, as FoundationDB's does).
+    pub(super) fn refused(&self) -> bool {
+        self.refused
     }
 
     /// `[begin, end)` was cleared.
@@ -57,17 +62,19 @@ impl Unreadable {
         self.keys.retain(|k| !(begin <= k.as_slice() && k.as_slice() < end));
     }
 
-    pub(super) fn check_key(&self, key: &[u8]) -> Result<(), StoreError> {
+    pub(super) fn check_key(&mut self, key: &[u8]) -> Result<(), StoreError> {
         let in_range = self.ranges.iter().any(|(b, e)| b.as_slice() <= key && key < e.as_slice());
         if in_range || self.keys.iter().any(|k| k.as_slice() == key) {
+            self.refused = true;
             return Err(accessed_unreadable());
         }
         Ok(())
     }
 
-    pub(super) fn check_range(&self, begin: &[u8], end: &[u8]) -> Result<(), StoreError> {
+    pub(super) fn check_range(&mut self, begin: &[u8], end: &[u8]) -> Result<(), StoreError> {
         let overlaps = self.ranges.iter().any(|(b, e)| b.as_slice() < end && begin < e.as_slice());
         if overlaps || self.keys.iter().any(|k| begin <= k.as_slice() && k.as_slice() < end) {
+            self.refused = true;
             return Err(accessed_unreadable());
         }
         Ok(())
@@ -96,12 +103,14 @@ mod tests {
     }
 
     #[test]
-    fn a_stamped_value_hides_its_key_until_overwritten() {
+    fn a_stamped_value_hides_its_key_until_cleared() {
         let mut u = Unreadable::default();
         u.stamped_value(b"vs");
+        assert!(!u.refused());
         assert!(u.check_key(b"vs").is_err());
+        assert!(u.refused(), "a refused read fails the commit");
         assert!(u.check_range(b"v", b"w").is_err());
-        u.overwritten(b"vs");
+        u.cleared_key(b"vs");
         assert!(u.check_key(b"vs").is_ok());
         u.stamped_value(b"vs");
         u.cleared(b"v", b"w");

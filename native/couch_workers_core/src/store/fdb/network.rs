@@ -94,9 +94,15 @@ pub(super) fn ensure_running() -> Result<(), StoreError> {
         Lifecycle::Running(_) | Lifecycle::Shared => Ok(()),
         Lifecycle::Stopped => Err(StoreError::Invalid(STOPPED_MESSAGE.into())),
         Lifecycle::Failed(message) => Err(StoreError::Invalid(message.clone())),
-        Lifecycle::Unbooted => match stop_at_exit().and_then(|()| boot()) {
+        Lifecycle::Unbooted => match boot() {
             Ok(Booted::Owned(running)) => {
                 *state = Lifecycle::Running(running);
+                if let Err(message) = stop_at_exit() {
+                    drop(state);
+                    shutdown_network();
+                    *lock() = Lifecycle::Failed(message.clone());
+                    return Err(StoreError::Invalid(message));
+                }
                 Ok(())
             }
             Ok(Booted::Shared) => {
@@ -150,8 +156,23 @@ fn boot() -> Result<Booted, String> {
     Ok(Booted::Owned(Running { stop, thread }))
 }
 
+/// The exit handler. It stops the network from a thread of its own:
+/// `exit(3)` destroys the exiting thread's C++ `thread_local`s before it
+/// runs the handlers, and libfdb_c's stop uses its per-thread state on the
+/// calling thread, so `fdb_stop_network` called on the exiting thread
+/// itself jumps through a destroyed object (a SIGSEGV at the end of every
+/// test binary that used FoundationDB, seen with 7.1.67).
 extern "C" fn shutdown_network_at_exit() {
-    shutdown_network();
+    let stopper = std::thread::Builder::new().name("fdb-stop".into()).spawn(shutdown_network);
+    match stopper {
+        Ok(handle) => {
+            // A panic there is already recorded as the network's failure.
+            let _ = handle.join();
+        }
+        // No thread to stop it from: leave the network to the exit (the
+        // state says so for anyone still looking).
+        Err(_) => *lock() = Lifecycle::Failed("no thread to stop the FoundationDB network at exit".into()),
+    }
 }
 
 /// Registers [`shutdown_network`] to run when the process exits (`exit(3)`:

@@ -27,6 +27,9 @@ struct State {
     watches: Vec<(Vec<u8>, WatchSender)>,
     /// Committed, or failed for good: the transaction takes no more work.
     done: bool,
+    /// A read was refused with `accessed_unreadable`: as on FoundationDB,
+    /// the commit then fails with the same error (other reads still work).
+    read_unreadable: bool,
 }
 
 pub struct SimTransaction {
@@ -87,7 +90,7 @@ impl Transaction for SimTransaction {
         let rv = self.version().await?;
         let stored = self.handle.cluster.get(key, rv).await?;
         let mut st = self.lock();
-        let value = st.writes.read(key, stored)?;
+        let value = st.writes.read(key, stored).inspect_err(|e| st.read_unreadable |= e.is_accessed_unreadable())?;
         if !snapshot && st.writes.read_depends_on_store(key) {
             st.reads.add_key(key);
         }
@@ -101,7 +104,10 @@ impl Transaction for SimTransaction {
         let merged = self.lock().writes.touches(begin, end);
         let out = if merged {
             let stored = self.handle.cluster.range(begin, end, rv, 0, false).await?;
-            self.lock().writes.read_range(stored, begin, end, range.limit, range.reverse)?
+            let mut st = self.lock();
+            st.writes
+                .read_range(stored, begin, end, range.limit, range.reverse)
+                .inspect_err(|e| st.read_unreadable |= e.is_accessed_unreadable())?
         } else {
             self.handle.cluster.range(begin, end, rv, range.limit, range.reverse).await?
         };
@@ -214,6 +220,9 @@ impl Transaction for SimTransaction {
 impl SimTransaction {
     async fn commit_inner(&self) -> Result<CommitInfo, StoreError> {
         self.check()?;
+        if self.lock().read_unreadable {
+            return Err(StoreError::accessed_unreadable());
+        }
         let rv = self.version().await?;
         let read_only = self.lock().writes.is_empty();
         let info = if read_only {

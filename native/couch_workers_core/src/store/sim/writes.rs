@@ -12,7 +12,10 @@
 //! * a versionstamped key makes the range of every key it could become
 //!   unreadable (from the placeholder filled with the read version to the
 //!   placeholder filled with `0xff`); a versionstamped value makes its key
-//!   unreadable until the transaction writes the key again;
+//!   unreadable until the transaction clears it (setting it again does
+//!   not: FoundationDB 7.1 still refuses the read);
+//! * a read refused so fails the transaction: its commit answers
+//!   `accessed_unreadable` too (`transaction.rs`);
 //! * the transaction size is the mutations' keys and values plus the
 //!   coalesced read and write conflict ranges' keys.
 
@@ -82,11 +85,7 @@ pub(super) struct Writes {
 }
 
 fn accessed_unreadable() -> StoreError {
-    StoreError::Fdb {
-        code: 1036,
-        message: "accessed_unreadable: read of a key or range written with a versionstamp in this transaction".into(),
-        retryable: false,
-    }
+    StoreError::accessed_unreadable()
 }
 
 fn check_key(key: &[u8]) -> Result<(), StoreError> {
@@ -222,6 +221,8 @@ impl Writes {
         let mut own = Own::Untouched;
         for m in &self.mutations {
             own = match (m, own) {
+                // Only a clear makes it readable again (FoundationDB 7.1).
+                (Mutation::Set(k, _), Own::Unreadable) if k.as_slice() == key => Own::Unreadable,
                 (Mutation::Set(k, v), _) if k.as_slice() == key => Own::Independent(Some(v.clone())),
                 (Mutation::Clear(k), _) if k.as_slice() == key => Own::Independent(None),
                 (Mutation::ClearRange(b, e), _) if in_range(key, b, e) => Own::Independent(None),
@@ -393,7 +394,9 @@ mod tests {
         w.set_versionstamped_value(b"v", &param(b"")).expect("stamped value");
         assert_eq!(w.read(b"v", None), Err(accessed_unreadable()));
         w.set(b"v", b"plain").expect("set");
-        assert_eq!(w.read(b"v", None), Ok(Some(b"plain".to_vec())), "a later set makes it readable");
+        assert_eq!(w.read(b"v", None), Err(accessed_unreadable()), "a later set leaves it unreadable (FDB 7.1)");
+        w.clear(b"v");
+        assert_eq!(w.read(b"v", None), Ok(None), "a clear makes it readable");
         w.set_versionstamped_key(&param(b"log/"), b"x", Some(0x0102)).expect("stamped key");
         let inside = [b"log/".as_slice(), &[0, 0, 0, 0, 0, 0, 1, 2, 0, 0]].concat();
         assert_eq!(w.read(&inside, None), Err(accessed_unreadable()));

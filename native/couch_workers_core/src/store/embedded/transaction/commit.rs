@@ -28,7 +28,9 @@ impl EmbeddedTransaction {
         let written;
         let (info, deferred) = {
             let mut st = self.lock();
-            if let Err(e) = self.usable(&mut st) {
+            // A read refused as unreadable fails the commit, as on FDB.
+            let refused = st.unreadable.refused().then(StoreError::accessed_unreadable);
+            if let Err(e) = refused.map_or_else(|| self.usable(&mut st), Err) {
                 self.fail(&mut st, e.clone());
                 st.finished = true;
                 return Err(e);

@@ -371,7 +371,6 @@ impl Transaction for EmbeddedTransaction {
             Self::put(conn, key, value)?;
             Ok(Written::Key(key.to_vec()))
         });
-        self.lock().unreadable.overwritten(key);
     }
 
     fn clear(&self, key: &[u8]) {
@@ -385,7 +384,7 @@ impl Transaction for EmbeddedTransaction {
                 .map(|_| Written::Key(key.to_vec()))
                 .map_err(|e| schema::store_error("cannot clear", &e))
         });
-        self.lock().unreadable.overwritten(key);
+        self.lock().unreadable.cleared_key(key);
     }
 
     fn clear_range(&self, begin: &[u8], end: &[u8]) {
