@@ -21,6 +21,7 @@
     couch_workers_first_then_erlfdb/1,
     erlfdb_added_after_couch_workers_owns_the_client/1,
     one_couchdb_directory/1,
+    directory_erlfdb_created_is_opened_by_couch_workers/1,
     stop_couch_workers_leaves_erlfdb/1,
     drop_erlfdb_leaves_couch_workers/1,
     vm_exits_cleanly_erlfdb_first/1,
@@ -38,6 +39,8 @@
     cw_roundtrip/1,
     fdb_threads/0,
     in_couchdb_dir/3,
+    in_dir/4,
+    clear_type/2,
     vm_exit_script/4
 ]).
 
@@ -48,9 +51,11 @@
 erlfdb_test_() ->
     case os:getenv("FDB_CLUSTER_FILE") of
         F when F =:= false; F =:= "" ->
-            io:format(user,
-                "~n*** couch_workers_erlfdb_tests: FDB_CLUSTER_FILE is not set: the erlfdb suite is SKIPPED "
-                "(scripts/test-erlfdb.sh runs it on a cluster) ***~n", []),
+            once(skipped, fun() ->
+                io:format(user,
+                    "~n*** couch_workers_erlfdb_tests: FDB_CLUSTER_FILE is not set: the erlfdb suite is SKIPPED "
+                    "(scripts/test-erlfdb.sh runs it on a cluster) ***~n", [])
+            end),
             [];
         ClusterFile ->
             case find_erlfdb() of
@@ -65,6 +70,7 @@ erlfdb_test_() ->
                             couch_workers_first_then_erlfdb,
                             erlfdb_added_after_couch_workers_owns_the_client,
                             one_couchdb_directory,
+                            directory_erlfdb_created_is_opened_by_couch_workers,
                             stop_couch_workers_leaves_erlfdb,
                             drop_erlfdb_leaves_couch_workers,
                             vm_exits_cleanly_erlfdb_first,
@@ -75,8 +81,18 @@ erlfdb_test_() ->
                     io:format(user,
                         "~n*** couch_workers_erlfdb_tests: FDB_CLUSTER_FILE is set but erlfdb is NOT found: ~ts: "
                         "FAILING (build it: scripts/build-erlfdb.sh; or set ERLFDB_EBIN) ***~n", [Why]),
-                    [{"erlfdb_found", ?_assertEqual(found, {erlfdb_not_found, Why})}]
+                    [{"erlfdb_found", ?_assertEqual(found, {erlfdb_not_found, unicode:characters_to_binary(Why)})}]
             end
+    end.
+
+%% EUnit may expand the generator more than once: one line is enough.
+once(Key, Fun) ->
+    case persistent_term:get({?MODULE, Key}, false) of
+        true ->
+            ok;
+        false ->
+            persistent_term:put({?MODULE, Key}, true),
+            Fun()
     end.
 
 named(Name, Ctx) ->
@@ -84,13 +100,14 @@ named(Name, Ctx) ->
 
 %% erlfdb's ebin: ERLFDB_EBIN, else already in the code path, else
 %% _build/erlfdb/ebin of the repository (rebar3 runs in its root; the
-%% directories above the app's are tried too). Added to this VM's code
-%% path, which the peers inherit.
+%% directories above the app's are tried too). Given to the peers only:
+%% in this VM's code path it would make every other suite's FDB start
+%% load erlfdb (couch_workers_fdb_client:prepare/1).
 find_erlfdb() ->
     case os:getenv("ERLFDB_EBIN") of
         E when E =/= false, E =/= "" ->
             case is_erlfdb_ebin(E) of
-                true -> add_path(E);
+                true -> {ok, filename:absname(E)};
                 false -> {error, io_lib:format("ERLFDB_EBIN=~ts holds no erlfdb_nif.beam and erlfdb.app", [E])}
             end;
         _ ->
@@ -101,7 +118,7 @@ find_erlfdb() ->
                     {ok, Cwd} = file:get_cwd(),
                     Tried = candidates(Cwd) ++ candidates(code:lib_dir(couch_workers)),
                     case [D || D <- Tried, is_erlfdb_ebin(D)] of
-                        [D | _] -> add_path(D);
+                        [D | _] -> {ok, filename:absname(D)};
                         [] -> {error, io_lib:format("ERLFDB_EBIN unset, none of ~p holds it", [lists:usort(Tried)])}
                     end
             end
@@ -116,17 +133,12 @@ candidates(_) ->
 is_erlfdb_ebin(D) ->
     filelib:is_regular(filename:join(D, "erlfdb_nif.beam")) andalso filelib:is_regular(filename:join(D, "erlfdb.app")).
 
-add_path(D) ->
-    Abs = filename:absname(D),
-    true = code:add_patha(Abs),
-    {ok, Abs}.
-
 %% ---- (a) erlfdb first ------------------------------------------------------
 
 %% erlfdb opened before couch_workers (as in a CouchDB node): couch_workers
 %% runs on erlfdb's network (no network thread of its own), and both work.
-erlfdb_first_then_couch_workers(#{cluster := CF}) ->
-    with_peer(fun(P) ->
+erlfdb_first_then_couch_workers(#{cluster := CF} = Ctx) ->
+    with_peer(Ctx, fun(P) ->
         Db = call(P, erlfdb_start, [CF]),
         ?assertEqual(ok, call(P, erlfdb_roundtrip, [Db, <<"a1">>])),
         ok = call(P, cw_start, [{fdb_test, CF, name("a")}]),
@@ -142,8 +154,8 @@ erlfdb_first_then_couch_workers(#{cluster := CF}) ->
 %% couch_workers started first, erlfdb only in the code path: its start
 %% loads erlfdb_nif first (couch_workers_fdb_client:prepare/1), so erlfdb
 %% opened afterwards works, on the one network.
-couch_workers_first_then_erlfdb(#{cluster := CF}) ->
-    with_peer(fun(P) ->
+couch_workers_first_then_erlfdb(#{cluster := CF} = Ctx) ->
+    with_peer(Ctx, fun(P) ->
         ?assertEqual(false, call(P, code, is_loaded, [erlfdb_nif])),
         ok = call(P, cw_start, [{fdb_test, CF, name("b")}]),
         ?assertEqual(ok, call(P, cw_roundtrip, [<<"b">>])),
@@ -159,8 +171,9 @@ couch_workers_first_then_erlfdb(#{cluster := CF}) ->
 %% only after couch_workers started its own client. Loading erlfdb then
 %% fails (its on_load meets 2201), cleanly: the VM and couch_workers go
 %% on.
-erlfdb_added_after_couch_workers_owns_the_client(#{cluster := CF, erlfdb_ebin := Ebin}) ->
+erlfdb_added_after_couch_workers_owns_the_client(#{cluster := CF, erlfdb_ebin := Ebin} = Ctx) ->
     with_peer(
+        Ctx,
         fun(P) ->
             ok = call(P, cw_start, [{fdb_test, CF, name("b3")}]),
             ?assertEqual(ok, call(P, cw_roundtrip, [<<"b3">>])),
@@ -180,8 +193,8 @@ erlfdb_added_after_couch_workers_owns_the_client(#{cluster := CF, erlfdb_ebin :=
 %% are one key space: a job couch_workers adds is at the key
 %% docs/keyspace.md gives, read by erlfdb; a key erlfdb writes there
 %% (a paused marker) is read by couch_workers.
-one_couchdb_directory(#{cluster := CF}) ->
-    with_peer(fun(P) ->
+one_couchdb_directory(#{cluster := CF} = Ctx) ->
+    with_peer(Ctx, fun(P) ->
         Db = call(P, erlfdb_start, [CF]),
         ok = call(P, cw_start, [{fdb, CF}]),
         T = iolist_to_binary(["cw_erlfdb_", name("c")]),
@@ -207,15 +220,40 @@ one_couchdb_directory(#{cluster := CF}) ->
         end,
         {_, Gone} = call(P, in_couchdb_dir, [Db, get, {<<"couch_workers">>, <<"jobs">>, T, J}]),
         ?assertEqual(not_found, Gone),
-        ok = call(P, cw_stop, [])
+        ok = call(P, cw_stop, []),
+        %% The production directory keeps nothing of this test's type.
+        ok = call(P, clear_type, [Db, T])
+    end).
+
+%% The other way round: erlfdb creates the directory (as CouchDB's
+%% fabric2 does before couch_workers starts), couch_workers opens it, and
+%% both use one prefix. On a test directory of this run,
+%% ["couch_workers_test", Name] (the one the `fdb_test' store opens), so
+%% that the directory is new whatever the cluster holds.
+directory_erlfdb_created_is_opened_by_couch_workers(#{cluster := CF} = Ctx) ->
+    with_peer(Ctx, fun(P) ->
+        Db = call(P, erlfdb_start, [CF]),
+        Name = list_to_binary(name("c2")),
+        Path = [<<"couch_workers_test">>, Name],
+        T = <<"cw_erlfdb_c2">>,
+        {Prefix, ok} = call(P, in_dir, [Db, Path, set, {<<"couch_workers">>, <<"paused">>, T}]),
+        ok = call(P, cw_start, [{fdb_test, CF, Name}]),
+        ?assertEqual(true, call(P, couch_workers_ops, job_paused, [T])),
+        ok = call(P, couch_workers, job_add, [T, <<"j">>, #{}, #{}]),
+        {Prefix, Record} = call(P, in_dir, [Db, Path, get, {<<"couch_workers">>, <<"jobs">>, T, <<"j">>}]),
+        Tuple = call(P, erlfdb_tuple, unpack, [Record]),
+        ?assertEqual({3, <<"pending">>}, {element(1, Tuple), element(2, Tuple)}),
+        %% The fdb_test store removes its directory when it stops.
+        ok = call(P, cw_stop, []),
+        ?assertEqual(false, call(P, in_dir, [Db, Path, exists, {}]))
     end).
 
 %% ---- (d) stopping one leaves the other --------------------------------------
 
 %% application:stop(couch_workers) leaves erlfdb working (the network is
 %% erlfdb's and stays up), and couch_workers starts again on it.
-stop_couch_workers_leaves_erlfdb(#{cluster := CF}) ->
-    with_peer(fun(P) ->
+stop_couch_workers_leaves_erlfdb(#{cluster := CF} = Ctx) ->
+    with_peer(Ctx, fun(P) ->
         Db = call(P, erlfdb_start, [CF]),
         Store = {fdb_test, CF, name("d")},
         ok = call(P, cw_start, [Store]),
@@ -236,8 +274,8 @@ stop_couch_workers_leaves_erlfdb(#{cluster := CF}) ->
 
 %% erlfdb's handles dropped (the database closed, its resources
 %% collected) and its application stopped: couch_workers goes on.
-drop_erlfdb_leaves_couch_workers(#{cluster := CF}) ->
-    with_peer(fun(P) ->
+drop_erlfdb_leaves_couch_workers(#{cluster := CF} = Ctx) ->
+    with_peer(Ctx, fun(P) ->
         Db = call(P, erlfdb_start, [CF]),
         ?assertEqual(ok, call(P, erlfdb_roundtrip, [Db, <<"e1">>])),
         ok = call(P, cw_start, [{fdb_test, CF, name("e")}]),
@@ -262,13 +300,13 @@ vm_exits_cleanly_couch_workers_first(Ctx) ->
 %% A separate `erl' with both loaded runs a few operations of each, then
 %% init:stop() (or halt(0)); exit status 0, its last line printed, no crash
 %% dump, no signal.
-vm_exit(#{cluster := CF}, Order, How, N) ->
+vm_exit(#{cluster := CF, erlfdb_ebin := Ebin}, Order, How, N) ->
     Dir = tmp_dir(),
     Dump = filename:join(Dir, "erl_crash.dump"),
     Name = name("x"),
     Eval = lists:flatten(io_lib:format("~p:vm_exit_script(~p, ~p, ~p, ~p).", [?MODULE, CF, Order, How, Name])),
     Erl = os:find_executable("erl"),
-    Args = lists:append([["-pa", Pa] || Pa <- own_paths(false)]) ++ ["-noshell", "-noinput", "-eval", Eval],
+    Args = lists:append([["-pa", Pa] || Pa <- own_paths(Ebin)]) ++ ["-noshell", "-noinput", "-eval", Eval],
     Port = open_port({spawn_executable, Erl}, [
         exit_status,
         stderr_to_stdout,
@@ -405,8 +443,17 @@ fdb_threads() ->
 %% Op on the key Tuple under erlfdb's directory ["couchdb"]; returns the
 %% directory's prefix and the result.
 in_couchdb_dir(DbKey, Op, Tuple) ->
+    in_dir(DbKey, [<<"couchdb">>], Op, Tuple).
+
+%% The same under erlfdb's directory Path (created when missing; `exists':
+%% whether it is there, nothing created).
+in_dir(DbKey, Path, exists, _Tuple) ->
     erlfdb:transactional(db(DbKey), fun(Tx) ->
-        Dir = erlfdb_directory:create_or_open(Tx, erlfdb_directory:root(), [<<"couchdb">>]),
+        erlfdb_directory:exists(Tx, erlfdb_directory:root(), Path)
+    end);
+in_dir(DbKey, Path, Op, Tuple) ->
+    erlfdb:transactional(db(DbKey), fun(Tx) ->
+        Dir = erlfdb_directory:create_or_open(Tx, erlfdb_directory:root(), Path),
         Key = erlfdb_directory:pack(Dir, Tuple),
         Result =
             case Op of
@@ -417,17 +464,39 @@ in_couchdb_dir(DbKey, Op, Tuple) ->
         {erlfdb_directory:key(Dir), Result}
     end).
 
+%% Clears every key of job type T under ["couchdb"] (docs/keyspace.md:
+%% the type is the third element of these keys).
+clear_type(DbKey, T) ->
+    erlfdb:transactional(db(DbKey), fun(Tx) ->
+        Dir = erlfdb_directory:create_or_open(Tx, erlfdb_directory:root(), [<<"couchdb">>]),
+        lists:foreach(
+            fun(Sub) ->
+                Prefix = erlfdb_directory:pack(Dir, {<<"couch_workers">>, Sub, T}),
+                erlfdb:clear_range(Tx, <<Prefix/binary, 0>>, <<Prefix/binary, 255>>),
+                erlfdb:clear(Tx, Prefix)
+            end,
+            [<<"jobs">>, <<"pending">>, <<"scheduled">>, <<"counts">>, <<"by_state">>, <<"types">>,
+             <<"paused">>, <<"jobs_vs">>, <<"workers">>]
+        )
+    end),
+    ok.
+
 %% ---- peers -----------------------------------------------------------------
 
-with_peer(Fun) ->
-    with_peer(Fun, []).
+with_peer(Ctx, Fun) ->
+    with_peer(Ctx, Fun, []).
 
-%% A fresh VM (its own libfdb_c) with this VM's code path (the app, the
-%% tests and erlfdb, or without erlfdb), set up by peer_setup/0; always
-%% stopped after.
-with_peer(Fun, Opts) ->
+%% A fresh VM (its own libfdb_c) with this VM's code path (the app and the
+%% tests) and erlfdb's ebin (none with `without_erlfdb'), set up by
+%% peer_setup/0; always stopped after.
+with_peer(#{erlfdb_ebin := Ebin}, Fun, Opts) ->
     Erl = os:find_executable("erl"),
-    Args = lists:append([["-pa", P] || P <- own_paths(lists:member(without_erlfdb, Opts))]),
+    Erlfdb =
+        case lists:member(without_erlfdb, Opts) of
+            true -> none;
+            false -> Ebin
+        end,
+    Args = lists:append([["-pa", P] || P <- own_paths(Erlfdb)]),
     {ok, Peer, _Node} = peer:start(#{exec => Erl, connection => standard_io, args => Args, wait_boot => 30000}),
     OsPid = peer:call(Peer, os, getpid, [], 15000),
     try
@@ -444,22 +513,15 @@ call(Peer, F, A) ->
 call(Peer, M, F, A) ->
     peer:call(Peer, M, F, A, 60000).
 
-%% This VM's code path without OTP's own (and without erlfdb's ebin when
-%% WithoutErlfdb).
-own_paths(WithoutErlfdb) ->
+%% This VM's code path without OTP's own, and erlfdb's ebin (unless
+%% `none').
+own_paths(Erlfdb) ->
     OtpLib = code:lib_dir(),
-    Erlfdb =
-        case code:which(erlfdb_nif) of
-            P when is_list(P) -> filename:dirname(P);
-            _ -> none
-        end,
-    [
-        P
-     || P <- code:get_path(),
-        not lists:prefix(OtpLib, P),
-        P =/= ".",
-        not (WithoutErlfdb andalso P =:= Erlfdb)
-    ].
+    Own = [P || P <- code:get_path(), not lists:prefix(OtpLib, P), P =/= "."],
+    case Erlfdb of
+        none -> [P || P <- Own, not is_erlfdb_ebin(P)];
+        _ -> [Erlfdb | Own]
+    end.
 
 name(Tag) ->
     "cw_erlfdb_" ++ Tag ++ "_" ++ os:getpid() ++ "_" ++ integer_to_list(erlang:unique_integer([positive])).
