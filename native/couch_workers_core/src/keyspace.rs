@@ -22,7 +22,7 @@
 //! ("couch_workers", "expiry", ExpireAt, JobType, JobId)          = "": ended jobs by the Unix ms they are pruned at
 //! ("couch_workers", "paused", JobType)                           = "": the type is paused
 //! ("couch_workers", "jobs_vs", JobType)                          = VS of the last pending change (dispatchers watch it)
-//! ("couch_workers", "orphans", WorkerType, Worker)               = tuple (RemovalVS): running jobs left for the sweeper
+//! ("couch_workers", "orphans", WorkerType, Worker)               = tuple (RemovalVS, ...): running jobs left for the sweeper, each removal's rule (jobs/record.rs)
 //! ("couch_workers", "orphans_vs")                                = VS of the last orphan marker written (sweepers watch it)
 //! ("couch_workers", "reaper_pulse")                              = little-endian i64, atomic adds: one per reaper pass
 //! ("couch_workers", "scheduled_vs")                              = VS of the last job that became its type's earliest scheduled one (promoters watch it)

@@ -170,3 +170,49 @@ async fn a_landed_unknown_commit_answers_with_the_job_it_took() {
     jobs.finish(&fence(&next), b"{}").await.expect("the handle holds b");
     node.stop().await;
 }
+
+/// A job resubmitted while it runs, ended with `finish_accept`: the finish
+/// queues it again (its pending key and record written with versionstamps)
+/// and the accept must not read those back in the same transaction
+/// (`accessed_unreadable`, 1036). The finish commits, the job is queued
+/// again with the new info, and the next job is taken.
+async fn resubmitted_job_finishes_with_finish_accept(node: &Arc<Node>) {
+    let jobs = node.jobs();
+    for id in [&b"a"[..], b"b"] {
+        add(jobs, T, id, 0).await;
+    }
+    let h = accept_now(jobs, T, b"w").await;
+    assert_eq!(h.job.id, b"a");
+    jobs.resubmit(T, b"a", b"{\"again\":1}", &Default::default(), None).await.expect("resubmit while running");
+    let next = jobs.finish_accept(&fence(&h), b"{}", next_for(b"w")).await.expect("finish_accept of a resubmitted job");
+    let a = get(jobs, T, b"a").await;
+    assert_eq!(a.state, JobState::Pending, "queued again by its resubmission: {a:?}");
+    assert_eq!(a.info, b"{\"again\":1}");
+    let next = next.expect("the next job");
+    assert_eq!(next.job.id, b"b", "b was first in the queue");
+    assert_eq!(get(jobs, T, b"b").await, next.job);
+    // The resubmitted run is taken next, and finishes as any other.
+    let again = jobs.finish_accept(&fence(&next), b"{}", next_for(b"w")).await.unwrap().expect("a again");
+    assert_eq!(again.job.id, b"a");
+    assert_eq!(jobs.finish_accept(&fence(&again), b"{}", next_for(b"w")).await, Ok(None));
+    assert_eq!(get(jobs, T, b"a").await.state, JobState::Finished);
+    assert_eq!(jobs.pending_count(T).await, Ok(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resubmitted_job_finishes_with_finish_accept_embedded() {
+    let c = Cluster::new();
+    let node = c.node();
+    let _w = register(&node, T, b"w").await;
+    resubmitted_job_finishes_with_finish_accept(&node).await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resubmitted_job_finishes_with_finish_accept_sim() {
+    let sim = SimStore::new(SimOptions::new(11));
+    let node = Node::with_db(sim.connect() as Db, Settings::default(), Arc::new(Discard));
+    let _w = register(&node, T, b"w").await;
+    resubmitted_job_finishes_with_finish_accept(&node).await;
+    node.stop().await;
+}

@@ -21,6 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::log::{Event, Value};
+use couch_workers_core::services::owner_events::OwnerEvent;
 use couch_workers_core::store::hooked::{Hooked, TxHooks, Write};
 use couch_workers_core::store::sim::{CommitFault, SimOptions, SimStore};
 use couch_workers_core::store::{run, Database, Db, StoreError, Tx, TxOptions};
@@ -31,10 +32,11 @@ use faults_common::CaptureLog;
 const T: &[u8] = b"t";
 
 /// The sim store, scripting `UnknownCommitted` for the first commit that
-/// clears `key` once armed.
+/// clears `key` (or, with `on_set`, sets it) once armed.
 struct FaultOnClear {
     sim: Arc<SimStore>,
     key: Vec<u8>,
+    on_set: bool,
     armed: AtomicBool,
 }
 
@@ -47,7 +49,12 @@ struct Watching {
 
 impl TxHooks for Watching {
     fn write(&self, write: Write<'_>) {
-        if write == (Write::Clear { key: self.db.key.as_slice() }) {
+        let hit = match write {
+            Write::Clear { key } => !self.db.on_set && key == self.db.key.as_slice(),
+            Write::Set { key, .. } => self.db.on_set && key == self.db.key.as_slice(),
+            _ => false,
+        };
+        if hit {
             self.clears_key.store(true, Ordering::SeqCst);
         }
     }
@@ -101,7 +108,13 @@ struct Setup {
 fn setup(seed: u64, id: &[u8]) -> Setup {
     let sim = SimStore::new(SimOptions::new(seed));
     let key = Keyspace::new(&sim.prefix()).health(T, id);
-    let fault = Arc::new(FaultOnClear { sim: sim.clone(), key, armed: AtomicBool::new(false) });
+    setup_with(sim, key, false)
+}
+
+/// A node on the wrapped sim store whose fault waits for a write of `key`:
+/// its clear, or with `on_set` its set.
+fn setup_with(sim: Arc<SimStore>, key: Vec<u8>, on_set: bool) -> Setup {
+    let fault = Arc::new(FaultOnClear { sim: sim.clone(), key, on_set, armed: AtomicBool::new(false) });
     let log = CaptureLog::new();
     let settings = Settings { reaper_max_interval: Duration::from_millis(200), ..Settings::default() };
     let node = Node::with_db(Arc::new(Wrapped(fault.clone())) as Db, settings, log.clone());
@@ -197,5 +210,53 @@ async fn a_replacing_registration_logs_the_jobs_it_failed_over() {
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(int(&events[0], "jobs"), Some(2));
     assert_eq!(s.pending().await, 2);
+    s.node.stop().await;
+}
+
+/// A worker reaped while its node lives is registered again by its next
+/// heartbeat, and its owner is told (`Reaped`). When that heartbeat's
+/// commit lands but is answered `commit_unknown_result`, the retry finds
+/// the worker registered by its own write: the owner is still told, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_unknown_reinstatement_tells_the_owner_once() {
+    let sim = SimStore::new(SimOptions::new(14));
+    // The fault waits for the reinstatement's write of the member key.
+    let member = Keyspace::new(&sim.prefix()).member(T, b"w1");
+    let s = setup_with(sim, member, true);
+    // Timeout 1 s: a heartbeat about every 333 ms.
+    let reg = s.node.register_worker(spec(b"w1", 1)).await.expect("register");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let tx = std::sync::Mutex::new(tx);
+    assert!(!reg.listen(Box::new(move |e| {
+        let _ = tx.lock().unwrap().send(e);
+    })));
+    let before = s.arm();
+    // Another node's reaper removes the worker while it lives.
+    let ks = s.node.keyspace().clone();
+    let health = ks.health(T, b"w1");
+    let k = &ks;
+    let observed = run(s.node.db().as_ref(), TxOptions::read(), |tx| {
+        let h = health.clone();
+        async move { tx.get(&h, false).await }
+    })
+    .await
+    .expect("read")
+    .expect("a health record");
+    let o = &observed;
+    let reaped =
+        run(s.node.db().as_ref(), TxOptions::write(), |tx| async move { workers::reap(&tx, k, T, b"w1", o).await })
+            .await
+            .expect("reap");
+    assert!(reaped, "reaped");
+    let event = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+    s.fired(before);
+    assert_eq!(event.ok().flatten(), Some(OwnerEvent::Reaped), "the owner is told of the reap");
+    assert_eq!(s.log.count("worker_reinstated"), 1);
+    // Never a second time.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(rx.try_recv().is_err(), "told once");
+    assert_eq!(s.log.count("worker_reinstated"), 1);
+    assert!(!reg.is_removed() && !reg.is_superseded());
+    drop(reg);
     s.node.stop().await;
 }

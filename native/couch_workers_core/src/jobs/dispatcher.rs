@@ -64,7 +64,10 @@
 //! That cannot be airtight (it may go between the check and the commit),
 //! so a delivery that fails ([`AcceptReply::deliver`] returns false)
 //! releases the job: back to pending exactly as on failover, in its own
-//! transaction, if that accept still holds it.
+//! transaction, if that accept still holds it. A release the store fails
+//! (a stall) is retried with backoff until it lands, in a task of its own
+//! (`ServiceState::release`): the job
+//! would otherwise stay running for a live worker that never got it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,7 +79,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::commit::{complete_handle_vs, run_committed};
-use super::job::{AcceptToken, JobHandle};
+use super::job::{AcceptToken, Fence, JobHandle};
 use super::ops::{self, Take};
 use super::place::wall_ms;
 use super::service::{Live, ServiceState};
@@ -690,20 +693,72 @@ impl ServiceState {
     }
 
     /// Gives back a job whose delivery failed (see the module comment).
-    pub(crate) async fn release(&self, handle: JobHandle) {
+    /// The first try runs here; if the store fails it (a stall longer
+    /// than the call's budget, say), the give-back is retried with
+    /// backoff in a task of its own until it lands: left undone, the job
+    /// would stay running for a live worker that never heard of it, and
+    /// no failover would ever end it. Each failure is logged; a give-back
+    /// the node's stop cuts short is logged as abandoned (the job then
+    /// stays with its worker until the worker leaves).
+    pub(crate) async fn release(self: &Arc<Self>, handle: JobHandle) {
         let fence = handle.fence();
+        if self.give_back_once(&fence, 1).await {
+            return;
+        }
+        let shared = self.clone();
+        self.spawn(async move {
+            for failures in 1u32.. {
+                let pause = jittered(Duration::from_millis(50u64 << failures.min(6)), 0.5);
+                if !sleep_or_cancel(pause, &shared.cancel).await {
+                    let (t, id, worker) = (fence.job_type.as_slice(), fence.job_id.as_slice(), fence.worker.as_slice());
+                    log_event!(
+                        shared.log,
+                        Error,
+                        "job_release_abandoned",
+                        "type" = t,
+                        id = id,
+                        worker = worker,
+                        reason = "node_stopped",
+                        failures = failures
+                    );
+                    return;
+                }
+                if shared.give_back_once(&fence, failures + 1).await {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// One transaction of [`Self::release`]: true once the give-back is
+    /// settled (done, or nothing left to give back: the accept no longer
+    /// holds the job, or the store is closed), false if it must be tried
+    /// again.
+    async fn give_back_once(&self, fence: &Fence, attempt: u32) -> bool {
         let ks = &self.ks;
-        let f = &fence;
-        let released = run(self.db.as_ref(), self.write, |tx| async move { ops::give_back(&tx, ks, f).await }).await;
+        let released =
+            run(self.db.as_ref(), self.write, |tx| async move { ops::give_back(&tx, ks, fence).await }).await;
+        let (t, id, worker) = (fence.job_type.as_slice(), fence.job_id.as_slice(), fence.worker.as_slice());
         match released {
             Ok(true) => {
-                let (t, id, worker) = (fence.job_type.as_slice(), fence.job_id.as_slice(), fence.worker.as_slice());
-                log_event!(self.log, Info, "job_released", "type" = t, id = id, worker = worker)
+                log_event!(self.log, Info, "job_released", "type" = t, id = id, worker = worker);
+                true
             }
-            Ok(false) => {}
+            Ok(false) => true,
             Err(e) => {
-                let (t, id) = (fence.job_type.as_slice(), fence.job_id.as_slice());
-                log_event!(self.log, Warning, "job_release_failed", "type" = t, id = id, reason = %e)
+                let closed = matches!(e, StoreError::Closed);
+                log_event!(
+                    self.log,
+                    Warning,
+                    "job_release_failed",
+                    "type" = t,
+                    id = id,
+                    worker = worker,
+                    reason = %e,
+                    failures = attempt,
+                    retry = !closed
+                );
+                closed
             }
         }
     }

@@ -8,11 +8,17 @@
 //! attempt, so that a retry after an unknown commit finds the job that
 //! attempt took (`Acceptors::recheck`) and the finish answers for its own
 //! landed write (its receipt), as `job_finish/2` does.
+//!
+//! A finish that queues the job again (a resubmission made while it ran)
+//! commits without the accept: the requeue writes the record and the
+//! pending key with versionstamps, which the same transaction cannot read
+//! back (FoundationDB's `accessed_unreadable`), so the next job is taken
+//! in a transaction of its own, as `job_accept` with timeout 0 would.
 
 use std::sync::Arc;
 
 use super::commit::complete_handle_vs;
-use super::job::{Fence, JobHandle};
+use super::job::{Fence, JobHandle, JobState};
 use super::ops::{self, Take};
 use super::place::wall_ms;
 use super::receipt::{self, Receipt};
@@ -62,20 +68,39 @@ impl ServiceState {
                     None => false,
                 };
                 if !landed {
-                    if let Err(e) = ops::finish(&tx, ks, fence, result).await? {
-                        return Ok(Err(e));
-                    }
+                    let job = match ops::finish(&tx, ks, fence, result).await? {
+                        Ok(job) => job,
+                        Err(e) => return Ok(Err(e)),
+                    };
                     if let Some(r) = receipt {
                         r.write(&tx, receipt::DONE);
                     }
+                    // A resubmission made while the job ran queued it
+                    // again: its record and pending key are now written
+                    // with versionstamps, which this transaction may not
+                    // read back (`accessed_unreadable`), and the accept
+                    // round would read both (the pending range, the
+                    // record). The finish commits alone; the accept
+                    // follows it in its own transaction.
+                    if matches!(job.state, JobState::Pending | JobState::Scheduled) {
+                        return Ok(Ok(None));
+                    }
                 }
                 let acceptors = ops::Acceptors { workers: w, incarnations: i, tokens: t, recheck };
-                Ok(Ok(ops::accept(&tx, ks, next.worker_type, acceptors).await?))
+                Ok(Ok(Some(ops::accept(&tx, ks, next.worker_type, acceptors).await?)))
             }
         })
         .await;
         let (round, info) = match outcome {
-            Ok((Ok(round), info)) => (round, info),
+            Ok((Ok(Some(round)), info)) => (round, info),
+            Ok((Ok(None), _)) => {
+                // The finish committed (requeued by its resubmission) and
+                // took nothing: take the next job as `job_accept` with
+                // timeout 0 would. An attempt whose commit was unknown took
+                // nothing either (it accepted nothing), so the token is
+                // free.
+                return Ok(self.accept_now(next.worker_type, next.worker, next.incarnation).await.ok());
+            }
             Ok((Err(e), _)) => return Err(e),
             Err(e) => {
                 // An attempt may have taken a job that nobody will hold.

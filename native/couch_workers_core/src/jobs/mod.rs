@@ -17,7 +17,7 @@
 //! ("couch_workers", "expiry", ExpireAt, JobType, JobId)      = ""
 //! ("couch_workers", "paused", JobType)                       = ""
 //! ("couch_workers", "jobs_vs", JobType)                      = 10-byte VS: a job became pending, a new earliest schedule, a pause or resume
-//! ("couch_workers", "orphans", WorkerType, Worker)           = (RemovalVS,) | (RemovalVS, "lost")
+//! ("couch_workers", "orphans", WorkerType, Worker)           = (RemovalVS,) | (RemovalVS, "lost") | (RemovalVS, "lost"|"released", EarlierRemovals)
 //! ("couch_workers", "orphans_vs")                            = 10-byte VS of the last orphan marker
 //! ("couch_workers", "scheduled_vs")                          = 10-byte VS: a type's new earliest schedule (promoters watch it)
 //! ("couch_workers", "expiry_vs")                             = 10-byte VS: a job ended with a keep under 60 s (pruners watch it)

@@ -14,6 +14,9 @@
 //! have, writing nothing more. Reaps and the node's removals and
 //! replacements of workers set one too, holding how many jobs they failed
 //! over ([`count_outcome`]): their retry finds the worker gone either way.
+//! A heartbeat that registers a reaped worker again sets one naming the
+//! registrations it reinstated (`services/heartbeat.rs`): its retry finds
+//! them registered, and their owners must still be told.
 //!
 //! Only on stores whose commits may answer `commit_unknown_result`
 //! (`Database::commits_may_be_unknown`: FoundationDB, `sim`, the faulty

@@ -45,8 +45,12 @@
 //! Orphan sweeps compare it with a removal's versionstamp (see `ops/requeue.rs`).
 //!
 //! Orphan marker, at `("couch_workers", "orphans", WorkerType, Worker)`:
-//! `(RemovalVS,)`, the tuple versionstamp of the commit that removed the
-//! worker while leaving some of its running jobs for the sweeper.
+//! `(RemovalVS,)` or `(RemovalVS, "lost")`, the tuple versionstamp of the
+//! commit that removed the worker while leaving some of its running jobs
+//! for the sweeper, and whether that was a death; when an earlier
+//! removal's jobs still wait for the sweeper, `(RemovalVS, "lost" |
+//! "released", Earlier)` keeps those removals and their rules too (see
+//! [`encode_orphan_marker`]).
 
 use foundationdb_tuple::{pack, pack_with_versionstamp, unpack, Bytes, Element, Versionstamp as TupleVs};
 
@@ -408,10 +412,39 @@ pub(crate) fn decode_active(value: &[u8]) -> Option<JobVs> {
     (format == VALUE_FORMAT).then(|| *vs.as_bytes())
 }
 
+/// One removal an orphan marker records: its versionstamp, and whether it
+/// was a death (its jobs fail) rather than an unregister (released).
+pub(crate) type Removal = (JobVs, bool);
+
+/// Bytes of one earlier removal in a marker: its versionstamp and a flag.
+const REMOVAL_LEN: usize = 13;
+
+fn departure_tag(lost: bool) -> &'static [u8] {
+    if lost {
+        b"lost"
+    } else {
+        b"released"
+    }
+}
+
 /// The orphan marker value for `set_versionstamped_value`: `(RemovalVS,)`
 /// for a worker that was unregistered (its jobs are released), or
-/// `(RemovalVS, "lost")` for one that died (its jobs fail).
-pub(crate) fn encode_orphan_marker(lost: bool) -> Vec<u8> {
+/// `(RemovalVS, "lost")` for one that died (its jobs fail). When earlier
+/// removals of the same worker id still have jobs waiting for the sweeper
+/// (`earlier`, oldest first), they are kept, each with its own rule:
+/// `(RemovalVS, "lost" | "released", Earlier)`, `Earlier` being 13 bytes
+/// per removal (its 12-byte versionstamp, then 1 for a death, 0 for an
+/// unregister).
+pub(crate) fn encode_orphan_marker(lost: bool, earlier: &[Removal]) -> Vec<u8> {
+    if !earlier.is_empty() {
+        let mut packed = Vec::with_capacity(earlier.len() * REMOVAL_LEN);
+        for (vs, lost) in earlier {
+            packed.extend_from_slice(vs);
+            packed.push(u8::from(*lost));
+        }
+        let why = Bytes::from(departure_tag(lost));
+        return pack_with_versionstamp(&(TupleVs::incomplete(0), why, Bytes::from(packed)));
+    }
     if lost {
         pack_with_versionstamp(&(TupleVs::incomplete(0), Bytes::from(&b"lost"[..])))
     } else {
@@ -419,14 +452,38 @@ pub(crate) fn encode_orphan_marker(lost: bool) -> Vec<u8> {
     }
 }
 
-/// The removal versionstamp of an orphan marker, and whether the worker
-/// died.
-pub(crate) fn decode_orphan_marker(value: &[u8]) -> Option<(JobVs, bool)> {
+/// The latest removal of an orphan marker: its versionstamp, and whether
+/// the worker died.
+pub(crate) fn decode_orphan_marker(value: &[u8]) -> Option<Removal> {
+    decode_orphan_removals(value).and_then(|r| r.last().copied())
+}
+
+/// Every removal an orphan marker records, oldest first (the last is the
+/// latest). A job accepted before a removal and after the one before it
+/// ran under the registration that removal ended, and follows its rule.
+pub(crate) fn decode_orphan_removals(value: &[u8]) -> Option<Vec<Removal>> {
     if let Ok((vs,)) = unpack::<(TupleVs,)>(value) {
-        return Some((*vs.as_bytes(), false));
+        return Some(vec![(*vs.as_bytes(), false)]);
     }
-    let (vs, why) = unpack::<(TupleVs, Bytes)>(value).ok()?;
-    (&*why == b"lost").then(|| (*vs.as_bytes(), true))
+    if let Ok((vs, why)) = unpack::<(TupleVs, Bytes)>(value) {
+        return (&*why == b"lost").then(|| vec![(*vs.as_bytes(), true)]);
+    }
+    let (vs, why, earlier) = unpack::<(TupleVs, Bytes, Bytes)>(value).ok()?;
+    let lost = match &*why {
+        b"lost" => true,
+        b"released" => false,
+        _ => return None,
+    };
+    if earlier.len() % REMOVAL_LEN != 0 {
+        return None;
+    }
+    let mut removals = Vec::with_capacity(earlier.len() / REMOVAL_LEN + 1);
+    for r in earlier.chunks_exact(REMOVAL_LEN) {
+        let vs: JobVs = r[..12].try_into().ok()?;
+        removals.push((vs, r[12] != 0));
+    }
+    removals.push((*vs.as_bytes(), lost));
+    Some(removals)
 }
 
 #[cfg(test)]
@@ -529,9 +586,15 @@ mod tests {
     fn active_and_marker_round_trip() {
         let a = commit(&encode_active(5), [2; 10]);
         assert_eq!(decode_active(&a), Some([2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 5]));
-        let m = commit(&encode_orphan_marker(false), [3; 10]);
+        let m = commit(&encode_orphan_marker(false, &[]), [3; 10]);
         assert_eq!(decode_orphan_marker(&m), Some(([3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0], false)));
-        let m = commit(&encode_orphan_marker(true), [3; 10]);
+        let m = commit(&encode_orphan_marker(true, &[]), [3; 10]);
         assert_eq!(decode_orphan_marker(&m), Some(([3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0], true)));
+        // Earlier removals keep their own rules.
+        let earlier = [([1; 12], false), ([2; 12], true)];
+        let m = commit(&encode_orphan_marker(false, &earlier), [3; 10]);
+        let latest = ([3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0], false);
+        assert_eq!(decode_orphan_marker(&m), Some(latest));
+        assert_eq!(decode_orphan_removals(&m), Some(vec![earlier[0], earlier[1], latest]));
     }
 }

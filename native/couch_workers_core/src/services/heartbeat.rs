@@ -22,7 +22,9 @@
 //! transaction, so one worker cannot hold back the others. A registration
 //! whose id another incarnation holds (`Heartbeat::Gone`) is not ours to
 //! renew: it leaves the service. Both a reinstatement and a replacement
-//! are told to the registration's owner (`owner_events`).
+//! are told to the registration's owner (`owner_events`), exactly once,
+//! also when the reinstating commit landed but was answered
+//! `commit_unknown_result` (its receipt; see `renew`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,10 +37,11 @@ use tracing::Instrument;
 
 use super::owner_events::{OwnerEvent, OwnerEvents};
 use super::{jittered, wall_clock_s, Live};
+use crate::jobs::receipt::Receipt;
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Logger, TARGET};
 use crate::log_event;
-use crate::store::{run, Db, StoreError, TxOptions};
+use crate::store::{run_attempts, Db, StoreError, TxOptions};
 use crate::workers::{self, Beat, Heartbeat, WorkerSpec};
 
 /// Most workers renewed in one transaction.
@@ -179,6 +182,20 @@ fn next_due(started: Instant, period: Duration) -> Instant {
     started + period - jittered(period / 20, 1.0)
 }
 
+/// A renewal's receipt: the positions in its chunk of the registrations
+/// it reinstated, each a big-endian `u32`.
+fn encode_indices(indices: &[usize]) -> Vec<u8> {
+    indices.iter().flat_map(|&i| u32::try_from(i).unwrap_or(u32::MAX).to_be_bytes()).collect()
+}
+
+fn parse_indices(value: &[u8]) -> Vec<usize> {
+    value
+        .chunks_exact(4)
+        .filter_map(|b| <[u8; 4]>::try_from(b).ok())
+        .filter_map(|b| usize::try_from(u32::from_be_bytes(b)).ok())
+        .collect()
+}
+
 /// Splits `due` into renewal transactions within the chunk limits.
 fn chunks(due: Vec<Due>, ks: &Keyspace) -> Vec<Vec<Due>> {
     let mut out: Vec<Vec<Due>> = Vec::new();
@@ -292,17 +309,47 @@ impl HeartbeatService {
     /// wake-up, without the store's watcher thread waking to fire it and
     /// waking the runtime again (bench/RESULTS.md, "Session 10: I1").
     /// Other handles' watches (other nodes' reapers) fire as before.
+    ///
+    /// A reinstatement must reach its owner even when its commit landed
+    /// but was answered `commit_unknown_result`: the retry finds the
+    /// worker registered by that very write (`Renewed`). So an attempt
+    /// that reinstates writes a receipt naming the registrations it
+    /// reinstated (`jobs::receipt`; only on stores whose commits may be
+    /// unknown, and only then: a plain renewal writes none), and a retry
+    /// after an unknown commit reads it and answers those as reinstated.
     async fn renew(&self, chunk: &[Due]) -> Result<Vec<Option<Heartbeat>>, StoreError> {
         self.heartbeats.transactions.fetch_add(1, Ordering::Relaxed);
         let ks = &self.ks;
-        run(self.db.as_ref(), self.tx_options, |tx| async move {
+        let receipt = self.db.commits_may_be_unknown().then(|| Receipt::new(ks));
+        let receipt = receipt.as_ref();
+        run_attempts(self.db.as_ref(), self.tx_options, |tx, attempt| async move {
             tx.spare_own_watches(&ks.health_vs());
+            let landed = match receipt.filter(|_| attempt.may_have_committed) {
+                Some(r) => r.landed(&tx).await?.map(|v| parse_indices(&v)).unwrap_or_default(),
+                None => Vec::new(),
+            };
             let beats: Vec<Beat<'_>> =
                 chunk.iter().map(|d| Beat { spec: &d.spec, incarnation: &d.incarnation }).collect();
-            workers::heartbeat_many(&tx, ks, &beats, wall_clock_s(), |i| chunk[i].cancel.is_cancelled()).await
+            let mut outcomes =
+                workers::heartbeat_many(&tx, ks, &beats, wall_clock_s(), |i| chunk[i].cancel.is_cancelled()).await?;
+            let mut reinstated = landed.clone();
+            for (i, outcome) in outcomes.iter_mut().enumerate() {
+                match outcome {
+                    // Registered again by the landed attempt: its owner
+                    // has not been told yet.
+                    Some(Heartbeat::Renewed) if landed.contains(&i) => *outcome = Some(Heartbeat::Reinstated),
+                    Some(Heartbeat::Reinstated) if !landed.contains(&i) => reinstated.push(i),
+                    _ => {}
+                }
+            }
+            if let Some(r) = receipt.filter(|_| reinstated.len() > landed.len()) {
+                r.write(&tx, &encode_indices(&reinstated));
+            }
+            Ok(outcomes)
         })
         .instrument(tracing::debug_span!(target: TARGET, "heartbeat", workers = chunk.len()))
         .await
+        .map(|(outcomes, _)| outcomes)
     }
 
     /// Applies the outcomes of a committed renewal that began at `started`.

@@ -44,31 +44,54 @@ struct Batch {
     stopped: bool,
 }
 
+/// Which rule each running job of a removed worker follows: the rule of
+/// the registration that accepted it. `removed` are the removals an orphan
+/// marker records (oldest first); a job accepted before one of them (and
+/// after the one before) ran under the registration it ended and follows
+/// its rule. A job accepted after all of them follows `after`: the
+/// departure being written now, or `None` for the sweeper (a later
+/// registration's job, not its to touch).
+#[derive(Debug, Clone, Copy)]
+struct Rules<'a> {
+    removed: &'a [record::Removal],
+    after: Option<Departure>,
+}
+
+impl Rules<'_> {
+    fn departure_of(&self, accepted: Option<JobVs>) -> Option<Departure> {
+        let rule = |lost: bool| if lost { Departure::Lost } else { Departure::Released };
+        match accepted {
+            // An active value this code did not write: the oldest rule.
+            None => self.removed.first().map(|&(_, lost)| rule(lost)).or(self.after),
+            Some(accepted) => self
+                .removed
+                .iter()
+                .find(|(removed, _)| accepted[..10] < removed[..10])
+                .map(|&(_, lost)| rule(lost))
+                .or(self.after),
+        }
+    }
+}
+
 /// Requeues the jobs of `rows` (active key-value pairs of one worker, in
-/// key order), within the byte budget. With `older_than`, only jobs
-/// accepted before that versionstamp are moved (the others belong to a
-/// later incarnation of the worker and are skipped).
+/// key order), within the byte budget, each as `rules` says (jobs no rule
+/// covers belong to a later registration of the worker and are skipped).
 async fn requeue_rows(
     tx: &Tx,
     ks: &Keyspace,
     worker_type: &[u8],
     worker: &[u8],
     rows: &[(Vec<u8>, Vec<u8>)],
-    older_than: Option<&JobVs>,
-    departure: Departure,
+    rules: Rules<'_>,
 ) -> Result<Batch, StoreError> {
-    let ids: Vec<Option<Vec<u8>>> = rows
+    let ids: Vec<Option<(Vec<u8>, Departure)>> = rows
         .iter()
         .map(|(key, value)| {
             let id = ks.parse_active_job_id(worker_type, worker, key)?;
-            let old = match (older_than, record::decode_active(value)) {
-                (Some(removed), Some(accepted)) => accepted[..10] < removed[..10],
-                _ => true,
-            };
-            old.then_some(id)
+            Some((id, rules.departure_of(record::decode_active(value))?))
         })
         .collect();
-    let values = get_some(tx, ids.iter().map(|id| id.as_ref().map(|id| ks.job(worker_type, id))), false).await?;
+    let values = get_some(tx, ids.iter().map(|id| id.as_ref().map(|(id, _)| ks.job(worker_type, id))), false).await?;
 
     let mut batch = Batch::default();
     let mut written = 0usize;
@@ -76,7 +99,7 @@ async fn requeue_rows(
     let mut user_version: u16 = 0;
     let now = place::wall_ms();
     for (i, (active_key, _)) in rows.iter().enumerate() {
-        let Some(id) = &ids[i] else {
+        let Some((id, departure)) = &ids[i] else {
             // Newer than the removal (a later incarnation's job), or not
             // a key of this worker: not ours to touch.
             if ks.parse_active_job_id(worker_type, worker, active_key).is_none() {
@@ -118,8 +141,10 @@ async fn requeue_rows(
 ///
 /// At most [`REQUEUE_MAX_JOBS`] jobs and [`BATCH_WRITE_BUDGET`] bytes move
 /// in this transaction. If more remain, it writes the orphan marker
-/// `("couch_workers", "orphans", WorkerType, Worker) = (RemovalVS,)` and
-/// bumps `orphans_vs`: every node's sweeper wakes and moves the rest, in
+/// `("couch_workers", "orphans", WorkerType, Worker) = (RemovalVS,)` (or
+/// `(RemovalVS, "lost")`, with the removals of earlier registrations whose
+/// jobs still wait: `record::encode_orphan_marker`) and bumps
+/// `orphans_vs`: every node's sweeper wakes and moves the rest, in
 /// transactions of the same bounds (see [`sweep_orphan`]). Until then the
 /// handles of those jobs are refused all the same: `update`/`finish` see
 /// the marker and compare it with the job's accept VS.
@@ -130,13 +155,19 @@ pub async fn requeue_worker_jobs(
     worker: &[u8],
     departure: Departure,
 ) -> Result<usize, StoreError> {
+    // Jobs an earlier registration of the id left to the sweeper follow
+    // that registration's rule, not this departure's.
+    let orphan_key = ks.orphan(worker_type, worker);
+    let earlier =
+        tx.get(&orphan_key, false).await?.and_then(|v| record::decode_orphan_removals(&v)).unwrap_or_default();
     let (begin, end) = ks.active_range(worker_type, worker);
     let rows = tx.get_range(&RangeRequest::new(begin, end).limit(REQUEUE_MAX_JOBS + 1)).await?;
     let take = rows.len().min(REQUEUE_MAX_JOBS);
-    let batch = requeue_rows(tx, ks, worker_type, worker, &rows[..take], None, departure).await?;
+    let rules = Rules { removed: &earlier, after: Some(departure) };
+    let batch = requeue_rows(tx, ks, worker_type, worker, &rows[..take], rules).await?;
     if batch.consumed < rows.len() {
         let lost = departure == Departure::Lost;
-        tx.set_versionstamped_value(&ks.orphan(worker_type, worker), &record::encode_orphan_marker(lost));
+        tx.set_versionstamped_value(&orphan_key, &record::encode_orphan_marker(lost, &earlier));
         tx.set_versionstamped_value(&ks.orphans_vs(), &Keyspace::vs_placeholder_value());
     }
     Ok(batch.moved)
@@ -161,8 +192,9 @@ pub enum SweepStep {
 }
 
 /// Moves the next batch of a removed worker's leftover running jobs (those
-/// accepted before the marker's removal VS: jobs a re-registered
-/// incarnation took since are left alone), and clears the marker once its
+/// accepted before the marker's latest removal VS: jobs a re-registered
+/// incarnation took since are left alone), each as the registration that
+/// ran it left (released or lost), and clears the marker once its
 /// whole active range has been walked. A cursor whose marker was
 /// overwritten (the worker was removed again) restarts from the top.
 pub async fn sweep_orphan(
@@ -176,8 +208,14 @@ pub async fn sweep_orphan(
     let Some(value) = tx.get(&orphan_key, false).await? else {
         return Ok(SweepStep::Done { moved: 0 });
     };
-    let Some((marker, lost)) = record::decode_orphan_marker(&value) else {
+    let Some(removed) = record::decode_orphan_removals(&value) else {
         // Not a marker this code wrote: drop it rather than guess.
+        tx.clear(&orphan_key);
+        return Ok(SweepStep::Done { moved: 0 });
+    };
+    // The latest removal names the marker (a cursor of an overwritten one
+    // starts again).
+    let Some(&(marker, _)) = removed.last() else {
         tx.clear(&orphan_key);
         return Ok(SweepStep::Done { moved: 0 });
     };
@@ -187,8 +225,8 @@ pub async fn sweep_orphan(
         begin.push(0);
     }
     let rows = tx.get_range(&RangeRequest::new(begin, end).limit(REQUEUE_MAX_JOBS)).await?;
-    let departure = if lost { Departure::Lost } else { Departure::Released };
-    let batch = requeue_rows(tx, ks, worker_type, worker, &rows, Some(&marker), departure).await?;
+    let rules = Rules { removed: &removed, after: None };
+    let batch = requeue_rows(tx, ks, worker_type, worker, &rows, rules).await?;
     if !batch.stopped && rows.len() < REQUEUE_MAX_JOBS {
         tx.clear(&orphan_key);
         return Ok(SweepStep::Done { moved: batch.moved });
