@@ -17,10 +17,11 @@
 %% worker on A takes and finishes them.
 -mode(compile).
 
-main([EbinDir, StoreDir]) ->
+main([EbinDir, StoreArg]) ->
     true = code:add_patha(EbinDir),
     ok = application:load(couch_workers),
-    ok = application:set_env(couch_workers, store, {embedded, StoreDir}),
+    {StoreA, StoreB} = stores(StoreArg),
+    ok = application:set_env(couch_workers, store, StoreA),
     ok = application:set_env(couch_workers, http, #{port => 0}),
     {ok, _} = application:ensure_all_started(couch_workers),
     say("node A: status page at http://127.0.0.1:~b/ (while the demo runs)", [couch_workers_http:port()]),
@@ -33,7 +34,7 @@ main([EbinDir, StoreDir]) ->
     {Workers0, _} = next_membership(Sub, 5000),
     show(Workers0),
     say("node A: starting node B (a separate erl process) on the same store", []),
-    {Port, BPid} = start_node_b(EbinDir, StoreDir),
+    {Port, BPid} = start_node_b(EbinDir, StoreB),
     wait_for(Sub, fun(W) -> map_size(W) =:= 3 end, 20000),
     running(Type, 6, 20000),
     [
@@ -60,14 +61,26 @@ main([EbinDir, StoreDir]) ->
     application:stop(couch_workers),
     halt(0);
 main(_) ->
-    io:format(standard_error, "usage: demo.escript EBIN_DIR STORE_DIR~n", []),
+    io:format(standard_error, "usage: demo.escript EBIN_DIR embedded:STORE_DIR | fdb:CLUSTER_FILE~n", []),
     halt(2).
 
-start_node_b(EbinDir, StoreDir) ->
+%% The stores of node A and node B: one embedded directory; or on
+%% FoundationDB, a directory of the demo's own (couch_workers_test/Name,
+%% never CouchDB's `couchdb'), which A removes when it stops and B joins.
+stores("embedded:" ++ Dir) ->
+    {{embedded, Dir}, {embedded, Dir}};
+stores("fdb:" ++ ClusterFile) ->
+    Name = "demo_" ++ os:getpid(),
+    say("node A: on FoundationDB (cluster file ~s), directory couch_workers_test/~s", [ClusterFile, Name]),
+    {{fdb_test, ClusterFile, Name}, {fdb_test, ClusterFile, Name, shared}};
+stores(Other) ->
+    fail("unknown store ~p: embedded:DIR or fdb:CLUSTER_FILE", [Other]).
+
+start_node_b(EbinDir, Store) ->
     Erl = os:find_executable("erl"),
     Eval = lists:flatten(io_lib:format(
         "ok = application:load(couch_workers),"
-        "ok = application:set_env(couch_workers, store, {embedded, ~p}),"
+        "ok = application:set_env(couch_workers, store, ~p),"
         "{ok, _} = application:ensure_all_started(couch_workers),"
         "[spawn(fun() -> "
         "   W = couch_workers:worker_register(<<\"replicator\">>, Id, "
@@ -76,7 +89,7 @@ start_node_b(EbinDir, StoreDir) ->
         "   timer:sleep(infinity) end) "
         " || Id <- [<<\"b-1\">>, <<\"b-2\">>, <<\"b-3\">>]],"
         "io:format(\"~~s~~n\", [os:getpid()]),"
-        "timer:sleep(infinity).", [StoreDir])),
+        "timer:sleep(infinity).", [Store])),
     Port = open_port({spawn_executable, Erl},
                      [{args, ["-noshell", "-pa", EbinDir, "-eval", Eval]},
                       {line, 256}, exit_status, use_stdio]),

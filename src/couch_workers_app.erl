@@ -230,8 +230,10 @@ nif_loaded() ->
 store({embedded, Dir}) -> {embedded, path(Dir)};
 store({fdb, ClusterFile}) -> {fdb, path(ClusterFile)};
 %% The EUnit suites' FoundationDB store (docs/fdb.md, "EUnit against
-%% FoundationDB"): its own directory, removed when the app stops.
+%% FoundationDB"): its own directory, removed when the app stops; with
+%% `shared', another node's, left in place.
 store({fdb_test, ClusterFile, Name}) -> {fdb_test, path(ClusterFile), name(Name)};
+store({fdb_test, ClusterFile, Name, shared}) -> {fdb_test, path(ClusterFile), name(Name), shared};
 store(Other) -> Other.
 
 name(N) when is_list(N) -> unicode:characters_to_binary(N);

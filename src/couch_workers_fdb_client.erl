@@ -24,6 +24,7 @@
     {embedded, binary() | string()}
     | {fdb, binary() | string()}
     | {fdb_test, binary() | string(), binary() | string()}
+    | {fdb_test, binary() | string(), binary() | string(), shared}
     | term().
 -type erlfdb() :: absent | {present, undefined | {ok, term()}}.
 
@@ -47,6 +48,8 @@ prepare(Store) ->
 %% erlfdb is there and its `api_version' setting.
 -spec decide(store(), erlfdb()) -> ok | load_erlfdb | {error, term()}.
 decide({fdb_test, ClusterFile, _Name}, Erlfdb) ->
+    decide({fdb, ClusterFile}, Erlfdb);
+decide({fdb_test, ClusterFile, _Name, shared}, Erlfdb) ->
     decide({fdb, ClusterFile}, Erlfdb);
 decide({fdb, _}, absent) ->
     ok;

@@ -71,7 +71,9 @@ errors(Dir) ->
     T = unique_type("cli_err"),
     ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
     Missing = Dir ++ "-nowhere",
-    {1, <<>>, E1} = cli(Missing, ["status"]),
+    %% (A missing embedded store on either run: an FDB directory is made
+    %% when opened.)
+    {1, <<>>, E1} = cli_store("embedded:" ++ Missing, ["status"]),
     ?assertMatch({match, _}, re:run(E1, "no store at")),
     ?assertNot(filelib:is_dir(Missing)),
     {1, _, E2} = cli(Dir, ["job", T, "nope"]),
@@ -240,22 +242,32 @@ restore_id(Id) -> Id.
 
 %% ---- running it ------------------------------------------------------------
 
-%% Runs bin/couch-workers with `--store embedded:Dir'; returns {ExitStatus,
-%% Stdout, Stderr}.
+%% Runs bin/couch-workers on the store this node's app runs on for `Dir'
+%% (`embedded:Dir', or on FoundationDB the app's test directory); returns
+%% {ExitStatus, Stdout, Stderr}.
 cli(Dir, Args) ->
+    cli_store(store_arg(Dir), Args).
+
+cli_store(Store, Args) ->
     Err = couch_workers_test_util:tmp_dir() ++ "/stderr",
     Port = open_port(
         {spawn_executable, "/bin/sh"},
         [
             exit_status,
             binary,
-            {args, ["-c", "exec \"$0\" \"$@\" 2>\"$ERRF\"", bin(), "--store", "embedded:" ++ Dir | Args]},
+            {args, ["-c", "exec \"$0\" \"$@\" 2>\"$ERRF\"", bin(), "--store", Store | Args]},
             {env, [{"ERRF", Err}]}
         ]
     ),
     {Status, Out} = collect(Port, <<>>),
     {ok, Stderr} = file:read_file(Err),
     {Status, Out, Stderr}.
+
+store_arg(Dir) ->
+    case couch_workers_test_util:test_store(os:getenv("FDB_CLUSTER_FILE"), Dir, filename:basename(Dir)) of
+        {embedded, _} -> "embedded:" ++ Dir;
+        {fdb_test, File, Name} -> "fdb-test:" ++ Name ++ ":" ++ File
+    end.
 
 collect(Port, Acc) ->
     receive

@@ -86,6 +86,17 @@ test_store(false, Dir, _Name) -> {embedded, Dir};
 test_store("", Dir, _Name) -> {embedded, Dir};
 test_store(ClusterFile, _Dir, Name) -> {fdb_test, ClusterFile, Name}.
 
+%% A peer's store: the one this node's start_app/1 opened for `Dir' (on
+%% FoundationDB, the same test directory, joined and left in place: the
+%% node that made it removes it when its app stops).
+-spec peer_store(string() | false, string()) ->
+    {embedded, string()} | {fdb_test, string(), string(), shared}.
+peer_store(ClusterFile, Dir) ->
+    case test_store(ClusterFile, Dir, filename:basename(Dir)) of
+        {fdb_test, File, Name} -> {fdb_test, File, Name, shared};
+        Embedded -> Embedded
+    end.
+
 %% The line that says which store the suites run on: loud when the
 %% FoundationDB run is skipped. Written to Io.
 -spec fdb_notice(string() | false, io:device()) -> ok.
@@ -338,7 +349,7 @@ peer_start_app(Dir, Env) ->
         {error, {already_loaded, couch_workers}} -> ok
     end,
     logger:set_primary_config(level, warning),
-    ok = application:set_env(couch_workers, store, {embedded, Dir}),
+    ok = application:set_env(couch_workers, store, peer_store(os:getenv("FDB_CLUSTER_FILE"), Dir)),
     maps:foreach(fun(K, V) -> ok = application:set_env(couch_workers, K, V) end, Env),
     {ok, _} = application:ensure_all_started(couch_workers),
     ok.

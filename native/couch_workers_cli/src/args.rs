@@ -17,6 +17,8 @@ commands:
   retry TYPE ID                            a failed job back to pending (attempts 0)
   pause TYPE | resume TYPE                 no worker on any node takes TYPE's jobs / again
 --store defaults to embedded:couch_workers_data (the app's default store).
+--store fdb-test:NAME:CLUSTER_FILE is the test store of the EUnit suites on
+FoundationDB (the directory couch_workers_test/NAME), left in place.
 ";
 
 /// The job states a `--state` may name.
@@ -26,6 +28,8 @@ pub const STATES: [&str; 6] = ["scheduled", "pending", "running", "finished", "c
 pub enum Store {
     Embedded(PathBuf),
     Fdb(PathBuf),
+    /// A test store on FoundationDB: its name and cluster file.
+    FdbTest(String, PathBuf),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,6 +162,13 @@ fn store_arg(value: OsString) -> Result<Store, String> {
         Ok(Store::Embedded(path(rest)?))
     } else if let Some(rest) = bytes.strip_prefix(b"fdb:") {
         Ok(Store::Fdb(path(rest)?))
+    } else if let Some(rest) = bytes.strip_prefix(b"fdb-test:") {
+        let (name, file) = match rest.iter().position(|b| *b == b':') {
+            Some(i) if i > 0 => (&rest[..i], &rest[i + 1..]),
+            _ => return Err(format!("--store {value:?}: expected fdb-test:NAME:CLUSTER_FILE")),
+        };
+        let name = String::from_utf8(name.to_vec()).map_err(|_| format!("--store {value:?}: NAME is not UTF-8"))?;
+        Ok(Store::FdbTest(name, path(file)?))
     } else {
         Err(format!("--store {value:?}: expected embedded:DIR or fdb:CLUSTER_FILE"))
     }
@@ -193,6 +204,12 @@ mod tests {
             p(&["--store", "fdb:/etc/fdb.cluster", "workers"]).unwrap().store,
             Store::Fdb("/etc/fdb.cluster".into())
         );
+        assert_eq!(
+            p(&["--store", "fdb-test:cw_1:/tmp/fdb.cluster", "workers"]).unwrap().store,
+            Store::FdbTest("cw_1".into(), "/tmp/fdb.cluster".into())
+        );
+        assert!(p(&["--store", "fdb-test::/tmp/fdb.cluster", "workers"]).is_err(), "a name is needed");
+        assert!(p(&["--store", "fdb-test:cw_1:", "workers"]).is_err(), "a path is needed");
         assert_eq!(p(&["cancel", "t", "j"]).unwrap().command, Command::Cancel(b"t".to_vec(), b"j".to_vec()));
     }
 

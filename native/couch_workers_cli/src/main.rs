@@ -90,6 +90,13 @@ async fn open(store: &Store) -> Result<Db, String> {
             }
             StoreConfig::Fdb { cluster_file: cluster_file.clone() }
         }
+        Store::FdbTest(name, cluster_file) => {
+            if !cluster_file.is_file() {
+                return Err(format!("no cluster file at {}", cluster_file.display()));
+            }
+            // Another process's test store: never removed from here.
+            StoreConfig::FdbTest { cluster_file: cluster_file.clone(), name: name.clone(), owner: false }
+        }
     };
     store::open(&config).await.map_err(|e| format!("cannot open the store: {e}"))
 }

@@ -16,7 +16,7 @@ const CHILD: &str = "COUCH_WORKERS_FDB_EXIT_CHILD";
 /// The child's work: opens a store, commits, reads, and returns without
 /// any shutdown call (the harness then exits the process).
 async fn use_fdb(cluster: PathBuf) {
-    let db = FdbStore::open_test(&cluster, "exit_child").await.expect("open");
+    let db = FdbStore::open_test(&cluster, "exit_child", true).await.expect("open");
     let key = [db.prefix().as_slice(), b"k"].concat();
     let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
     tx.set(&key, b"v");

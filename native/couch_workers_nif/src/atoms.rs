@@ -21,6 +21,7 @@ rustler::atoms! {
     embedded,
     fdb,
     fdb_test,
+    shared,
     runtime_threads,
     reaper_max_interval_ms,
     tx_timeout_ms,

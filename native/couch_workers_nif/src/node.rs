@@ -69,19 +69,28 @@ fn decode_config<'a>(env: Env<'a>, term: Term<'a>) -> Result<Config, Term<'a>> {
                 let cluster_file = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
                 StoreConfig::Fdb { cluster_file }
             }
-            _ => match t.decode::<(rustler::Atom, Term, Term)>() {
-                // The EUnit suites' FoundationDB store (StoreConfig::FdbTest).
-                Ok((kind, path, name)) if kind == atoms::fdb_test() => {
-                    let cluster_file = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
-                    let name = bytes_arg(name)
-                        .ok()
-                        .filter(|n| !n.is_empty())
-                        .and_then(|n| String::from_utf8(n.to_vec()).ok())
-                        .ok_or_else(|| badconfig(env, atoms::store()))?;
-                    StoreConfig::FdbTest { cluster_file, name }
+            // The EUnit suites' FoundationDB store (StoreConfig::FdbTest):
+            // `{fdb_test, File, Name}` owns its directory, `{fdb_test, File,
+            // Name, shared}` joins another node's.
+            _ => {
+                let (kind, path, name, owner) = match t.decode::<(rustler::Atom, Term, Term)>() {
+                    Ok((kind, path, name)) => (kind, path, name, true),
+                    Err(_) => match t.decode::<(rustler::Atom, Term, Term, rustler::Atom)>() {
+                        Ok((kind, path, name, shared)) if shared == atoms::shared() => (kind, path, name, false),
+                        _ => return Err(badconfig(env, atoms::store())),
+                    },
+                };
+                if kind != atoms::fdb_test() {
+                    return Err(badconfig(env, atoms::store()));
                 }
-                _ => return Err(badconfig(env, atoms::store())),
-            },
+                let cluster_file = path_arg(path).ok_or_else(|| badconfig(env, atoms::store()))?;
+                let name = bytes_arg(name)
+                    .ok()
+                    .filter(|n| !n.is_empty())
+                    .and_then(|n| String::from_utf8(n.to_vec()).ok())
+                    .ok_or_else(|| badconfig(env, atoms::store()))?;
+                StoreConfig::FdbTest { cluster_file, name, owner }
+            }
         },
     };
     let threads = positive(term, atoms::runtime_threads(), DEFAULT_THREADS as u64)

@@ -16,7 +16,10 @@ pub enum StoreConfig {
     /// it when the store closes: the EUnit suites' store when
     /// `FDB_CLUSTER_FILE` is set, one name per app start, so that runs
     /// never meet. It never touches anything outside that subtree.
-    FdbTest { cluster_file: PathBuf, name: String },
+    /// `{fdb_test, ClusterFile, Name, shared}` (`owner: false`): the same
+    /// directory, joined by another node of a multi-node test, which
+    /// leaves it in place when it closes (the owner removes it).
+    FdbTest { cluster_file: PathBuf, name: String, owner: bool },
 }
 
 /// Opens the configured store. A bad cluster-file path is `invalid` on
@@ -41,8 +44,8 @@ pub async fn open(config: &StoreConfig) -> Result<Db, StoreError> {
             Ok(store as Db)
         }
         #[cfg(feature = "fdb")]
-        StoreConfig::FdbTest { cluster_file, name } => {
-            let store = super::fdb::FdbStore::open_test(cluster_file, name).await?;
+        StoreConfig::FdbTest { cluster_file, name, owner } => {
+            let store = super::fdb::FdbStore::open_test(cluster_file, name, *owner).await?;
             Ok(store as Db)
         }
         #[cfg(not(feature = "fdb"))]

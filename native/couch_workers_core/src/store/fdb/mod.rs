@@ -129,9 +129,10 @@ impl FdbStore {
     }
 
     /// The store of `StoreConfig::FdbTest`: under
-    /// `["couch_workers_test", name]`, which [`Database::close`] removes.
-    pub async fn open_test(cluster_file: &Path, name: &str) -> Result<Arc<FdbStore>, StoreError> {
-        Self::open_with(cluster_file, &[TEST_DIRECTORY, name], true).await
+    /// `["couch_workers_test", name]`, which [`Database::close`] removes
+    /// when `owner` (a node joining another's test store passes `false`).
+    pub async fn open_test(cluster_file: &Path, name: &str, owner: bool) -> Result<Arc<FdbStore>, StoreError> {
+        Self::open_with(cluster_file, &[TEST_DIRECTORY, name], owner).await
     }
 
     async fn open_with(cluster_file: &Path, path: &[&str], remove_at_close: bool) -> Result<Arc<FdbStore>, StoreError> {
