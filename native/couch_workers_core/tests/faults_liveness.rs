@@ -7,12 +7,19 @@
 //! The recovery also runs on the sim store, where it is FoundationDB's
 //! (lost commits, failed watches, too-old transactions, the jump).
 //!
-//! Each test runs four nodes, each with its own reaper: node A holds the
-//! worker and its running job, nodes B, C and D only reap (three other
-//! nodes of a cluster, racing A's heartbeat for the store once it takes
-//! writes again). Afterwards the worker must still be A's registration
-//! (the same incarnation, never reaped nor reinstated) and its job's
-//! handle must still finish the job.
+//! The stall and jump tests run four nodes, each with its own reaper:
+//! node A holds the worker and its running job, nodes B, C and D only
+//! reap (three other nodes of a cluster, racing A's heartbeat for the
+//! store once it takes writes again). Afterwards the worker must still be
+//! A's registration (the same incarnation, never reaped nor reinstated)
+//! and its job's handle must still finish the job.
+//!
+//! The quiet-cluster tests (`quiet_cluster::*`) kill node A of a cluster
+//! where nothing commits but the nodes, whose read versions then move in
+//! lumps, with 1 or 3 other nodes and timeouts of 4 s and 15 s: A's worker
+//! must leave within its timeout plus 1 s, B's own never. They run on the
+//! sim store and, with `--features fdb` and `FDB_CLUSTER_FILE`, on a live
+//! FoundationDB cluster (see the `fdb` module below).
 
 mod faults_common;
 
