@@ -48,13 +48,10 @@ fn link_fdb() {
     if std::env::var_os("CARGO_FEATURE_FDB").is_none() {
         return;
     }
-    match fdb_lib_dir() {
-        Some(dir) => {
-            let dir = dir.display();
-            println!("cargo:rustc-link-search=native={dir}");
-            println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
-        }
-        // Installed where the linker and loader look, or not found (said).
-        None => {}
+    // None: installed where the linker and loader look, or not found (said).
+    if let Some(dir) = fdb_lib_dir() {
+        let dir = dir.display();
+        println!("cargo:rustc-link-search=native={dir}");
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
     }
 }
