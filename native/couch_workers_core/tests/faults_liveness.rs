@@ -299,6 +299,17 @@ async fn dead_node_reaped_in_time(stores: Vec<Db>, store: &str, shape: Shape) {
     pause(Duration::from_millis(1500)).await;
     c.assert_never_reaped("while its node lives").await;
 
+    // The worst case: A dies just after a renewal of its worker (begun,
+    // then given 200 ms to commit), so that nearly the whole timeout runs
+    // after the death, and then the reapers' first sight of that record.
+    let renewals = c.a.heartbeat_transactions();
+    let waiting = Instant::now();
+    while c.a.heartbeat_transactions() == renewals {
+        assert!(waiting.elapsed() < timeout, "{store}: A renewed nothing within its timeout");
+        pause(Duration::from_millis(2)).await;
+    }
+    pause(Duration::from_millis(200)).await;
+
     // Node A dies without a goodbye (as at a kill -9): its tasks stop and
     // its store handle closes; its registration stays in the store.
     let died = Instant::now();
