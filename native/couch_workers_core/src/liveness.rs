@@ -19,8 +19,8 @@
 //! of the reaper is a [`Look`]. The [`Observer`] forgets everything it saw
 //! (observation starts again) when:
 //!
-//! * versions advanced more than the local time between two looks can
-//!   explain (a recovery jump);
+//! * versions advanced more than the local time between two looks, and
+//!   one commit batch's catching up, can explain (a recovery jump);
 //! * a look took longer than [`Observer::stall_bound`], or came later after
 //!   the previous one than the reaper's cadence allows (the store, or the
 //!   reaper itself, stalled), or a transaction of the reaper failed (the
@@ -45,16 +45,47 @@ use crate::workers::MAX_TIMEOUT_S;
 /// Store versions per second (FoundationDB's `VERSIONS_PER_SECOND`).
 pub const VERSIONS_PER_SECOND: u64 = 1_000_000;
 
+/// FoundationDB's `MAX_READ_TRANSACTION_LIFE_VERSIONS` (5 s' worth): the
+/// most that versions move from one commit batch to the next outside a
+/// recovery (the master's `getVersion`).
+pub const MAX_READ_TRANSACTION_LIFE_VERSIONS: u64 = 5 * VERSIONS_PER_SECOND;
+
+/// FoundationDB's `MAX_VERSIONS_IN_FLIGHT` (100 s' worth): how far versions
+/// jump at every recovery.
+pub const MAX_VERSIONS_IN_FLIGHT: u64 = 100 * VERSIONS_PER_SECOND;
+
 /// Versions may advance at most this many times faster than local time
 /// between two looks before it counts as a jump. FoundationDB hands out
 /// versions at about the rate of its master's clock; twice that rate is
-/// beyond any healthy drift and far below a recovery's 100 s jump.
+/// beyond any healthy drift (`MAX_VERSION_RATE_MODIFIER`, 10 %, where a
+/// version epoch is set) and far below a recovery's 100 s jump.
 const JUMP_RATE_FACTOR: u64 = 2;
 
 /// Versions a look may be ahead of the rate allowance without counting as
-/// a jump: read versions are fixed somewhere inside their transaction, and
-/// FoundationDB batches them.
-const JUMP_SLACK_VERSIONS: u64 = VERSIONS_PER_SECOND / 2;
+/// a jump: one commit batch's step at most.
+///
+/// Why: FoundationDB's master gives each commit batch the previous
+/// version plus all the time since the previous batch, at
+/// `VERSIONS_PER_SECOND`, capped at `MAX_READ_TRANSACTION_LIFE_VERSIONS`
+/// (`getVersion`), and a read version is the last committed one. A commit
+/// proxy with nothing to commit sends an empty batch only every
+/// `MAX_COMMIT_BATCH_INTERVAL` (2 s), so on a quiet cluster a read version
+/// lags the master's clock by up to the time since the last batch (up to
+/// 2 s, or as long as this reaper slept when its own commits are all
+/// there is), and the next batch makes it up in one step. Between two
+/// looks versions therefore advance by the time between them plus at most
+/// one such step, never more than `MAX_READ_TRANSACTION_LIFE_VERSIONS`.
+/// Half a second of slack took every such lump for a recovery and
+/// restarted the observation at each pass, so that a dead worker with a
+/// timeout of a few seconds was never reaped. A recovery's
+/// `MAX_VERSIONS_IN_FLIGHT` (100 s' worth) is still beyond this slack plus
+/// twice the time between two looks as long as those are under 47.5 s
+/// apart: always while the smallest timeout observed is under 47 s (the
+/// reaper looks at least every two stall bounds, each look taking at most
+/// one, see [`Observer::stall_bound`]). A longer timeout outlives any
+/// recovery's stall anyway, and its local measure still has to pass in
+/// full.
+const JUMP_SLACK_VERSIONS: u64 = MAX_READ_TRANSACTION_LIFE_VERSIONS;
 
 /// The timeout applied to a health record that does not parse or holds a
 /// timeout no registration can have: the API's default timeout. Such a
@@ -383,6 +414,65 @@ mod tests {
         let offset = 100 * VERSIONS_PER_SECOND;
         assert!(matches!(watch(&mut o, &c, &w, &rec, (1100, 1900, 100), offset), Verdict::Alive { .. }));
         assert_eq!(watch(&mut o, &c, &w, &rec, (2100, 2100, 100), offset), Verdict::Dead);
+    }
+
+    /// A quiet FoundationDB cluster as a lone reaper with a 4 s worker sees
+    /// it: nothing commits but the reaper's pass, once a second. Each pass
+    /// reads the version of the previous pass's commit (1 s old), commits,
+    /// and scans at the version of its own commit: 1 s of versions within
+    /// a few milliseconds, every time.
+    #[test]
+    fn a_quiet_clusters_lumps_are_no_jump() {
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        let rec = record(1, 4);
+        let mut committed = 0;
+        let mut verdict = Verdict::Alive { left: Duration::MAX };
+        for ms in (0..=5_000).step_by(1_000) {
+            // The pass's write transaction: the last committed version.
+            assert_eq!(o.look(c.at(ms, committed)), None, "no restart at {ms} ms");
+            // Its commit gets all the time since the previous batch.
+            committed = (ms + 1) * 1_000;
+            let scan = c.at(ms + 2, committed);
+            assert_eq!(o.look(scan), None, "no restart at {} ms", ms + 2);
+            verdict = o.judge(&w, &rec, &scan);
+            o.end_pass();
+        }
+        assert_eq!(verdict, Verdict::Dead, "seen unchanged for over 4 s in both measures");
+    }
+
+    #[test]
+    fn one_batchs_largest_step_is_no_jump_and_more_is() {
+        // The master steps at most MAX_READ_TRANSACTION_LIFE_VERSIONS from
+        // one batch to the next, however long it waited for it.
+        let (c, mut o, w) = (Clock::new(), Observer::new(SLEEP), worker("w"));
+        watch(&mut o, &c, &w, &record(1, 1), (0, 100, 100), 0);
+        let step = c.at(200, 100_000 + MAX_READ_TRANSACTION_LIFE_VERSIONS);
+        assert_eq!(o.look(step), None);
+        o.judge(&w, &record(1, 1), &step);
+        // Versions as far past the allowance as the local time between
+        // the looks (101 ms, twice) and one such step allow, plus one.
+        let beyond = step.read_version + 2 * 101_000 + MAX_READ_TRANSACTION_LIFE_VERSIONS + 1;
+        assert_eq!(o.look(c.at(300, beyond)), Some(Restart::VersionJump));
+    }
+
+    #[test]
+    fn a_recovery_is_a_jump_at_the_slowest_cadence_of_a_45_s_timeout() {
+        // A 45 s worker: stall bound 11.25 s. The two looks furthest apart
+        // that raise no stall: each takes just under the bound, the second
+        // starts two bounds after the first ended, 44.9 s in all.
+        let (c, mut o, w) = (Clock::new(), Observer::new(Duration::MAX), worker("w"));
+        let first = Look { finished: c.at(11_200, 0).started, ..c.at(0, 0) };
+        assert_eq!(o.look(first), None);
+        o.judge(&w, &record(1, 45), &first);
+        let second = |read_version| Look { read_version, finished: c.at(44_900, 0).started, ..c.at(33_700, 0) };
+        // Without a recovery: the time, and a batch's catching up.
+        let time = 44_900_000;
+        let mut calm = Observer::new(Duration::MAX);
+        calm.look(first);
+        calm.judge(&w, &record(1, 45), &first);
+        assert_eq!(calm.look(second(time + MAX_READ_TRANSACTION_LIFE_VERSIONS)), None);
+        // With one: MAX_VERSIONS_IN_FLIGHT more.
+        assert_eq!(o.look(second(time + MAX_VERSIONS_IN_FLIGHT)), Some(Restart::VersionJump));
     }
 
     #[test]

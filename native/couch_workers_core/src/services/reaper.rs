@@ -9,10 +9,16 @@
 //! write to do so, so the add is left out there; on FoundationDB only a
 //! transaction that writes commits at all). Its commit
 //! also keeps the store's versions moving with time: FoundationDB's read
-//! versions move only with commits (and an idle cluster's empty batch
-//! every 2 s, a 2 s step the observer would take for a jump), so once a
-//! dead node's heartbeats stop, the reapers' own commits are what the
-//! version measure counts. Then the health records of every
+//! versions move only with commits (and an idle commit proxy's empty
+//! batch every `MAX_COMMIT_BATCH_INTERVAL`, 2 s), so once a dead node's
+//! heartbeats stop, the reapers' own commits are what the version measure
+//! counts. The pass's scan reads at or after that commit's version, which
+//! the master made the previous batch's plus all the time since it: the
+//! version a record is first seen at, and the one it is judged at, follow
+//! the master's clock, not the lag of a quiet cluster's read versions. The
+//! step from the pass's first read version to its scan's (up to the time
+//! since the previous batch) is one batch's catching up, which the
+//! observer allows for (`JUMP_SLACK_VERSIONS`). Then the health records of every
 //! worker type in read transactions of at most [`SCAN_BATCH`] keys
 //! (skipping from type to type, so member options are never read; a store
 //! of a few workers takes one), each judged by the [`Observer`]; then
