@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Runs `cargo test ARGS -- --include-ignored` for suites that need a live
-# FoundationDB (FDB_CLUSTER_FILE), and fails unless every test binary ran
-# at least one test and none was ignored or failed: a live suite that
-# runs nothing is a failure, never a pass.
+# Runs `cargo test ARGS -- --include-ignored [TEST_ARGS]` for suites that
+# need a live FoundationDB (FDB_CLUSTER_FILE), and fails unless every test
+# binary ran at least one test and none was ignored or failed: a live
+# suite that runs nothing is a failure, never a pass.
+#
+#   scripts/live-cargo-test.sh CARGO_ARGS... [-- TEST_ARGS...]
 set -euo pipefail
 [ -n "${FDB_CLUSTER_FILE:-}" ] || { echo "live-cargo-test: FDB_CLUSTER_FILE is not set" >&2; exit 1; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
+cargo_args=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do cargo_args+=("$1"); shift; done
+[ "${1:-}" = -- ] && shift
 rc=0
-cargo test "$@" -- --include-ignored 2>&1 | tee "$out" || rc=$?
+cargo test "${cargo_args[@]}" -- --include-ignored "$@" 2>&1 | tee "$out" || rc=$?
 [ "$rc" = 0 ] || exit "$rc"
 results=$(grep -E '^test result: ' "$out" || true)
 [ -n "$results" ] || { echo "live-cargo-test: no test binary ran" >&2; exit 1; }

@@ -8,6 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The embedded stages run on the embedded store and the live ones on a
+# cluster this script starts: a cluster file from the caller's
+# environment would move the embedded stages onto it.
+unset FDB_CLUSTER_FILE FDB_CLUSTER_DIR
 
 # A clean-clone run writes about 5.5 GB (cargo targets, _build, the
 # integration trees); a full disk fails it halfway with a linker's bus
@@ -54,6 +58,9 @@ cargo test -p couch_workers_cli
 # NIF alone (rebar3 compile, below) resolves the same ones and finds it
 # built. The command line is the same program either way.
 cargo build --release --locked -p couch_workers_cli -p couch_workers_nif
+# (The binary is now one built without features: bin/couch-workers's
+# stamp of an earlier fdb build no longer holds.)
+rm -f "${CARGO_TARGET_DIR:-target}/release/couch-workers.features"
 
 # The disk-fault tests (tests/faults_disk.rs: a full disk, store files
 # that turn immutable, a lost mount) mount a tmpfs and use chattr, so they
@@ -95,6 +102,12 @@ else
     stage "FoundationDB live: the store and key-space conformance suites, a clean process exit"
     FDB_CLUSTER_FILE=$FDB_CLUSTER_FILE scripts/live-cargo-test.sh \
         -p couch_workers_core --features fdb --test conformance_fdb --test fdb_exit
+
+    # One at a time, so that the cluster is quiet (nothing else commits):
+    # the case in which versions move in lumps.
+    stage "FoundationDB live: a killed node's workers leave a quiet cluster within timeout + 1 s (4 s and 15 s, 1 and 3 reapers)"
+    FDB_CLUSTER_FILE=$FDB_CLUSTER_FILE scripts/live-cargo-test.sh \
+        -p couch_workers_core --features fdb --test faults_liveness -- --test-threads 1 ::fdb
 fi
 
 stage "clippy on every crate (core, NIF, command line, the bench programs), warnings are errors; rustfmt --check (rustfmt.toml)"
@@ -127,3 +140,23 @@ test/integration/couchdb_tree.sh
 
 stage "integration: a rebar3 project depending on couch_workers by git (release, boot), rebar3 shell in place"
 test/integration/rebar3_dep.sh
+
+# Last: these build the NIF with the fdb feature into priv/.
+if [ "$FDB_FOUND" = yes ]; then
+    stage "FoundationDB live: EUnit, every suite with the app on the cluster, erlfdb beside it (the NIF and the command line built with the fdb feature)"
+    scripts/build-erlfdb.sh
+    FDB_CLUSTER_FILE=$FDB_CLUSTER_FILE COUCH_WORKERS_FEATURES=fdb COUCH_WORKERS_LEAK_CYCLES=1000 rebar3 eunit
+
+    # (Its EUnit suite ran it on the cluster above, on the suites' test
+    # directory; this is the directory CouchDB's nodes use.)
+    stage "FoundationDB live: the command line on fdb:CLUSTER_FILE (CouchDB's directory)"
+    bin/couch-workers --store "fdb:$FDB_CLUSTER_FILE" status
+    rc=0; err=$(bin/couch-workers --store "fdb:$FDB_CLUSTER_FILE" pause "cw_no_such_type_$$" 2>&1) || rc=$?
+    if [ "$rc" != 1 ] || ! echo "$err" | grep -q "no jobs or workers of type"; then
+        echo "bin/couch-workers on FoundationDB: pause of an unknown type: exit $rc, expected 1 and a reason: $err" >&2
+        exit 1
+    fi
+
+    stage "FoundationDB live: the demo (two nodes on the cluster, one killed with kill -9)"
+    scripts/demo.sh --fdb "$FDB_CLUSTER_FILE"
+fi
