@@ -13,9 +13,8 @@ use jobs_common::*;
 
 const T: &[u8] = b"rw";
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_node_killed_right_after_a_heartbeat_is_reaped_within_timeout_plus_1_s() {
-    let c = Cluster::new();
+async fn a_node_killed_right_after_a_heartbeat_is_reaped_within_timeout_plus_1_s(store: StoreKind) {
+    let c = Cluster::on(store);
     let (a, b) = (c.node(), c.node());
     let timeout = Duration::from_secs(8);
     let spec = WorkerSpec { worker_type: T.to_vec(), id: b"w".to_vec(), options_json: b"{}".to_vec(), timeout_s: 8 };
@@ -48,3 +47,11 @@ async fn a_node_killed_right_after_a_heartbeat_is_reaped_within_timeout_plus_1_s
     assert!(took >= timeout - Duration::from_millis(100), "reaped after only {took:?}");
     a.stop().await;
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded],
+    tests: [
+        a_node_killed_right_after_a_heartbeat_is_reaped_within_timeout_plus_1_s,
+    ],
+);
