@@ -182,6 +182,15 @@ impl TestStore {
         }
     }
 
+    /// A fresh store; a `Sim` one from `seed` (a test that pins its
+    /// simulation), the others as [`TestStore::new`].
+    pub fn with_seed(kind: StoreKind, seed: u64) -> TestStore {
+        match kind {
+            StoreKind::Sim => TestStore::sim(SimOptions::new(seed)),
+            other => TestStore::new(other),
+        }
+    }
+
     /// A fresh simulated cluster with these options (a seed, faults).
     pub fn sim(opts: SimOptions) -> TestStore {
         TestStore { kind: StoreKind::Sim, backing: Backing::Sim(SimStore::new(opts)) }

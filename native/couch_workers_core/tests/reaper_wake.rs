@@ -48,6 +48,17 @@ async fn a_node_killed_right_after_a_heartbeat_is_reaped_within_timeout_plus_1_s
     a.stop().await;
 }
 
+// On FoundationDB (`fdb::`, ignored without a cluster) and on the sim
+// store this fails today, and is kept out of the live run until it passes:
+// the worker is never reaped. With the dead node gone nothing but the
+// surviving reaper commits, so the first look of each pass (the pulse's
+// transaction) reads a version up to an idle cluster's empty-batch
+// interval (about 2 s) old, and the pass's next look reads after the
+// pulse's commit: versions advance by that staleness within milliseconds
+// of local time, past the liveness rule's jump allowance (twice the rate
+// plus half a second), and every pass restarts observation
+// (`reaper_observation_restarted`, reason `version_jump`). The embedded
+// store's versions follow its clock, so it never sees the step.
 couch_workers_core::store_tests!(
     runtime: (flavor = "multi_thread"),
     stores: [embedded: Embedded],
