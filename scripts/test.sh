@@ -99,9 +99,14 @@ else
     trap 'scripts/fdb-cluster.sh stop "$FDB_CLUSTER_DIR"; stage_report' EXIT
     echo "==> cluster file $FDB_CLUSTER_FILE"
 
-    stage "FoundationDB live: the store and key-space conformance suites, a clean process exit"
+    stage "FoundationDB live: the store and key-space conformance suites, a clean process exit, the job, worker and membership tests"
     FDB_CLUSTER_FILE=$FDB_CLUSTER_FILE scripts/live-cargo-test.sh \
-        -p couch_workers_core --features fdb --test conformance_fdb --test fdb_exit
+        -p couch_workers_core --features fdb --test conformance_fdb --test fdb_exit \
+        --test jobs_queue --test jobs_accept --test jobs_subscribe --test jobs_lifecycle \
+        --test jobs_failover --test jobs_finish_accept --test jobs_due --test jobs_wake \
+        --test jobs_value_room --test jobs_departure_rules --test jobs_give_back \
+        --test workers_heartbeat_service --test workers_owner_events --test workers_incarnation \
+        --test sim_value_sizes --test sim_membership_log --test reaper_wake
 
     # One at a time, so that the cluster is quiet (nothing else commits):
     # the case in which versions move in lumps.

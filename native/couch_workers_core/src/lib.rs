@@ -22,6 +22,7 @@
 //! | `node` | [`Node`]: one open store and the services of one Erlang VM; [`Registration`] |
 //! | `stage` | stage stamps for the bench's per-stage split of M2 and J3x (feature `stage-trace`; empty otherwise) |
 //! | `conformance`, `conformance_keyspace` | the test suites every store runs (feature `testkit`, for tests only) |
+//! | `test_store` | the store a test runs on (embedded, sim, a live FoundationDB) and `store_tests!`, one test body per store (feature `testkit`) |
 //!
 //! A job change reaches a subscriber as: a write in `jobs::ops` changes the
 //! job's record (its `vs`), the store's watch on the record fires in
@@ -46,6 +47,8 @@ pub mod workers;
 pub mod conformance;
 #[cfg(feature = "testkit")]
 pub mod conformance_keyspace;
+#[cfg(feature = "testkit")]
+pub mod test_store;
 
 pub use error::Error;
 pub use node::{MembershipWatch, Node, Registration, Settings, Stats};

@@ -25,79 +25,11 @@
 //! (FoundationDB allows one per process).
 #![cfg(feature = "fdb")]
 
-use std::path::PathBuf;
-
 use couch_workers_core::conformance::TestDb;
 use couch_workers_core::store::fdb::{network_status, FdbStore, NetworkStatus};
 use couch_workers_core::store::{run, Database, TxOptions};
-
-const SKIP: &str = "SKIPPED: FoundationDB conformance tests need FDB_CLUSTER_FILE (the cluster file of a \
-                    test cluster) and libfdb_c; NONE of them ran. See docs/fdb.md.";
-
-/// The directory every test directory lives under.
-const TEST_ROOT: &str = "couch_workers_test";
-
-fn cluster_file() -> Option<PathBuf> {
-    std::env::var_os("FDB_CLUSTER_FILE").filter(|v| !v.is_empty()).map(PathBuf::from)
-}
-
-fn loud_skip() {
-    let bar = "!".repeat(100);
-    eprintln!("\n{bar}\n{SKIP}\n{bar}\n");
-}
-
-fn require_cluster() -> PathBuf {
-    match cluster_file() {
-        Some(path) => path,
-        None => {
-            loud_skip();
-            panic!("{SKIP}");
-        }
-    }
-}
-
-/// Keeps a test directory; removes it (and everything in it) on drop.
-struct FdbTestDir {
-    cluster_file: PathBuf,
-    name: String,
-}
-
-impl FdbTestDir {
-    fn new(cluster_file: PathBuf) -> Self {
-        FdbTestDir { cluster_file, name: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()) }
-    }
-
-    fn path(&self) -> [&str; 2] {
-        [TEST_ROOT, &self.name]
-    }
-
-    async fn open(&self) -> std::sync::Arc<FdbStore> {
-        FdbStore::open_at(&self.cluster_file, &self.path())
-            .await
-            .unwrap_or_else(|e| panic!("opening FDB test directory {:?}: {e}", self.path()))
-    }
-}
-
-impl Drop for FdbTestDir {
-    fn drop(&mut self) {
-        // Through a fresh handle (the test may have closed its own), on a
-        // plain thread: drop runs inside the test's runtime, and FDB
-        // futures need no runtime (the network thread completes them).
-        let (cluster_file, name) = (self.cluster_file.clone(), self.name.clone());
-        let removed = std::thread::spawn(move || {
-            futures::executor::block_on(async {
-                let store = FdbStore::open_at(&cluster_file, &[TEST_ROOT, name.as_str()]).await?;
-                store.remove_directory().await
-            })
-        })
-        .join();
-        match removed {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => eprintln!("WARNING: FDB test directory ({TEST_ROOT}, {}) not removed: {e}", self.name),
-            Err(_) => eprintln!("WARNING: FDB test directory ({TEST_ROOT}, {}) not removed: panic", self.name),
-        }
-    }
-}
+use couch_workers_core::test_store::{fdb_cluster_file as cluster_file, fdb_loud_skip as loud_skip};
+use couch_workers_core::test_store::{fdb_require_cluster as require_cluster, FdbTestDir};
 
 async fn open_fresh() -> TestDb {
     let dir = FdbTestDir::new(require_cluster());

@@ -16,9 +16,8 @@ use jobs_common::*;
 
 const T: &[u8] = b"replicator";
 
-#[tokio::test(flavor = "multi_thread")]
-async fn blocking_accept_is_woken_by_an_add_on_another_node() {
-    let c = Cluster::new();
+async fn blocking_accept_is_woken_by_an_add_on_another_node(store: StoreKind) {
+    let c = Cluster::on(store);
     let a = c.node();
     let b = c.node();
     let _w = register(&a, T, b"w").await;
@@ -51,9 +50,8 @@ async fn blocking_accept_is_woken_by_an_add_on_another_node() {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn accept_times_out_with_not_found() {
-    let c = Cluster::new();
+async fn accept_times_out_with_not_found(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let _w = register(&node, T, b"w").await;
     let started = Instant::now();
@@ -70,10 +68,17 @@ async fn accept_times_out_with_not_found() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn many_waiters_share_one_dispatcher() {
-    let c = Cluster::new();
-    let (node, store) = c.node_and_store();
+async fn many_waiters_share_one_dispatcher(store: StoreKind) {
+    let c = Cluster::on(store);
+    // The store's watches are counted where the store counts them (the
+    // embedded store); elsewhere the dispatcher count says the same.
+    let (node, watches) = match c.kind() {
+        StoreKind::Embedded => {
+            let (node, store) = c.node_and_store();
+            (node, Some(store))
+        }
+        _ => (c.node(), None),
+    };
     // The node's own watches (its sweeper's, once armed; its other
     // services' come and go as they fire and re-arm, and the 20
     // registrations wake some of them): the count below is read with a
@@ -81,11 +86,16 @@ async fn many_waiters_share_one_dispatcher() {
     // waiter (the bug) would add. A margin of 3 failed a clean-clone CI
     // run (session 13: 5 watches over an idle count of 1) on code that
     // had not touched the dispatcher.
-    assert!(
-        eventually(Duration::from_secs(10), || async { store.pending_watches() >= 1 }).await,
-        "the sweeper's watch"
-    );
-    let idle_watches = store.pending_watches();
+    let idle_watches = match &watches {
+        Some(store) => {
+            assert!(
+                eventually(Duration::from_secs(10), || async { store.pending_watches() >= 1 }).await,
+                "the sweeper's watch"
+            );
+            store.pending_watches()
+        }
+        None => 0,
+    };
     let mut regs = Vec::new();
     let mut waiters = Vec::new();
     for i in 0..20 {
@@ -96,15 +106,17 @@ async fn many_waiters_share_one_dispatcher() {
     }
     assert!(eventually(Duration::from_secs(10), || async { node.jobs().stats().waiters == 20 }).await);
     assert_eq!(node.jobs().stats().dispatchers, 1, "one dispatcher per (node, type)");
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            let n = store.pending_watches();
-            n > idle_watches && n <= idle_watches + 10
-        })
-        .await,
-        "one store watch for 20 waiters, not 20: {} (idle {idle_watches})",
-        store.pending_watches()
-    );
+    if let Some(store) = &watches {
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                let n = store.pending_watches();
+                n > idle_watches && n <= idle_watches + 10
+            })
+            .await,
+            "one store watch for 20 waiters, not 20: {} (idle {idle_watches})",
+            store.pending_watches()
+        );
+    }
     let batch: Vec<_> = (0..20)
         .map(|i| couch_workers_core::jobs::NewJob { id: format!("j{i}").into_bytes(), info: info(i), priority: 0 })
         .collect();
@@ -119,9 +131,8 @@ async fn many_waiters_share_one_dispatcher() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn concurrent_acceptors_take_each_job_once() {
-    let c = Cluster::new();
+async fn concurrent_acceptors_take_each_job_once(store: StoreKind) {
+    let c = Cluster::on(store);
     let nodes = [c.node(), c.node()];
     let mut regs = Vec::new();
     for i in 0..5 {
@@ -193,9 +204,8 @@ async fn concurrent_acceptors_take_each_job_once() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_acceptor_that_went_away_loses_no_job() {
-    let c = Cluster::new();
+async fn an_acceptor_that_went_away_loses_no_job(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let _w = register(&node, T, b"w").await;
     let jobs = node.jobs().clone();
@@ -266,9 +276,8 @@ async fn an_acceptor_that_went_away_loses_no_job() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn waiter_of_a_removed_worker_gets_not_found() {
-    let c = Cluster::new();
+async fn waiter_of_a_removed_worker_gets_not_found(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let reg = register(&node, T, b"w").await;
     let jobs = node.jobs().clone();
@@ -281,9 +290,8 @@ async fn waiter_of_a_removed_worker_gets_not_found() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn node_stop_answers_waiters_and_stops_tasks() {
-    let c = Cluster::new();
+async fn node_stop_answers_waiters_and_stops_tasks(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let _w = register(&node, T, b"w").await;
     let jobs = node.jobs().clone();
@@ -338,9 +346,8 @@ async fn add_jobs(node: &couch_workers_core::Node, n: usize) {
 // overran on a loaded 2-core machine). Nothing else wakes a dispatcher
 // for jobs already pending (its other timer only prunes), so a refusal
 // at 60 s can only be the bug.
-#[tokio::test(flavor = "multi_thread")]
-async fn waiters_past_one_round_are_served_while_jobs_are_pending() {
-    let c = Cluster::new();
+async fn waiters_past_one_round_are_served_while_jobs_are_pending(store: StoreKind) {
+    let c = Cluster::on(store);
     let nodes = [c.node(), c.node()];
     let timeout = Duration::from_secs(60);
     let (_regs, waiters) = park_waiters(&nodes, 500, timeout).await;
@@ -367,10 +374,9 @@ async fn waiters_past_one_round_are_served_while_jobs_are_pending() {
 // test counts the jobs handed out as they come and ends when all 600
 // are (it used a 2 s timeout, which the adds and rounds could overrun
 // on a loaded machine, refusing waiters with jobs still pending).
-#[tokio::test(flavor = "multi_thread")]
-async fn more_waiters_than_jobs_leave_nothing_pending() {
+async fn more_waiters_than_jobs_leave_nothing_pending(store: StoreKind) {
     use futures::stream::{FuturesUnordered, StreamExt};
-    let c = Cluster::new();
+    let c = Cluster::on(store);
     let nodes = [c.node(), c.node()];
     let (_regs, waiters) = park_waiters(&nodes, 500, Duration::from_secs(60)).await;
     add_jobs(&nodes[0], 600).await;
@@ -390,3 +396,19 @@ async fn more_waiters_than_jobs_leave_nothing_pending() {
         n.stop().await;
     }
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded],
+    tests: [
+        blocking_accept_is_woken_by_an_add_on_another_node,
+        accept_times_out_with_not_found,
+        many_waiters_share_one_dispatcher,
+        concurrent_acceptors_take_each_job_once,
+        an_acceptor_that_went_away_loses_no_job,
+        waiter_of_a_removed_worker_gets_not_found,
+        node_stop_answers_waiters_and_stops_tasks,
+        waiters_past_one_round_are_served_while_jobs_are_pending,
+        more_waiters_than_jobs_leave_nothing_pending,
+    ],
+);

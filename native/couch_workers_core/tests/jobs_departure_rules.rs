@@ -8,17 +8,15 @@
 //! sweep, the first registration's jobs must still go its way.
 //!
 //! Raw transactions on the store (no node, so no sweeper runs before the
-//! test calls the sweep), on the embedded and the sim store. Every job
+//! test calls the sweep), on the embedded and the sim store and on a live
+//! FoundationDB. Every job
 //! may run once (`max_attempts` 1): a released one is pending again, a
 //! lost one ends failed.
 
-use std::sync::Arc;
-
 use couch_workers_core::jobs::{ops, Departure, JobOpts, JobSpec, JobState, MaxAttempts};
 use couch_workers_core::keyspace::{Incarnation, Keyspace};
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
-use couch_workers_core::store::sim::{SimOptions, SimStore};
 use couch_workers_core::store::{run, Db, TxOptions};
+use couch_workers_core::test_store::{StoreKind, TestStore};
 use couch_workers_core::workers::{self, WorkerSpec};
 
 const T: &[u8] = b"t";
@@ -177,35 +175,21 @@ async fn leftovers_follow_their_registration(db: Db, first: Departure, second: D
     assert_eq!(s.state("b00000").await, want(second));
 }
 
-fn embedded() -> (tempfile::TempDir, Db) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let db: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open store");
-    (dir, db)
+async fn an_unregisters_leftovers_are_released_after_the_next_registration_dies(kind: StoreKind) {
+    let store = TestStore::with_seed(kind, 21);
+    leftovers_follow_their_registration(store.db(), Departure::Released, Departure::Lost).await;
 }
 
-fn sim(seed: u64) -> Db {
-    let sim: Arc<SimStore> = SimStore::new(SimOptions::new(seed));
-    sim.connect() as Db
+async fn a_deaths_leftovers_fail_after_the_next_registration_unregisters(kind: StoreKind) {
+    let store = TestStore::with_seed(kind, 22);
+    leftovers_follow_their_registration(store.db(), Departure::Lost, Departure::Released).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unregisters_leftovers_are_released_after_the_next_registration_dies_embedded() {
-    let (_dir, db) = embedded();
-    leftovers_follow_their_registration(db, Departure::Released, Departure::Lost).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unregisters_leftovers_are_released_after_the_next_registration_dies_sim() {
-    leftovers_follow_their_registration(sim(21), Departure::Released, Departure::Lost).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deaths_leftovers_fail_after_the_next_registration_unregisters_embedded() {
-    let (_dir, db) = embedded();
-    leftovers_follow_their_registration(db, Departure::Lost, Departure::Released).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deaths_leftovers_fail_after_the_next_registration_unregisters_sim() {
-    leftovers_follow_their_registration(sim(22), Departure::Lost, Departure::Released).await;
-}
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread", worker_threads = 2),
+    stores: [embedded: Embedded, sim: Sim],
+    tests: [
+        an_unregisters_leftovers_are_released_after_the_next_registration_dies,
+        a_deaths_leftovers_fail_after_the_next_registration_unregisters,
+    ],
+);

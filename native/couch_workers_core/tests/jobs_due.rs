@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use couch_workers_core::jobs::{ops, wall_ms, JobOpts, JobSpec, JobState, Schedule};
 use couch_workers_core::keyspace::Keyspace;
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::{run, Db, TxOptions};
 use jobs_common::*;
 
@@ -28,10 +27,9 @@ fn ids(jobs: &[couch_workers_core::jobs::Job]) -> Vec<&[u8]> {
 /// reads: due jobs read as pending in counts and in pages of pending jobs
 /// (in id order, among the pending ones, paged with the rest), and not as
 /// scheduled; jobs not due yet stay scheduled.
-#[tokio::test(flavor = "multi_thread")]
-async fn due_scheduled_jobs_list_and_count_as_pending_before_any_promotion() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let db: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
+async fn due_scheduled_jobs_list_and_count_as_pending_before_any_promotion(store: StoreKind) {
+    let c = Cluster::on(store);
+    let db: Db = c.db();
     let ks = &Keyspace::new(&db.prefix());
     let now = wall_ms();
     let jobs: Vec<JobSpec> = [
@@ -101,9 +99,8 @@ async fn due_scheduled_jobs_list_and_count_as_pending_before_any_promotion() {
 /// With a node running and no worker of the type anywhere: the due job is
 /// moved to pending in the store (its state's counter and index), not
 /// only read as pending.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_due_scheduled_job_with_no_waiter_is_promoted_in_the_store() {
-    let c = Cluster::new();
+async fn a_due_scheduled_job_with_no_waiter_is_promoted_in_the_store(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let due_at = wall_ms() + 200;
@@ -127,3 +124,12 @@ async fn a_due_scheduled_job_with_no_waiter_is_promoted_in_the_store() {
     assert_eq!(counts, [1, 1, 0, 0, 0, 0]);
     node.stop().await;
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded],
+    tests: [
+        due_scheduled_jobs_list_and_count_as_pending_before_any_promotion,
+        a_due_scheduled_job_with_no_waiter_is_promoted_in_the_store,
+    ],
+);

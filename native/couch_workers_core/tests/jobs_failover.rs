@@ -13,7 +13,6 @@ use std::time::Duration;
 use couch_workers_core::jobs::ops::{self, SweepStep, Take, BATCH_WRITE_BUDGET, REQUEUE_MAX_JOBS};
 use couch_workers_core::jobs::{Fence, JobHandle, JobState, NewJob};
 use couch_workers_core::keyspace::{Incarnation, Keyspace};
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::hooked::{Hooked, TxHooks, Write};
 use couch_workers_core::store::{run, Db, RangeRequest, StoreError, Tx, TxOptions, MAX_TRANSACTION_SIZE};
 use couch_workers_core::workers;
@@ -25,9 +24,8 @@ const T: &[u8] = b"replicator";
 /// The incarnation of the workers these tests register by hand.
 const INC: Incarnation = [9; 16];
 
-#[tokio::test(flavor = "multi_thread")]
-async fn unregistered_worker_jobs_go_back_to_pending_and_its_handles_are_refused() {
-    let c = Cluster::new();
+async fn unregistered_worker_jobs_go_back_to_pending_and_its_handles_are_refused(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let reg = register(&node, T, b"w").await;
@@ -69,9 +67,8 @@ async fn unregistered_worker_jobs_go_back_to_pending_and_its_handles_are_refused
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn removal_in_the_workers_transaction_and_by_the_reaper() {
-    let c = Cluster::new();
+async fn removal_in_the_workers_transaction_and_by_the_reaper(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let other = c.node();
     let jobs = node.jobs();
@@ -192,10 +189,6 @@ async fn setup_running(db: &Db, ks: &Keyspace, worker: &[u8], n: usize, info_len
     handles
 }
 
-fn open(dir: &std::path::Path) -> Db {
-    EmbeddedStore::open(EmbeddedOptions::new(dir)).unwrap()
-}
-
 async fn count(db: &Db, ks: &Keyspace) -> u64 {
     run(db.as_ref(), TxOptions::read(), |tx| async move { ops::pending_count(&tx, ks, T).await }).await.unwrap()
 }
@@ -215,10 +208,9 @@ async fn update(db: &Db, ks: &Keyspace, fence: &Fence) -> Result<JobHandle, Erro
     write(db, |tx| async move { ops::update(&tx, ks, fence, b"{}").await }).await
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_worker_with_5000_running_jobs_is_requeued_in_bounded_batches() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = open(dir.path());
+async fn a_worker_with_5000_running_jobs_is_requeued_in_bounded_batches(store: StoreKind) {
+    let c = Cluster::on(store);
+    let db = c.db();
     let ks = Keyspace::new(&db.prefix());
     let handles = setup_running(&db, &ks, b"w", 5000, 1000).await;
     assert_eq!(count(&db, &ks).await, 0);
@@ -297,10 +289,9 @@ async fn a_worker_with_5000_running_jobs_is_requeued_in_bounded_batches() {
     db.close();
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn big_records_stop_a_batch_at_the_byte_budget_and_the_node_sweeper_finishes() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = open(dir.path());
+async fn big_records_stop_a_batch_at_the_byte_budget_and_the_node_sweeper_finishes(store: StoreKind) {
+    let c = Cluster::on(store);
+    let db = c.db();
     let ks = Keyspace::new(&db.prefix());
     let n = 40;
     setup_running(&db, &ks, b"w", n, 85_000).await;
@@ -310,7 +301,6 @@ async fn big_records_stop_a_batch_at_the_byte_budget_and_the_node_sweeper_finish
     assert_eq!(keys(&db, ks.orphans_range()).await, 1);
     // A node's sweeper (woken by the marker's watch key, or at start)
     // moves the rest.
-    let c = Cluster { dir };
     let node = c.node();
     let done =
         eventually(Duration::from_secs(10), || async { node.jobs().pending_count(T).await.unwrap() == n as u64 }).await;
@@ -322,12 +312,11 @@ async fn big_records_stop_a_batch_at_the_byte_budget_and_the_node_sweeper_finish
     db.close();
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_running_sweeper_is_woken_by_a_new_marker() {
-    let c = Cluster::new();
+async fn a_running_sweeper_is_woken_by_a_new_marker(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let db = open(c.dir.path());
+    let db = c.db();
     let ks = Keyspace::new(&db.prefix());
     setup_running(&db, &ks, b"w", REQUEUE_MAX_JOBS + 50, 100).await;
     let (moved, _) = remove_metered(&db, &ks, b"w").await;
@@ -342,3 +331,15 @@ async fn a_running_sweeper_is_woken_by_a_new_marker() {
     node.stop().await;
     db.close();
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded],
+    tests: [
+        unregistered_worker_jobs_go_back_to_pending_and_its_handles_are_refused,
+        removal_in_the_workers_transaction_and_by_the_reaper,
+        a_running_sweeper_is_woken_by_a_new_marker,
+        a_worker_with_5000_running_jobs_is_requeued_in_bounded_batches,
+        big_records_stop_a_batch_at_the_byte_budget_and_the_node_sweeper_finishes,
+    ],
+);

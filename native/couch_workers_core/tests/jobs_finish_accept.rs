@@ -27,8 +27,8 @@ fn next_for(worker: &[u8]) -> NextFor<'_> {
 
 /// A node with worker `w` of `T` registered, then `ids` added (pending in
 /// that order). The cluster holds the store's directory: keep it.
-async fn node_with_jobs(ids: &[&[u8]]) -> (Cluster, Arc<Node>, Registration) {
-    let c = Cluster::new();
+async fn node_with_jobs(store: StoreKind, ids: &[&[u8]]) -> (Cluster, Arc<Node>, Registration) {
+    let c = Cluster::on(store);
     let node = c.node();
     let w = register(&node, T, b"w").await;
     for id in ids {
@@ -37,9 +37,8 @@ async fn node_with_jobs(ids: &[&[u8]]) -> (Cluster, Arc<Node>, Registration) {
     (c, node, w)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn finish_accept_finishes_and_takes_the_next_job_in_queue_order() {
-    let (_c, node, _w) = node_with_jobs(&[b"a", b"b", b"c"]).await;
+async fn finish_accept_finishes_and_takes_the_next_job_in_queue_order(store: StoreKind) {
+    let (_c, node, _w) = node_with_jobs(store, &[b"a", b"b", b"c"]).await;
     let jobs = node.jobs();
     let first = accept_now(jobs, T, b"w").await;
     assert_eq!(first.job.id, b"a");
@@ -66,9 +65,8 @@ async fn finish_accept_finishes_and_takes_the_next_job_in_queue_order() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_refused_finish_writes_nothing_and_takes_nothing() {
-    let (_c, node, _w) = node_with_jobs(&[b"a", b"b"]).await;
+async fn a_refused_finish_writes_nothing_and_takes_nothing(store: StoreKind) {
+    let (_c, node, _w) = node_with_jobs(store, &[b"a", b"b"]).await;
     let jobs = node.jobs();
     let h = accept_now(jobs, T, b"w").await;
     jobs.finish(&fence(&h), b"{}").await.unwrap();
@@ -79,9 +77,8 @@ async fn a_refused_finish_writes_nothing_and_takes_nothing() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn no_next_job_while_paused_or_for_an_ended_registration() {
-    let (_c, node, w) = node_with_jobs(&[b"a", b"b", b"c"]).await;
+async fn no_next_job_while_paused_or_for_an_ended_registration(store: StoreKind) {
+    let (_c, node, w) = node_with_jobs(store, &[b"a", b"b", b"c"]).await;
     let jobs = node.jobs();
     let h = accept_now(jobs, T, b"w").await;
     jobs.set_paused(T, true).await.unwrap();
@@ -103,9 +100,8 @@ async fn no_next_job_while_paused_or_for_an_ended_registration() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn workers_draining_with_finish_accept_take_every_job_once() {
-    let c = Cluster::new();
+async fn workers_draining_with_finish_accept_take_every_job_once(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs().clone();
     let n = 400usize;
@@ -199,9 +195,8 @@ async fn resubmitted_job_finishes_with_finish_accept(node: &Arc<Node>) {
     assert_eq!(jobs.pending_count(T).await, Ok(0));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_resubmitted_job_finishes_with_finish_accept_embedded() {
-    let c = Cluster::new();
+async fn a_resubmitted_job_finishes_with_finish_accept(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let _w = register(&node, T, b"w").await;
     resubmitted_job_finishes_with_finish_accept(&node).await;
@@ -216,3 +211,15 @@ async fn a_resubmitted_job_finishes_with_finish_accept_sim() {
     resubmitted_job_finishes_with_finish_accept(&node).await;
     node.stop().await;
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded],
+    tests: [
+        finish_accept_finishes_and_takes_the_next_job_in_queue_order,
+        a_refused_finish_writes_nothing_and_takes_nothing,
+        no_next_job_while_paused_or_for_an_ended_registration,
+        workers_draining_with_finish_accept_take_every_job_once,
+        a_resubmitted_job_finishes_with_finish_accept,
+    ],
+);

@@ -6,7 +6,8 @@
 //!
 //! The stall: every store call fails (retryable faults) from the moment
 //! the delivery fails until a while after, longer than a transaction's
-//! budget. On the embedded and the sim store, for an accept with timeout
+//! budget. On the embedded and the sim store and on a live FoundationDB,
+//! for an accept with timeout
 //! 0 (one transaction, no dispatcher) and one that waits (the
 //! dispatcher's round).
 
@@ -17,10 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_workers_core::jobs::{AcceptReply, JobHandle, JobState, ReplyFn};
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::faulty::{FaultPlan, FaultyStore};
-use couch_workers_core::store::sim::{SimOptions, SimStore};
 use couch_workers_core::store::Db;
+use couch_workers_core::test_store::{StoreKind, TestStore};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Error, Node, Settings};
 use faults_common::CaptureLog;
@@ -114,15 +114,15 @@ async fn given_back_after_a_stall(inner: Db) {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_give_back_during_a_stall_lands_after_it_embedded() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let inner: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open store");
-    given_back_after_a_stall(inner).await;
+async fn a_give_back_during_a_stall_lands_after_it(kind: StoreKind) {
+    let store = TestStore::with_seed(kind, 3);
+    given_back_after_a_stall(store.db()).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_give_back_during_a_stall_lands_after_it_sim() {
-    let sim = SimStore::new(SimOptions::new(3));
-    given_back_after_a_stall(sim.connect() as Db).await;
-}
+// The stall is the fault wrapper's (every call of the node fails), not the
+// store's: it runs on a live FoundationDB as well.
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread", worker_threads = 2),
+    stores: [embedded: Embedded, sim: Sim],
+    tests: [a_give_back_during_a_stall_lands_after_it],
+);

@@ -134,10 +134,9 @@ fn states_of(snap: &faults_common::Snapshot) -> BTreeMap<String, u64> {
     by_state
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn randomized_mix_keeps_counts_and_indexes_exact() {
-    let c = Cluster::new();
-    let (a, store) = c.node_and_store();
+async fn randomized_mix_keeps_counts_and_indexes_exact(store: StoreKind) {
+    let c = Cluster::on(store);
+    let a = c.node();
     let b = c.node();
     let _wa = register(&a, T, b"wa").await;
     let _wb = register(&b, T, b"wb").await;
@@ -166,7 +165,7 @@ async fn randomized_mix_keeps_counts_and_indexes_exact() {
     assert!(steps > 100, "only {steps} calls ran");
     a.jobs().set_paused(T, false).await.unwrap();
 
-    let db: Db = store;
+    let db: Db = c.db();
     // Jobs kept 0 s are pruned by the nodes' pruners, which may run
     // between a snapshot and the counts call: the counts are checked
     // against the records only when a second snapshot, taken after the
@@ -214,9 +213,8 @@ fn backoff_is_exponential_jittered_and_capped() {
     assert!(spread.len() > 10);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_scheduled_job_moves_to_pending_only_when_due() {
-    let c = Cluster::new();
+async fn a_scheduled_job_moves_to_pending_only_when_due(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let _w = register(&node, T, b"w").await;
@@ -235,9 +233,8 @@ async fn a_scheduled_job_moves_to_pending_only_when_due() {
 /// A death (`Node::worker_died`, what a pid exit is) fails the running
 /// jobs with `worker_lost` and spends their attempt; an unregister
 /// releases them (attempt kept, `max_attempts` raised by one).
-#[tokio::test(flavor = "multi_thread")]
-async fn a_death_fails_running_jobs_an_unregister_releases_them() {
-    let c = Cluster::new();
+async fn a_death_fails_running_jobs_an_unregister_releases_them(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let once = JobOpts { max_attempts: Some(MaxAttempts::Limit(1)), ..JobOpts::default() };
@@ -261,3 +258,15 @@ async fn a_death_fails_running_jobs_an_unregister_releases_them() {
     assert_eq!((j.state, j.attempts, j.max_attempts), (JobState::Pending, 2, MaxAttempts::Limit(3)));
     node.stop().await;
 }
+
+// Four worker threads for the randomized mix's three tasks of calls (the
+// other tests need no more than the default).
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread", worker_threads = 4),
+    stores: [embedded: Embedded],
+    tests: [
+        randomized_mix_keeps_counts_and_indexes_exact,
+        a_scheduled_job_moves_to_pending_only_when_due,
+        a_death_fails_running_jobs_an_unregister_releases_them,
+    ],
+);

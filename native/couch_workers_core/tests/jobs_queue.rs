@@ -14,9 +14,8 @@ use jobs_common::*;
 
 const T: &[u8] = b"indexer";
 
-#[tokio::test(flavor = "multi_thread")]
-async fn add_get_remove() {
-    let c = Cluster::new();
+async fn add_get_remove(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     jobs.add(T, b"j1", br#"{"a":1}"#, 7).await.unwrap();
@@ -49,9 +48,8 @@ async fn add_get_remove() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn add_many_is_all_or_nothing() {
-    let c = Cluster::new();
+async fn add_many_is_all_or_nothing(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let batch: Vec<NewJob> =
@@ -89,9 +87,8 @@ async fn add_many_is_all_or_nothing() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn accept_and_finish() {
-    let c = Cluster::new();
+async fn accept_and_finish(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     // Not registered: not_found, even with a job waiting.
@@ -138,9 +135,8 @@ async fn accept_and_finish() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn update_replaces_info() {
-    let c = Cluster::new();
+async fn update_replaces_info(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let _w = register(&node, T, b"w").await;
@@ -163,9 +159,8 @@ async fn update_replaces_info() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn cancel_pending_and_running() {
-    let c = Cluster::new();
+async fn cancel_pending_and_running(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let _w = register(&node, T, b"w").await;
@@ -214,9 +209,8 @@ async fn cancel_pending_and_running() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn remove_running_job_refuses_its_worker() {
-    let c = Cluster::new();
+async fn remove_running_job_refuses_its_worker(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let _w = register(&node, T, b"w").await;
@@ -234,9 +228,8 @@ async fn remove_running_job_refuses_its_worker() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn priority_then_first_in_first_out() {
-    let c = Cluster::new();
+async fn priority_then_first_in_first_out(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let _w = register(&node, T, b"w").await;
@@ -279,9 +272,8 @@ async fn priority_then_first_in_first_out() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn counts_are_exact_through_every_transition() {
-    let c = Cluster::new();
+async fn counts_are_exact_through_every_transition(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let count = || async { jobs.pending_count(T).await.unwrap() };
@@ -322,9 +314,8 @@ async fn counts_are_exact_through_every_transition() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn types_and_ids_stay_in_their_own_keys() {
-    let c = Cluster::new();
+async fn types_and_ids_stay_in_their_own_keys(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let ids: Vec<&[u8]> = vec![b"jobs", b"pending", b"active", b"counts", b"", b"a\x00b", b"a", b"\xff\x00\xff"];
@@ -373,9 +364,8 @@ async fn types_and_ids_stay_in_their_own_keys() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn limits_are_refused_with_nothing_written() {
-    let c = Cluster::new();
+async fn limits_are_refused_with_nothing_written(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let long_id = vec![b'i'; 10_001];
@@ -416,3 +406,20 @@ async fn limits_are_refused_with_nothing_written() {
     jobs.finish(&h.fence(), b"{}").await.unwrap();
     node.stop().await;
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded],
+    tests: [
+        add_get_remove,
+        add_many_is_all_or_nothing,
+        accept_and_finish,
+        update_replaces_info,
+        cancel_pending_and_running,
+        remove_running_job_refuses_its_worker,
+        priority_then_first_in_first_out,
+        counts_are_exact_through_every_transition,
+        types_and_ids_stay_in_their_own_keys,
+        limits_are_refused_with_nothing_written,
+    ],
+);

@@ -8,7 +8,8 @@
 //! that leaves no room to run for the longest worker id that can hold the
 //! job, and an accept round that meets a record stored before this (too
 //! large to run for any worker) fails that job, and logs why, instead of
-//! stopping. On `sim` (FDB's limits) and on the embedded store.
+//! stopping. On `sim` (FDB's limits), on the embedded store and on a
+//! live FoundationDB.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,9 +17,8 @@ use std::time::Duration;
 use couch_workers_core::jobs::{JobState, Retry};
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::log::{Event, Sink, Value};
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
-use couch_workers_core::store::sim::{SimOptions, SimStore};
 use couch_workers_core::store::{run, Db, StoreError, TxOptions, MAX_KEY_SIZE, MAX_VALUE_SIZE};
+use couch_workers_core::test_store::{StoreKind, TestStore};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Error, Node, Settings};
 use foundationdb_tuple::{pack, unpack, Bytes, Element};
@@ -48,17 +48,16 @@ impl Sink for Unrunnable {
     }
 }
 
-/// Each test runs on both stores; the embedded one in a temporary
-/// directory removed at the end.
-async fn on_each_store<F, Fut>(test: F)
+/// Each test runs on each store (`store_tests!` below): the sim, the
+/// embedded one in a temporary directory, a live FoundationDB; the store
+/// is removed at the end.
+async fn on_store<F, Fut>(kind: StoreKind, test: F)
 where
-    F: Fn(&'static str, Db) -> Fut,
+    F: FnOnce(&'static str, Db) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    test("sim", SimStore::new(SimOptions::new(14))).await;
-    let dir = tempfile::tempdir().expect("dir");
-    let store = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
-    test("embedded", store).await;
+    let store = TestStore::with_seed(kind, 14);
+    test(kind.name(), store.db()).await;
 }
 
 fn node(db: &Db, log: Arc<Unrunnable>) -> Arc<Node> {
@@ -102,9 +101,8 @@ async fn largest_info(node: &Node, id: &[u8]) -> usize {
     fits
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_of_the_largest_info_add_takes_is_accepted_and_the_queue_behind_it_moves() {
-    on_each_store(|store, db| async move {
+async fn a_job_of_the_largest_info_add_takes_is_accepted_and_the_queue_behind_it_moves(kind: StoreKind) {
+    on_store(kind, |store, db| async move {
         let log = Arc::new(Unrunnable::default());
         let node = node(&db, log.clone());
         let ks = Keyspace::new(&db.prefix());
@@ -144,9 +142,8 @@ async fn a_job_of_the_largest_info_add_takes_is_accepted_and_the_queue_behind_it
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn update_refuses_info_that_leaves_no_room_to_run_and_writes_nothing() {
-    on_each_store(|store, db| async move {
+async fn update_refuses_info_that_leaves_no_room_to_run_and_writes_nothing(kind: StoreKind) {
+    on_store(kind, |store, db| async move {
         let node = node(&db, Arc::new(Unrunnable::default()));
         let _w = node.register_worker(spec(b"w")).await.expect("register");
         let largest = largest_info(&node, BIG).await;
@@ -193,9 +190,8 @@ async fn grow_stored_record(db: &Db, ks: &Keyspace, id: &[u8], stored_len: usize
     .expect("rewrite the record");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_accept_round_fails_a_stored_record_too_large_to_run_and_takes_the_next() {
-    on_each_store(|store, db| async move {
+async fn an_accept_round_fails_a_stored_record_too_large_to_run_and_takes_the_next(kind: StoreKind) {
+    on_store(kind, |store, db| async move {
         let log = Arc::new(Unrunnable::default());
         let node = node(&db, log.clone());
         let ks = Keyspace::new(&db.prefix());
@@ -231,3 +227,13 @@ async fn an_accept_round_fails_a_stored_record_too_large_to_run_and_takes_the_ne
     })
     .await;
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread", worker_threads = 2),
+    stores: [sim: Sim, embedded: Embedded],
+    tests: [
+        a_job_of_the_largest_info_add_takes_is_accepted_and_the_queue_behind_it_moves,
+        update_refuses_info_that_leaves_no_room_to_run_and_writes_nothing,
+        an_accept_round_fails_a_stored_record_too_large_to_run_and_takes_the_next,
+    ],
+);

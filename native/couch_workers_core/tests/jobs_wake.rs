@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use couch_workers_core::jobs::{ops, wall_ms, JobOpts, JobSpec, JobState, Keep, Schedule};
 use couch_workers_core::keyspace::Keyspace;
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::{run, Db, TxOptions};
 use jobs_common::*;
 
@@ -22,12 +21,11 @@ const SETTLE: Duration = Duration::from_millis(1500);
 /// A job of a type nobody had scheduled before, added by another process
 /// (a bare store handle: no node of its own promotes it) while the node's
 /// promoter sleeps: promoted within about a second of its `run_at`.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_new_types_scheduled_job_added_elsewhere_is_promoted_on_time() {
-    let c = Cluster::new();
+async fn a_new_types_scheduled_job_added_elsewhere_is_promoted_on_time(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     tokio::time::sleep(SETTLE).await;
-    let db: Db = EmbeddedStore::open(EmbeddedOptions::new(c.dir.path())).expect("open");
+    let db: Db = c.db();
     let ks = &Keyspace::new(&db.prefix());
     let due_at = wall_ms() + 300;
     let spec = [JobSpec {
@@ -55,9 +53,8 @@ async fn a_new_types_scheduled_job_added_elsewhere_is_promoted_on_time() {
 
 /// A job ended with a short `keep` while the pruner sleeps is pruned
 /// within the API's 5 s of its expiry; a long `keep` wakes nobody.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_short_kept_job_is_pruned_on_time_and_a_long_kept_one_wakes_nobody() {
-    let c = Cluster::new();
+async fn a_short_kept_job_is_pruned_on_time_and_a_long_kept_one_wakes_nobody(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
     let ks = node.keyspace().clone();
@@ -82,3 +79,12 @@ async fn a_short_kept_job_is_pruned_on_time_and_a_long_kept_one_wakes_nobody() {
     drop(_reg);
     node.stop().await;
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded],
+    tests: [
+        a_new_types_scheduled_job_added_elsewhere_is_promoted_on_time,
+        a_short_kept_job_is_pruned_on_time_and_a_long_kept_one_wakes_nobody,
+    ],
+);

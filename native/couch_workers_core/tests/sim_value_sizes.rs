@@ -1,7 +1,7 @@
 //! The job queue's size checks count a record as FoundationDB counts it
 //! (issue 14 point 7): the versionstamped parameter with its 4-byte
 //! offset. At the boundary, on the `sim` store (which checks values as
-//! FDB does): the largest record the check passes is written; one byte
+//! FDB does) and on a live FoundationDB: the largest record the check passes is written; one byte
 //! more is refused by the queue's own check, before anything is written,
 //! rather than passing it and failing at the store (before the fix the
 //! check subtracted the offset, so 100,001-byte parameters passed it).
@@ -13,8 +13,8 @@
 use couch_workers_core::jobs::ops;
 use couch_workers_core::jobs::NewJob;
 use couch_workers_core::keyspace::Keyspace;
-use couch_workers_core::store::sim::{SimOptions, SimStore};
 use couch_workers_core::store::{Db, StoreError, TxOptions, MAX_VALUE_SIZE};
+use couch_workers_core::test_store::{StoreKind, TestStore};
 use couch_workers_core::Error;
 
 const T: &[u8] = b"t";
@@ -65,10 +65,9 @@ async fn largest_add(db: &Db, ks: &Keyspace, overhead: usize) -> usize {
     fits
 }
 
-#[tokio::test]
-async fn the_largest_record_the_check_passes_is_written_one_byte_more_is_refused_by_the_check() {
-    let sim = SimStore::new(SimOptions::new(7));
-    let db: Db = sim.clone();
+async fn the_largest_record_the_check_passes_is_written_one_byte_more_is_refused_by_the_check(kind: StoreKind) {
+    let store = TestStore::with_seed(kind, 7);
+    let db: Db = store.db();
     let ks = Keyspace::new(&db.prefix());
 
     let overhead = record_overhead(&db, &ks).await;
@@ -94,3 +93,9 @@ async fn the_largest_record_the_check_passes_is_written_one_byte_more_is_refused
     let tx = db.create_transaction(&TxOptions::read()).await.expect("transaction");
     assert_eq!(tx.get(&ks.job(T, b"ov"), false).await, Ok(None));
 }
+
+couch_workers_core::store_tests!(
+    runtime: (),
+    stores: [sim: Sim],
+    tests: [the_largest_record_the_check_passes_is_written_one_byte_more_is_refused_by_the_check],
+);

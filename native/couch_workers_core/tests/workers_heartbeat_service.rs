@@ -34,9 +34,8 @@ async fn health_records(node: &Node) -> HashMap<Vec<u8>, Vec<u8>> {
     range(node, ks(node).health_range(T)).await.into_iter().collect()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn many_workers_on_one_node_are_renewed_by_few_transactions() {
-    let c = Cluster::new();
+async fn many_workers_on_one_node_are_renewed_by_few_transactions(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     // Timeout 3 s: each worker is renewed about every second.
     let regs = register_many(&node, "w", 2500, 3).await;
@@ -57,9 +56,8 @@ async fn many_workers_on_one_node_are_renewed_by_few_transactions() {
     node.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_short_timeout_among_long_ones_keeps_its_own_period() {
-    let c = Cluster::new();
+async fn a_short_timeout_among_long_ones_keeps_its_own_period(store: StoreKind) {
+    let c = Cluster::on(store);
     let (node, other) = (c.node(), c.node());
     let long = register_many(&node, "long", 300, 60).await;
     // Timeout 2 s, renewed about every 667 ms: a busy machine's stall of
@@ -98,9 +96,8 @@ async fn a_short_timeout_among_long_ones_keeps_its_own_period() {
     other.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn workers_unregistered_while_renewals_run_are_not_reinstated() {
-    let c = Cluster::new();
+async fn workers_unregistered_while_renewals_run_are_not_reinstated(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     // Timeout 1 s: renewals run every ~333 ms while the unregisters do.
     let regs = register_many(&node, "w", 1000, 1).await;
@@ -122,3 +119,13 @@ async fn workers_unregistered_while_renewals_run_are_not_reinstated() {
     drop(regs);
     node.stop().await;
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded],
+    tests: [
+        many_workers_on_one_node_are_renewed_by_few_transactions,
+        a_short_timeout_among_long_ones_keeps_its_own_period,
+        workers_unregistered_while_renewals_run_are_not_reinstated,
+    ],
+);

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use couch_workers_core::jobs::JobState;
 use couch_workers_core::log::Discard;
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::faulty::{FaultPlan, FaultyStore};
 use couch_workers_core::store::Db;
 use couch_workers_core::workers::WorkerSpec;
@@ -41,14 +40,13 @@ fn failing_commits() -> FaultPlan {
 
 /// A node on `c`'s directory whose commits can be made to fail.
 fn faulty_node(c: &Cluster) -> (Arc<Node>, Arc<FaultyStore>) {
-    let inner: Db = EmbeddedStore::open(EmbeddedOptions::new(c.dir.path())).expect("open store");
+    let inner: Db = c.db();
     let faulty = FaultyStore::wrap(inner, failing_commits());
     (Node::with_db(faulty.clone(), Settings::default(), Arc::new(Discard)), faulty)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_stale_handle_does_not_remove_the_next_registration() {
-    let c = Cluster::new();
+async fn a_stale_handle_does_not_remove_the_next_registration(store: StoreKind) {
+    let c = Cluster::on(store);
     let (node, faulty) = faulty_node(&c);
     let observer = c.node();
     let old = node.register_worker(spec_of(br#"{"n":1}"#, 15)).await.expect("register");
@@ -77,9 +75,8 @@ async fn a_stale_handle_does_not_remove_the_next_registration() {
     observer.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn two_registrations_of_one_id_do_not_keep_each_other_alive() {
-    let c = Cluster::new();
+async fn two_registrations_of_one_id_do_not_keep_each_other_alive(store: StoreKind) {
+    let c = Cluster::on(store);
     let (a, b) = (c.node(), c.node());
     let _first = a.register_worker(spec_of(b"{}", 1)).await.expect("register on a");
     let _second = b.register_worker(spec_of(b"{}", 1)).await.expect("register on b, replacing a's");
@@ -102,9 +99,8 @@ async fn two_registrations_of_one_id_do_not_keep_each_other_alive() {
 /// takes nothing of the next registration's: it gets `NotFound` when a job
 /// comes, and the job stays pending for the new registration. Also when
 /// the new registration is another node's.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_waiting_accept_takes_nothing_for_the_next_registration() {
-    let c = Cluster::new();
+async fn a_waiting_accept_takes_nothing_for_the_next_registration(store: StoreKind) {
+    let c = Cluster::on(store);
     let (a, b) = (c.node(), c.node());
     for next_on in [&a, &b] {
         let old = a.register_worker(spec_of(b"{}", 15)).await.expect("register");
@@ -135,9 +131,8 @@ async fn a_waiting_accept_takes_nothing_for_the_next_registration() {
 /// The same check on the accept that does not wait: an accept for an
 /// incarnation that no longer holds the id finds nothing, while one for
 /// the id (no incarnation) still takes the job.
-#[tokio::test(flavor = "multi_thread")]
-async fn an_accept_for_an_ended_incarnation_finds_nothing() {
-    let c = Cluster::new();
+async fn an_accept_for_an_ended_incarnation_finds_nothing(store: StoreKind) {
+    let c = Cluster::on(store);
     let node = c.node();
     let old = node.register_worker(spec_of(b"{}", 15)).await.expect("register");
     let stale = *old.incarnation();
@@ -152,3 +147,14 @@ async fn an_accept_for_an_ended_incarnation_finds_nothing() {
     assert!(node.jobs().accept(T, b"w", Duration::ZERO).await.is_ok(), "by id alone: whichever registration holds it");
     node.stop().await;
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded],
+    tests: [
+        a_stale_handle_does_not_remove_the_next_registration,
+        two_registrations_of_one_id_do_not_keep_each_other_alive,
+        a_waiting_accept_takes_nothing_for_the_next_registration,
+        an_accept_for_an_ended_incarnation_finds_nothing,
+    ],
+);

@@ -38,9 +38,8 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<OwnerEvent>) -> OwnerEvent {
     tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("an owner event within 20 s").expect("open")
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_worker_reaped_while_it_lives_tells_its_owner_and_rejoins() {
-    let c = Cluster::new();
+async fn a_worker_reaped_while_it_lives_tells_its_owner_and_rejoins(store: StoreKind) {
+    let c = Cluster::on(store);
     let (node, reaper) = (c.node(), c.node());
     let reg = node.register_worker(spec_1s()).await.expect("register");
     let (on_event, mut rx) = listener();
@@ -76,9 +75,8 @@ async fn a_worker_reaped_while_it_lives_tells_its_owner_and_rejoins() {
     reaper.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_registration_replaced_by_another_nodes_tells_its_owner_once() {
-    let c = Cluster::new();
+async fn a_registration_replaced_by_another_nodes_tells_its_owner_once(store: StoreKind) {
+    let c = Cluster::on(store);
     let (a, b) = (c.node(), c.node());
     let first = a.register_worker(spec_1s()).await.expect("register on a");
     let (on_event, mut rx) = listener();
@@ -109,9 +107,8 @@ async fn a_registration_replaced_by_another_nodes_tells_its_owner_once() {
     b.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_event_before_the_first_listener_is_kept_for_it() {
-    let c = Cluster::new();
+async fn an_event_before_the_first_listener_is_kept_for_it(store: StoreKind) {
+    let c = Cluster::on(store);
     let (a, b) = (c.node(), c.node());
     let first = a.register_worker(spec_1s()).await.expect("register on a");
     let _second = b.register_worker(spec_1s()).await.expect("register on b");
@@ -124,3 +121,13 @@ async fn an_event_before_the_first_listener_is_kept_for_it() {
     a.stop().await;
     b.stop().await;
 }
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded],
+    tests: [
+        a_worker_reaped_while_it_lives_tells_its_owner_and_rejoins,
+        a_registration_replaced_by_another_nodes_tells_its_owner_once,
+        an_event_before_the_first_listener_is_kept_for_it,
+    ],
+);

@@ -1,6 +1,8 @@
-//! Helpers shared by the `jobs_*` test files: nodes on a temporary
-//! embedded store (several "nodes" = several handles on one directory, as
-//! several Erlang nodes on one host), workers, raw reads.
+//! Helpers shared by the `jobs_*` test files: nodes on one test store
+//! (`Cluster::new` the embedded store in a temporary directory,
+//! `Cluster::on` any [`StoreKind`], a live FoundationDB included; several
+//! "nodes" = several handles on one store, as several Erlang nodes open
+//! it), workers, raw reads.
 
 #![allow(dead_code)]
 
@@ -10,29 +12,51 @@ use std::time::Duration;
 use couch_workers_core::jobs::{Fence, Job, JobEvent, JobHandle, JobService, JobState, OnJobEvent};
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::log::Discard;
-use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use couch_workers_core::store::embedded::EmbeddedStore;
 use couch_workers_core::store::{run, Db, RangeRequest, TxOptions};
+pub use couch_workers_core::test_store::{StoreKind, TestStore};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Node, Registration, Settings};
 use tokio::sync::mpsc;
 
 pub struct Cluster {
-    pub dir: tempfile::TempDir,
+    pub store: TestStore,
 }
 
 impl Cluster {
+    /// On the embedded store, in a temporary directory.
     pub fn new() -> Self {
-        Cluster { dir: tempfile::tempdir().expect("temp dir") }
+        Self::on(StoreKind::Embedded)
     }
 
-    /// A node: its own store handle on the shared directory.
+    /// On a fresh store of `kind`.
+    pub fn on(kind: StoreKind) -> Self {
+        Cluster { store: TestStore::new(kind) }
+    }
+
+    pub fn kind(&self) -> StoreKind {
+        self.store.kind()
+    }
+
+    /// A new handle on the store (what a node opens).
+    pub fn db(&self) -> Db {
+        self.store.db()
+    }
+
+    /// A node: its own store handle on the shared store.
     pub fn node(&self) -> Arc<Node> {
-        self.node_and_store().0
+        self.node_with(Settings::default())
     }
 
-    /// A node and its store handle (to count the store's watches).
+    /// The same with these settings.
+    pub fn node_with(&self, settings: Settings) -> Arc<Node> {
+        Node::with_db(self.db(), settings, Arc::new(Discard))
+    }
+
+    /// A node and its store handle (to count the store's watches): the
+    /// embedded store only.
     pub fn node_and_store(&self) -> (Arc<Node>, Arc<EmbeddedStore>) {
-        let store = EmbeddedStore::open(EmbeddedOptions::new(self.dir.path())).expect("open store");
+        let store = self.store.embedded().expect("an embedded store");
         let db: Db = store.clone();
         (Node::with_db(db, Settings::default(), Arc::new(Discard)), store)
     }
