@@ -101,7 +101,7 @@ else
 
     stage "FoundationDB live: the store and key-space conformance suites, a clean process exit, the job, worker and membership tests"
     FDB_CLUSTER_FILE=$FDB_CLUSTER_FILE scripts/live-cargo-test.sh \
-        -p couch_workers_core --features fdb --test conformance_fdb --test fdb_exit \
+        -p couch_workers_core --features fdb --test conformance_fdb --test fdb_exit --test fdb_commit_errors \
         --test jobs_queue --test jobs_accept --test jobs_subscribe --test jobs_lifecycle \
         --test jobs_failover --test jobs_finish_accept --test jobs_due --test jobs_wake \
         --test jobs_value_room --test jobs_departure_rules --test jobs_give_back \

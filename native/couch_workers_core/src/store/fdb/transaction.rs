@@ -42,6 +42,21 @@ pub struct FdbTransaction {
     closed: CancellationToken,
 }
 
+/// What a failed commit answers. FoundationDB's "maybe committed" errors
+/// (1021 `commit_unknown_result`, 1039 `cluster_version_changed`) and a
+/// 1031 `transaction_timed_out` (the `timeout` option cancels the
+/// transaction, but a commit request already sent may still be applied)
+/// leave the commit's outcome unknown: `CommitUnknown`, so that no caller
+/// takes a write that may have landed for one that did not. Every other
+/// error of a commit means it did not happen.
+pub fn commit_error(e: FdbError) -> StoreError {
+    if e.is_maybe_committed() || e.code() == 1031 {
+        StoreError::CommitUnknown
+    } else {
+        map_fdb_error(e)
+    }
+}
+
 /// Milliseconds for FDB's `timeout` option: at least 1 (0 disables it).
 fn timeout_ms(opts: &TxOptions) -> i32 {
     i32::try_from(opts.timeout.as_millis()).unwrap_or(i32::MAX).max(1)
@@ -245,7 +260,7 @@ impl Transaction for FdbTransaction {
         let committed = match wait(&self.closed, async { Ok::<_, FdbError>(tx.commit().await) }).await? {
             Ok(committed) => committed,
             Err(failed) => {
-                let err = map_fdb_error(*failed);
+                let err = commit_error(*failed);
                 *self.state() = State::CommitFailed(failed);
                 return Err(err);
             }
