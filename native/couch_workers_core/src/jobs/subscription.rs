@@ -34,6 +34,7 @@ use super::service::{Live, ServiceState};
 use crate::error::Error;
 use crate::log_event;
 use crate::services::sleep_or_cancel;
+use crate::services::supervise::ServiceKind;
 use crate::services::watch_limit::is_too_many_watches;
 use crate::store::{run, StoreError, Watch};
 
@@ -121,7 +122,16 @@ impl Watchers {
                     state: Mutex::new(WatcherState::default()),
                 });
                 map.insert(key, watcher.clone());
-                shared.spawn(watch_job(Arc::downgrade(shared), watcher.clone()));
+                let (weak, w) = (Arc::downgrade(shared), watcher.clone());
+                // Failing: logged (a subscriber's only ending is `Removed`,
+                // which would be false).
+                shared.spawn_supervised(
+                    ServiceKind::JobWatcher,
+                    watcher.key.0.clone(),
+                    watcher.cancel.clone(),
+                    None,
+                    move || watch_job(weak.clone(), w.clone()),
+                );
                 watcher
             }
         };
@@ -148,8 +158,11 @@ impl Watchers {
     }
 }
 
-/// The watcher task of one job.
+/// The watcher task of one job; supervised (`services/supervise.rs`): a
+/// restart reads the job again, and each subscriber's `seen` keeps it from
+/// a change twice. Every way it ends for good cancels its token.
 async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
+    let _ended = EndGuard(&watcher.cancel);
     let Some(live) = shared.upgrade().map(|s| Live::new(&s.counts.job_watchers)) else { return };
     let _live = live;
     let mut failures: u32 = 0;
@@ -253,4 +266,16 @@ pub(crate) async fn read_current(shared: &ServiceState, job_type: &[u8], id: &[u
     run(shared.db.as_ref(), shared.read, |tx| async move { ops::get(&tx, ks, job_type, id).await })
         .await?
         .ok_or(Error::NotFound)
+}
+
+/// Cancels a job watcher's token when its run returns (not when it
+/// panics: the supervisor restarts it then).
+struct EndGuard<'a>(&'a CancellationToken);
+
+impl Drop for EndGuard<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.0.cancel();
+        }
+    }
 }
