@@ -294,6 +294,7 @@ impl Dispatchers {
                 home: home.clone(),
                 in_round: Vec::new(),
                 round_tokens: Vec::new(),
+                ended: false,
             });
             let cancel = c.clone();
             async move {
@@ -349,16 +350,18 @@ struct Dispatcher {
     /// under: a panic gives the jobs back and the waiters their place.
     in_round: Vec<Waiter>,
     round_tokens: Vec<(Vec<u8>, AcceptToken)>,
+    /// Its run returned (rather than being dropped mid-way by a panic).
+    ended: bool,
 }
 
 impl Drop for Dispatcher {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            // It ended (no waiter left, or the node stops): not run again.
+        if self.ended {
+            // No waiter left, or the node stops: not run again.
             self.cancel.cancel();
             return;
         }
-        // A panic: the next run serves the same waiters, in the same
+        // A panic (or the task dropped with the runtime): the next run serves the same waiters, in the same
         // order; what the round in flight may have taken goes back.
         let tokens = std::mem::take(&mut self.round_tokens);
         if !tokens.is_empty() {
@@ -385,7 +388,14 @@ impl Dispatcher {
         !self.paused && self.next_due.is_some_and(|t| t <= wall_ms())
     }
 
+    /// Serves until no waiter is left or the node stops; then it is not
+    /// run again. Dropped before that (a panic), it parks its queue.
     async fn run(mut self) {
+        self.serve().await;
+        self.ended = true;
+    }
+
+    async fn serve(&mut self) {
         let _live = Live::new(&self.shared.counts.dispatchers);
         let mut watch: Option<Watch> = None;
         let mut need_round = true;

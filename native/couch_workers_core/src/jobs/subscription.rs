@@ -162,7 +162,12 @@ impl Watchers {
 /// restart reads the job again, and each subscriber's `seen` keeps it from
 /// a change twice. Every way it ends for good cancels its token.
 async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
-    let _ended = EndGuard(&watcher.cancel);
+    watch_job_loop(shared, &watcher).await;
+    // Returned (not a panic, which the supervisor restarts): for good.
+    watcher.cancel.cancel();
+}
+
+async fn watch_job_loop(shared: Weak<ServiceState>, watcher: &Arc<JobWatcher>) {
     let Some(live) = shared.upgrade().map(|s| Live::new(&s.counts.job_watchers)) else { return };
     let _live = live;
     let mut failures: u32 = 0;
@@ -266,16 +271,4 @@ pub(crate) async fn read_current(shared: &ServiceState, job_type: &[u8], id: &[u
     run(shared.db.as_ref(), shared.read, |tx| async move { ops::get(&tx, ks, job_type, id).await })
         .await?
         .ok_or(Error::NotFound)
-}
-
-/// Cancels a job watcher's token when its run returns (not when it
-/// panics: the supervisor restarts it then).
-struct EndGuard<'a>(&'a CancellationToken);
-
-impl Drop for EndGuard<'_> {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            self.0.cancel();
-        }
-    }
 }
