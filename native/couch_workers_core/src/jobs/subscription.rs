@@ -203,7 +203,7 @@ async fn watch_job_loop(shared: Weak<ServiceState>, watcher: &Arc<JobWatcher>) {
                 // Removed: tell everyone, and leave (under the map lock, so
                 // a new subscriber starts a new watcher).
                 let mut map = s.watchers.lock();
-                if map.get(&watcher.key).is_some_and(|w| Arc::ptr_eq(w, &watcher)) {
+                if map.get(&watcher.key).is_some_and(|w| Arc::ptr_eq(w, watcher)) {
                     map.remove(&watcher.key);
                 }
                 let mut state = watcher.lock();
