@@ -287,9 +287,6 @@ async fn a_failing_heartbeat_service_is_reported_to_the_owners() {
     assert!(log.count("service_restarted", ServiceKind::Heartbeat) >= 5);
     assert!(SERVICES.snapshot().failing > failing, "the failing episode is counted");
     // Restarted regardless: the sixth run serves.
-    let key = ks(&node).health(T, b"w");
-    let before = raw_get(&node, &key).await.expect("registered");
-    let _ = before;
     log.wait("service_restarted", ServiceKind::Heartbeat, 5).await;
     let other = node.register_worker(worker(T, b"v", 2)).await.expect("register");
     let key_v = ks(&node).health(T, b"v");
