@@ -31,7 +31,9 @@
 %% when a later registration of the same `(Type, Id)', on another node,
 %% replaced it. Then `Ref' is over: this server forgets it (told by
 %% `{couch_workers_worker_superseded, Ref}'), so that a register of the
-%% same key starts a new registration.
+%% same key starts a new registration. `{couch_workers_worker_at_risk,
+%% Ref, heartbeat_failing}' when the node's heartbeat service keeps
+%% failing (restarted 5 times within a minute): the worker may be reaped.
 %%
 %% The server never waits for the store: it calls the NIF with a fresh
 %% reference, keeps the caller's `From', and answers with
@@ -175,6 +177,8 @@ handle_info({couch_workers_worker_reaped, Ref} = Msg, St) ->
     %% For an owner on another node (the NIF sends to local pids only).
     {noreply, forward(Ref, Msg, St)};
 handle_info({couch_workers_worker_lost, Ref, _Reason} = Msg, St) ->
+    {noreply, forward(Ref, Msg, St)};
+handle_info({couch_workers_worker_at_risk, Ref, _Reason} = Msg, St) ->
     {noreply, forward(Ref, Msg, St)};
 handle_info({'DOWN', Mon, process, Pid, Reason}, St) ->
     case maps:take(Mon, St#st.monitors) of

@@ -200,7 +200,7 @@ bucket_top(I) ->
 %% ---- reading -----------------------------------------------------------------
 
 %% @doc Everything: `#{node, store => #{transactions, conflicts, retries,
-%% failures}, types => #{Type => #{Counter => N, latency => #{Histogram
+%% failures, services_restarted, services_failing}, types => #{Type => #{Counter => N, latency => #{Histogram
 %% => summary()}}}}'.
 -spec metrics() -> map().
 metrics() ->
@@ -220,7 +220,15 @@ store_counters() ->
     try
         couch_workers_nif:ops_store_counters()
     catch
-        error:_ -> #{transactions => 0, conflicts => 0, retries => 0, failures => 0}
+        error:_ ->
+            #{
+                transactions => 0,
+                conflicts => 0,
+                retries => 0,
+                failures => 0,
+                services_restarted => 0,
+                services_failing => 0
+            }
     end.
 
 type_metrics(A) ->

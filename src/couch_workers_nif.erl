@@ -39,6 +39,7 @@
 %%     reaped (and registered again): {couch_workers_worker_reaped, Tag} to Owner
 %%     replaced by another registration: {couch_workers_worker_lost, Tag, superseded} to Owner and
 %%     {couch_workers_worker_superseded, Tag} to the caller (again to a later caller; see workers.rs)
+%%     the node's heartbeat service keeps failing: {couch_workers_worker_at_risk, Tag, heartbeat_failing} to Owner
 %% worker_remove_dead(Ref, Registration) as worker_unregister, for an owner that died: its running
 %%     jobs fail with worker_lost instead of being released
 %% membership_watch(Type, Tag)      -> {ok, Watch} | {error, Name}     Tag: an atom or a reference
@@ -90,7 +91,7 @@
 %% ops_worker_types(Ref)                      -> ok | {error, _}  then {Ref, {ok, [Type]} | {error, Name}}
 %% ops_workers(Ref, Type)                     -> ok | {error, _}  then {Ref, {ok, [#{id, opts, timeout, heartbeat_age_ms, running}]} | {error, Name}}
 %% ops_job_paused(Ref, Type)                  -> ok | {error, _}  then {Ref, {ok, boolean()} | {error, Name}}
-%% ops_store_counters()                       -> #{transactions, conflicts, retries, failures}   (the retry loop's, since the VM started)
+%% ops_store_counters()                       -> #{transactions, conflicts, retries, failures, services_restarted, services_failing}   (the retry loop's and the supervisor's, since the VM started)
 %%
 %% worker_register_dirty/4, job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3,
 %% job_finish_accept_dirty/4, job_fail_dirty/4, job_release_dirty/4, job_resubmit_dirty/6

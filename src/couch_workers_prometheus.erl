@@ -42,7 +42,16 @@ format(#{node := Node, store := Store, types := Types}) ->
         )
      || K <- [transactions, conflicts, retries, failures]
     ],
-    [Counters, Latencies, StoreFams].
+    ServiceFams = [
+        family(
+            ["couch_workers_", atom_to_list(K), "_total"],
+            counter,
+            store_help(K),
+            [{[{"node", NodeL}], maps:get(K, Store, 0)}]
+        )
+     || K <- [services_restarted, services_failing]
+    ],
+    [Counters, Latencies, StoreFams, ServiceFams].
 
 latency(H, NodeL, Sorted) ->
     Name = ["couch_workers_", latency_name(H), "_seconds"],
@@ -136,4 +145,6 @@ help(heartbeat_failures) -> "Heartbeats of this node's workers that failed to co
 store_help(transactions) -> "Store transaction attempts of this node (retries included).";
 store_help(conflicts) -> "Store transaction attempts of this node that conflicted.";
 store_help(retries) -> "Store transaction attempts of this node that were retried.";
-store_help(failures) -> "Store transactions of this node that gave up with an error.".
+store_help(failures) -> "Store transactions of this node that gave up with an error.";
+store_help(services_restarted) -> "Background tasks of this node restarted after a panic or an unexpected end.";
+store_help(services_failing) -> "Background tasks of this node reported failing (5 restarts within a minute).".

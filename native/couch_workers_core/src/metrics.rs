@@ -1,4 +1,6 @@
-//! Counters of the store's retry loop, for `couch_workers:metrics/0`.
+//! Counters of the store's retry loop, for `couch_workers:metrics/0`,
+//! and of the restarts of supervised tasks ([`SERVICES`], counted by
+//! `services/supervise.rs` directly).
 //!
 //! Fed from the `transaction` span of the retry loop (`store/retry.rs`):
 //! each run records its tally into its span once, when it ends (its
@@ -109,6 +111,35 @@ impl Visit for AddTally {
     }
 
     fn record_debug(&mut self, _field: &Field, _value: &dyn fmt::Debug) {}
+}
+
+/// Restarts of a node's supervised tasks (`services/supervise.rs`).
+#[derive(Debug, Default)]
+pub struct ServiceCounters {
+    /// Runs of a supervised task that panicked or ended unexpectedly (each
+    /// is restarted).
+    pub restarted: AtomicU64,
+    /// Failing episodes: a task restarted `FAILING_RESTARTS` times within
+    /// `FAILING_WINDOW` (reported to the owners it serves).
+    pub failing: AtomicU64,
+}
+
+/// A copy of the service counters at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServiceCounts {
+    pub restarted: u64,
+    pub failing: u64,
+}
+
+pub static SERVICES: ServiceCounters = ServiceCounters { restarted: AtomicU64::new(0), failing: AtomicU64::new(0) };
+
+impl ServiceCounters {
+    pub fn snapshot(&self) -> ServiceCounts {
+        ServiceCounts {
+            restarted: self.restarted.load(Ordering::Relaxed),
+            failing: self.failing.load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl StoreCounters {

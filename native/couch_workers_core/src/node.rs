@@ -22,6 +22,7 @@ use crate::services::heartbeat::{HeartbeatService, Heartbeats};
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
+use crate::services::supervise::{ServiceKind, Supervisor};
 use crate::services::watch_limit::WatchLimit;
 use crate::services::{wall_clock_s, Live, TaskCounts};
 use crate::store::{self, run, run_attempts, Db, StoreConfig, StoreError, Tx, TxOptions};
@@ -75,6 +76,8 @@ pub struct Node {
     watch_limit: Arc<WatchLimit>,
     /// The registrations the heartbeat service renews.
     heartbeats: Arc<Heartbeats>,
+    /// Restarts the node's long-lived tasks (shared with the job service).
+    supervisor: Arc<Supervisor>,
 }
 
 impl Node {
@@ -104,6 +107,7 @@ impl Node {
             Handle::current(),
         );
         let watch_limit = jobs.watch_limit();
+        let supervisor = jobs.supervisor();
         let node = Arc::new(Node {
             db,
             ks,
@@ -116,28 +120,53 @@ impl Node {
             jobs,
             watch_limit,
             heartbeats: Arc::new(Heartbeats::default()),
+            supervisor,
         });
+        let cancel = node.shutdown.child_token();
         let service = HeartbeatService {
             db: node.db.clone(),
             ks: node.ks.clone(),
             log: node.log.clone(),
-            cancel: node.shutdown.child_token(),
+            cancel: cancel.clone(),
             tx_options: node.write_options(),
             heartbeats: node.heartbeats.clone(),
         };
-        node.tasks.spawn_on(service.run(), &node.runtime);
+        // Failing: every registration's owner is told (its worker may be
+        // reaped).
+        let heartbeats = node.heartbeats.clone();
+        let on_failing = Box::new(move || heartbeats.tell_failing());
+        node.spawn(node.supervisor.supervise(
+            ServiceKind::Heartbeat,
+            Vec::new(),
+            cancel,
+            move || service.clone().run(),
+            Some(on_failing),
+        ));
+        let cancel = node.shutdown.child_token();
         let reaper = Reaper {
             db: node.db.clone(),
             ks: node.ks.clone(),
             log: node.log.clone(),
-            cancel: node.shutdown.child_token(),
+            cancel: cancel.clone(),
             max_interval: settings.reaper_max_interval,
             tx_options: node.write_options(),
             own: node.heartbeats.clone(),
         };
         let live = Live::new(&node.counts.reapers);
-        node.tasks.spawn_on(reaper.run(live), &node.runtime);
+        let supervised =
+            node.supervisor.supervise(ServiceKind::Reaper, Vec::new(), cancel, move || reaper.clone().run(), None);
+        node.spawn(async move {
+            let _live = live;
+            supervised.await
+        });
         node
+    }
+
+    /// Makes the next `times` runs of a supervised task of `kind` panic
+    /// (a running one at once): the restart tests' hook.
+    #[cfg(feature = "testkit")]
+    pub fn inject_panic(&self, kind: ServiceKind, times: u32) {
+        self.supervisor.inject_panic(kind, times);
     }
 
     /// Stops every task, waits for them, and closes the store.
@@ -377,18 +406,31 @@ impl Node {
         }
         crate::error::check_key(&self.ks.membership_vs(&worker_type))?;
         let cancel = self.shutdown.child_token();
+        let label = worker_type.clone();
         let watcher = MembershipWatcher {
             db: self.db.clone(),
             ks: self.ks.clone(),
             worker_type,
-            on_update,
+            on_update: Arc::new(on_update),
+            known: Default::default(),
             log: self.log.clone(),
             cancel: cancel.clone(),
             tx_options: self.read_options(),
             watch_limit: self.watch_limit.clone(),
         };
         let live = Live::new(&self.counts.watchers);
-        self.spawn(watcher.run(live));
+        // Failing: logged (a membership delivery has no ended notice).
+        let supervised = self.supervisor.supervise(
+            ServiceKind::Membership,
+            label,
+            cancel.clone(),
+            move || watcher.clone().run(),
+            None,
+        );
+        self.spawn(async move {
+            let _live = live;
+            supervised.await
+        });
         Ok(MembershipWatch { cancel })
     }
 }

@@ -9,10 +9,11 @@
 //! `null` for a worker whose health record is missing or unreadable);
 //! replies are built on a runtime thread, never on a scheduler, so 10,000
 //! workers cost the caller's scheduler nothing. `ops_store_counters/0`
-//! only loads four atomics.
+//! only loads six atomics (the last two: the supervisor's restarts,
+//! `services_restarted` and `services_failing`).
 
 use couch_workers_core::inspect::WorkerInfo;
-use couch_workers_core::metrics::STORE;
+use couch_workers_core::metrics::{SERVICES, STORE};
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
 use crate::atoms;
@@ -28,6 +29,8 @@ rustler::atoms! {
     conflicts,
     retries,
     failures,
+    services_restarted,
+    services_failing,
 }
 
 fn worker_term<'a>(env: Env<'a>, w: &WorkerInfo) -> Term<'a> {
@@ -114,11 +117,14 @@ fn ops_job_paused<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) -> 
 #[rustler::nif]
 fn ops_store_counters(env: Env) -> NifResult<Term> {
     let c = STORE.snapshot();
+    let s = SERVICES.snapshot();
     let pairs = [
         (transactions().encode(env), c.transactions.encode(env)),
         (conflicts().encode(env), c.conflicts.encode(env)),
         (retries().encode(env), c.retries.encode(env)),
         (failures().encode(env), c.failures.encode(env)),
+        (services_restarted().encode(env), s.restarted.encode(env)),
+        (services_failing().encode(env), s.failing.encode(env)),
     ];
     let (keys, values): (Vec<Term>, Vec<Term>) = pairs.into_iter().unzip();
     Term::map_from_term_arrays(env, &keys, &values)

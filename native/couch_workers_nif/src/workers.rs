@@ -248,6 +248,11 @@ impl OwnerTarget {
                 });
                 self.send_server_superseded();
             }
+            OwnerEvent::HeartbeatFailing => {
+                self.send_to(&self.owner, |env, tag| {
+                    (atoms::couch_workers_worker_at_risk(), tag, atoms::heartbeat_failing()).encode(env)
+                });
+            }
         }
     }
 

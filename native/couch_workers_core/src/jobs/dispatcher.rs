@@ -87,6 +87,7 @@ use crate::error::Error;
 use crate::keyspace::Incarnation;
 use crate::log::TARGET;
 use crate::log_event;
+use crate::services::supervise::ServiceKind;
 use crate::services::watch_limit::is_too_many_watches;
 use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError, Watch};
@@ -270,19 +271,47 @@ impl Dispatchers {
         // The receiver is alive: this cannot fail.
         let _ = sender.send(waiter);
         map.insert(job_type.to_vec(), Entry { id, sender });
-        let dispatcher = Dispatcher {
-            shared: shared.clone(),
-            job_type: job_type.to_vec(),
-            id,
-            receiver,
-            cancel: shared.cancel.child_token(),
-            waiters: VecDeque::new(),
-            next_due: None,
-            paused: false,
-            gone: Arc::new(Notify::new()),
-        };
-        shared.spawn(dispatcher.run());
+        // Supervised (`services/supervise.rs`): a run that panics parks its
+        // queue in `home` (`Dispatcher`'s drop), where the next run takes
+        // it up, so no waiter is lost; one that ends (no waiter left, or
+        // the node stops) cancels `cancel`, and is not run again.
+        let home = Arc::new(Mutex::new(Some(Parked { receiver, waiters: VecDeque::new() })));
+        let cancel = shared.cancel.child_token();
+        let gone = Arc::new(Notify::new());
+        let (s, t, c) = (shared.clone(), job_type.to_vec(), cancel.clone());
+        shared.spawn_supervised(ServiceKind::Dispatcher, job_type.to_vec(), cancel, None, move || {
+            let parked = home.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let dispatcher = parked.map(|parked| Dispatcher {
+                shared: s.clone(),
+                job_type: t.clone(),
+                id,
+                receiver: parked.receiver,
+                cancel: c.clone(),
+                waiters: parked.waiters,
+                next_due: None,
+                paused: false,
+                gone: gone.clone(),
+                home: home.clone(),
+                in_round: Vec::new(),
+                round_tokens: Vec::new(),
+                ended: false,
+            });
+            let cancel = c.clone();
+            async move {
+                match dispatcher {
+                    Some(d) => d.run().await,
+                    // Nothing parked: nothing to serve.
+                    None => cancel.cancel(),
+                }
+            }
+        });
     }
+}
+
+/// A dispatcher's queue between two runs.
+struct Parked {
+    receiver: mpsc::UnboundedReceiver<Waiter>,
+    waiters: VecDeque<Waiter>,
 }
 
 enum Wake {
@@ -315,6 +344,35 @@ struct Dispatcher {
     paused: bool,
     /// Rung by the replies of waiters that stop waiting.
     gone: Arc<Notify>,
+    /// Where a run that panics leaves its queue for the next one.
+    home: Arc<Mutex<Option<Parked>>>,
+    /// The waiters of the round in flight, and the tokens it takes jobs
+    /// under: a panic gives the jobs back and the waiters their place.
+    in_round: Vec<Waiter>,
+    round_tokens: Vec<(Vec<u8>, AcceptToken)>,
+    /// Its run returned (rather than being dropped mid-way by a panic).
+    ended: bool,
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        if self.ended {
+            // No waiter left, or the node stops: not run again.
+            self.cancel.cancel();
+            return;
+        }
+        // A panic (or the task dropped with the runtime): the next run serves the same waiters, in the same
+        // order; what the round in flight may have taken goes back.
+        let tokens = std::mem::take(&mut self.round_tokens);
+        if !tokens.is_empty() {
+            self.shared.reclaim(self.job_type.clone(), tokens);
+        }
+        let mut waiters: VecDeque<Waiter> = std::mem::take(&mut self.in_round).into();
+        waiters.extend(self.waiters.drain(..));
+        let (_, closed) = mpsc::unbounded_channel();
+        let receiver = std::mem::replace(&mut self.receiver, closed);
+        *self.home.lock().unwrap_or_else(|e| e.into_inner()) = Some(Parked { receiver, waiters });
+    }
 }
 
 /// The monotonic instant at which this node's wall clock reads `at_ms`.
@@ -330,7 +388,14 @@ impl Dispatcher {
         !self.paused && self.next_due.is_some_and(|t| t <= wall_ms())
     }
 
+    /// Serves until no waiter is left or the node stops; then it is not
+    /// run again. Dropped before that (a panic), it parks its queue.
     async fn run(mut self) {
+        self.serve().await;
+        self.ended = true;
+    }
+
+    async fn serve(&mut self) {
         let _live = Live::new(&self.shared.counts.dispatchers);
         let mut watch: Option<Watch> = None;
         let mut need_round = true;
@@ -549,14 +614,15 @@ impl Dispatcher {
     /// round is due at once, and the watch armed for the waiters left.
     async fn round(&mut self) -> Result<(bool, Option<Watch>), StoreError> {
         let n = self.waiters.len().min(ROUND_MAX_WAITERS);
-        let batch: Vec<Waiter> = self.waiters.drain(..n).collect();
-        let workers: Vec<Vec<u8>> = batch.iter().map(|w| w.worker.clone()).collect();
-        let incarnations: Vec<Option<Incarnation>> = batch.iter().map(|w| w.incarnation).collect();
+        self.in_round = self.waiters.drain(..n).collect();
+        let workers: Vec<Vec<u8>> = self.in_round.iter().map(|w| w.worker.clone()).collect();
+        let incarnations: Vec<Option<Incarnation>> = self.in_round.iter().map(|w| w.incarnation).collect();
         let rest = self.waiters.len();
+        let tokens = ops::new_tokens(workers.len());
+        self.round_tokens = workers.iter().cloned().zip(tokens.iter().copied()).collect();
         let shared = &self.shared;
         let ks = &shared.ks;
         let job_type = &self.job_type;
-        let tokens = ops::new_tokens(workers.len());
         let mut attempts = 0u32;
         let outcome = run_committed(shared.db.as_ref(), shared.write, |tx| {
             attempts += 1;
@@ -575,6 +641,8 @@ impl Dispatcher {
         })
         .await;
         crate::stage::mark("round_committed");
+        self.round_tokens.clear();
+        let batch = std::mem::take(&mut self.in_round);
         let ((round, seen), info) = match outcome {
             Ok(done) => done,
             Err(e) => {

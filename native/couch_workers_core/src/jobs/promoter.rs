@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ops;
 use super::place::wall_ms;
-use super::service::{Live, ServiceState};
+use super::service::ServiceState;
 use super::wake::{Waiter, Woke};
 use crate::log_event;
 use crate::services::{jittered, sleep_or_cancel};
@@ -36,8 +36,8 @@ use crate::store::{run, StoreError, Watch};
 /// Longest sleep between passes while the watch is armed.
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
-pub(crate) async fn run_promoter(shared: Arc<ServiceState>, cancel: CancellationToken, live: Live) {
-    let _live = live;
+/// The promoter's loop; supervised (`services/supervise.rs`).
+pub(crate) async fn run_promoter(shared: Arc<ServiceState>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     let mut waiter = Waiter::new(&shared.watch_limit);
     loop {

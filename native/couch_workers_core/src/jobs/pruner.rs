@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::ops;
 use super::place::wall_ms;
 use super::receipt;
-use super::service::{Live, ServiceState};
+use super::service::ServiceState;
 use super::wake::{Waiter, Woke};
 use crate::log_event;
 use crate::services::{jittered, sleep_or_cancel};
@@ -52,8 +52,8 @@ pub(crate) const WAKE_KEEP_S: u64 = 60;
 /// Shortest time from one look to the next one that a change triggers.
 const MIN_GAP: Duration = Duration::from_millis(1000);
 
-pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationToken, live: Live) {
-    let _live = live;
+/// The pruner's loop; supervised (`services/supervise.rs`).
+pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     let mut receipts_cleared: Option<i64> = None;
     let mut waiter = Waiter::new(&shared.watch_limit);

@@ -32,6 +32,7 @@ use crate::error::{check_key, Error};
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::Logger;
 use crate::log_event;
+use crate::services::supervise::{ServiceKind, Supervisor};
 use crate::services::watch_limit::WatchLimit;
 use crate::store::run_attempts;
 use crate::store::{run, Db, StoreError, TxOptions};
@@ -83,9 +84,32 @@ pub(crate) struct ServiceState {
     /// The database handle's watch-limit episode, shared with the node's
     /// membership watchers: the limit is the handle's.
     pub watch_limit: Arc<WatchLimit>,
+    /// Restarts the service's long-lived tasks (the node's supervisor).
+    pub supervisor: Arc<Supervisor>,
 }
 
 impl ServiceState {
+    /// Spawns a supervised task of `kind` (see `services::supervise`),
+    /// counted live in `count` for as long as it is supervised.
+    pub(crate) fn spawn_supervised<F, Fut>(
+        &self,
+        kind: ServiceKind,
+        label: Vec<u8>,
+        cancel: CancellationToken,
+        count: Option<&Arc<AtomicUsize>>,
+        factory: F,
+    ) where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let live = count.map(Live::new);
+        let supervised = self.supervisor.supervise(kind, label, cancel, factory, None);
+        self.spawn(async move {
+            let _live = live;
+            supervised.await
+        });
+    }
+
     pub fn spawn<F>(&self, task: F)
     where
         F: std::future::Future<Output = ()> + Send + 'static,
@@ -215,6 +239,7 @@ impl JobService {
         runtime: Handle,
     ) -> JobService {
         let watch_limit = Arc::new(WatchLimit::new(log.clone()));
+        let supervisor = Supervisor::new(log.clone());
         let shared = Arc::new(ServiceState {
             db,
             ks,
@@ -228,14 +253,29 @@ impl JobService {
             dispatchers: Dispatchers::default(),
             watchers: Watchers::default(),
             watch_limit,
+            supervisor,
         });
-        let live = Live::new(&shared.counts.sweepers);
-        shared.spawn(run_sweeper(shared.clone(), shared.cancel.child_token(), live));
-        let live = Live::new(&shared.counts.pruners);
-        shared.spawn(run_pruner(shared.clone(), shared.cancel.child_token(), live));
-        let live = Live::new(&shared.counts.promoters);
-        shared.spawn(run_promoter(shared.clone(), shared.cancel.child_token(), live));
+        let (s, cancel) = (shared.clone(), shared.cancel.child_token());
+        let c = cancel.clone();
+        shared.spawn_supervised(ServiceKind::Sweeper, Vec::new(), cancel, Some(&shared.counts.sweepers), move || {
+            run_sweeper(s.clone(), c.clone())
+        });
+        let (s, cancel) = (shared.clone(), shared.cancel.child_token());
+        let c = cancel.clone();
+        shared.spawn_supervised(ServiceKind::Pruner, Vec::new(), cancel, Some(&shared.counts.pruners), move || {
+            run_pruner(s.clone(), c.clone())
+        });
+        let (s, cancel) = (shared.clone(), shared.cancel.child_token());
+        let c = cancel.clone();
+        shared.spawn_supervised(ServiceKind::Promoter, Vec::new(), cancel, Some(&shared.counts.promoters), move || {
+            run_promoter(s.clone(), c.clone())
+        });
         JobService { shared }
+    }
+
+    /// The node's supervisor (its tasks and the service's share it).
+    pub(crate) fn supervisor(&self) -> Arc<Supervisor> {
+        self.shared.supervisor.clone()
     }
 
     /// The watch-limit episode of the service's database handle (the

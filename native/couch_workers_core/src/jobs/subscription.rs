@@ -34,6 +34,7 @@ use super::service::{Live, ServiceState};
 use crate::error::Error;
 use crate::log_event;
 use crate::services::sleep_or_cancel;
+use crate::services::supervise::ServiceKind;
 use crate::services::watch_limit::is_too_many_watches;
 use crate::store::{run, StoreError, Watch};
 
@@ -121,7 +122,16 @@ impl Watchers {
                     state: Mutex::new(WatcherState::default()),
                 });
                 map.insert(key, watcher.clone());
-                shared.spawn(watch_job(Arc::downgrade(shared), watcher.clone()));
+                let (weak, w) = (Arc::downgrade(shared), watcher.clone());
+                // Failing: logged (a subscriber's only ending is `Removed`,
+                // which would be false).
+                shared.spawn_supervised(
+                    ServiceKind::JobWatcher,
+                    watcher.key.0.clone(),
+                    watcher.cancel.clone(),
+                    None,
+                    move || watch_job(weak.clone(), w.clone()),
+                );
                 watcher
             }
         };
@@ -148,8 +158,16 @@ impl Watchers {
     }
 }
 
-/// The watcher task of one job.
+/// The watcher task of one job; supervised (`services/supervise.rs`): a
+/// restart reads the job again, and each subscriber's `seen` keeps it from
+/// a change twice. Every way it ends for good cancels its token.
 async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
+    watch_job_loop(shared, &watcher).await;
+    // Returned (not a panic, which the supervisor restarts): for good.
+    watcher.cancel.cancel();
+}
+
+async fn watch_job_loop(shared: Weak<ServiceState>, watcher: &Arc<JobWatcher>) {
     let Some(live) = shared.upgrade().map(|s| Live::new(&s.counts.job_watchers)) else { return };
     let _live = live;
     let mut failures: u32 = 0;
@@ -185,7 +203,7 @@ async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
                 // Removed: tell everyone, and leave (under the map lock, so
                 // a new subscriber starts a new watcher).
                 let mut map = s.watchers.lock();
-                if map.get(&watcher.key).is_some_and(|w| Arc::ptr_eq(w, &watcher)) {
+                if map.get(&watcher.key).is_some_and(|w| Arc::ptr_eq(w, watcher)) {
                     map.remove(&watcher.key);
                 }
                 let mut state = watcher.lock();

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ops::{self, SweepCursor, SweepStep};
-use super::service::{Live, ServiceState};
+use super::service::ServiceState;
 use crate::log_event;
 use crate::services::watch_limit::is_too_many_watches;
 use crate::services::{jittered, sleep_or_cancel};
@@ -26,10 +26,10 @@ const LIST_LIMIT: usize = 100;
 /// Longest sleep between passes when no watch fires.
 const PERIOD: Duration = Duration::from_secs(10);
 
-/// `live` is taken by the spawner, so the sweeper counts from the moment it
-/// is spawned (a `stats()` right after start sees it).
-pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: CancellationToken, live: Live) {
-    let _live = live;
+/// The sweeper's loop; supervised (`services/supervise.rs`), its live
+/// count held by the supervisor from the moment it is spawned (a `stats()`
+/// right after start sees it).
+pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     // Consecutive watches refused at the handle's limit.
     let mut at_limit: u32 = 0;

@@ -155,6 +155,23 @@ impl Heartbeats {
         self.transactions.load(Ordering::Relaxed)
     }
 
+    /// A (re)started service: no renewal is running any more (one cut
+    /// short by a panic would otherwise stay in flight for ever).
+    fn reset_in_flight(&self) {
+        for entry in self.lock().values_mut() {
+            entry.in_flight = false;
+        }
+    }
+
+    /// Tells every registration's owner that the service keeps failing.
+    pub(crate) fn tell_failing(&self) {
+        let events: Vec<Arc<OwnerEvents>> = self.lock().values().map(|e| e.events.clone()).collect();
+        // Outside the lock: a listener may call back into the node.
+        for sink in events {
+            sink.emit(OwnerEvent::HeartbeatFailing);
+        }
+    }
+
     fn next_wake(&self) -> Option<Instant> {
         self.lock().values().filter(|e| !e.in_flight).map(|e| e.due).min()
     }
@@ -225,6 +242,7 @@ fn may_be_one_workers(e: &StoreError) -> bool {
     )
 }
 
+#[derive(Clone)]
 pub(crate) struct HeartbeatService {
     pub db: Db,
     pub ks: Keyspace,
@@ -235,7 +253,10 @@ pub(crate) struct HeartbeatService {
 }
 
 impl HeartbeatService {
+    /// The service's loop; supervised (`supervise.rs`): a restart takes
+    /// up the registrations where the last run left them.
     pub(crate) async fn run(self) {
+        self.heartbeats.reset_in_flight();
         loop {
             let wake = self.heartbeats.next_wake();
             let sleep = async {
@@ -393,6 +414,7 @@ impl HeartbeatService {
             match event {
                 OwnerEvent::Reaped => log_event!(self.log, Warning, "worker_reinstated", "type" = t, id = id),
                 OwnerEvent::Superseded => log_event!(self.log, Warning, "worker_superseded", "type" = t, id = id),
+                OwnerEvent::HeartbeatFailing => {}
             }
             sink.emit(event);
         }

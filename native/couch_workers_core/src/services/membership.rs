@@ -21,13 +21,13 @@
 //! membership instead (tests, examples): a copy per delivery.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::sleep_or_cancel;
 use super::watch_limit::{is_too_many_watches, WatchLimit};
-use super::{sleep_or_cancel, Live};
 use crate::keyspace::Keyspace;
 use crate::log::Logger;
 use crate::log_event;
@@ -70,11 +70,16 @@ impl MembershipUpdate<'_> {
     }
 }
 
+#[derive(Clone)]
 pub(crate) struct MembershipWatcher {
     pub db: Db,
     pub ks: Keyspace,
     pub worker_type: Vec<u8>,
-    pub on_update: OnMembershipUpdate,
+    pub on_update: Arc<OnMembershipUpdate>,
+    /// What the watcher delivered, kept over restarts (`supervise.rs`), so
+    /// that a restarted watcher goes on from it: no delivery repeats one
+    /// before it.
+    pub known: Arc<Mutex<Option<Known>>>,
     pub log: Logger,
     pub cancel: CancellationToken,
     pub tx_options: TxOptions,
@@ -83,7 +88,7 @@ pub(crate) struct MembershipWatcher {
 }
 
 /// What the watcher knows: the membership as of `vs`.
-struct Known {
+pub(crate) struct Known {
     vs: Versionstamp,
     members: BTreeMap<Vec<u8>, Vec<u8>>,
     /// `members` changed since the last delivery other than by the changes
@@ -100,14 +105,19 @@ enum Read {
 }
 
 impl MembershipWatcher {
-    pub(crate) async fn run(self, live: Live) {
-        let _live = live;
-        let mut known: Option<Known> = None;
+    /// The watcher's loop; supervised (`supervise.rs`).
+    pub(crate) async fn run(self) {
+        if let Some(k) = self.known().as_mut() {
+            // A restart: what the last run folded in is not known to have
+            // been delivered, so the next delivery is whole.
+            k.resync = true;
+        }
         let mut failures: u32 = 0;
         // Consecutive watches refused at the handle's limit.
         let mut at_limit: u32 = 0;
         loop {
-            let read = self.read(known.as_ref());
+            let since = self.known().as_ref().map(|k| k.vs);
+            let read = self.read(since);
             let outcome = tokio::select! {
                 _ = self.cancel.cancelled() => return,
                 outcome = read => outcome,
@@ -123,7 +133,7 @@ impl MembershipWatcher {
                         );
                         failures = 0;
                     }
-                    self.apply(&mut known, read);
+                    self.apply(read);
                     watch
                 }
                 Err(e) => {
@@ -171,12 +181,16 @@ impl MembershipWatcher {
         }
     }
 
+    fn known(&self) -> std::sync::MutexGuard<'_, Option<Known>> {
+        // A panic in a delivery leaves `resync` set at worst: moot.
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// One transaction: the changes since `known` (or everything), and a
     /// watch on the type's `vs` armed at the same read version.
-    async fn read(&self, known: Option<&Known>) -> Result<(Read, Watch), StoreError> {
+    async fn read(&self, since: Option<Versionstamp>) -> Result<(Read, Watch), StoreError> {
         let ks = &self.ks;
         let worker_type = &self.worker_type;
-        let since = known.map(|k| k.vs);
         run(self.db.as_ref(), self.tx_options, |tx: Tx| async move {
             let read = match since {
                 Some(vs) => {
@@ -198,7 +212,9 @@ impl MembershipWatcher {
     /// Folds a read into what the watcher knows and delivers it when the
     /// versionstamp moved (the first read is always delivered, also when
     /// empty).
-    fn apply(&self, known: &mut Option<Known>, read: Read) {
+    fn apply(&self, read: Read) {
+        let mut known = self.known();
+        let known = &mut *known;
         let before = known.as_ref().map(|k| k.vs);
         let changes = match read {
             Read::Full(membership) => {

@@ -7,6 +7,7 @@ pub mod heartbeat;
 pub mod membership;
 pub mod owner_events;
 pub mod reaper;
+pub mod supervise;
 pub mod watch_limit;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -20,6 +20,11 @@ pub enum OwnerEvent {
     Reaped,
     /// Another registration of the same id holds it now: this one ended.
     Superseded,
+    /// The node's heartbeat service keeps failing (it panicked or ended
+    /// `FAILING_RESTARTS` times within a minute; `services/supervise.rs`):
+    /// the worker may be reaped. The service is still restarted; a later
+    /// reap is told as `Reaped`.
+    HeartbeatFailing,
 }
 
 /// Called on a runtime thread, with the channel's lock held: it must be
@@ -39,6 +44,7 @@ struct Inner {
     /// needs to know that it happened, not how often).
     missed_reaped: bool,
     missed_superseded: bool,
+    missed_failing: bool,
     superseded: bool,
 }
 
@@ -53,6 +59,7 @@ impl OwnerEvents {
             None => match event {
                 OwnerEvent::Reaped => inner.missed_reaped = true,
                 OwnerEvent::Superseded => inner.missed_superseded = true,
+                OwnerEvent::HeartbeatFailing => inner.missed_failing = true,
             },
         }
     }
@@ -64,6 +71,9 @@ impl OwnerEvents {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if std::mem::take(&mut inner.missed_reaped) {
             listener(OwnerEvent::Reaped);
+        }
+        if std::mem::take(&mut inner.missed_failing) {
+            listener(OwnerEvent::HeartbeatFailing);
         }
         if std::mem::take(&mut inner.missed_superseded) {
             listener(OwnerEvent::Superseded);

@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::heartbeat::Heartbeats;
-use super::{jittered, Live};
+use super::jittered;
 use crate::jobs::receipt::{self, Receipt};
 use crate::keyspace::{Keyspace, WorkerKey};
 use crate::liveness::{Look, Observer, Restart, Verdict, WorkerId};
@@ -71,6 +71,7 @@ const JITTER: f64 = 0.2;
 /// both measures have surely passed it.
 const WAKE_MARGIN: Duration = Duration::from_millis(20);
 
+#[derive(Clone)]
 pub(crate) struct Reaper {
     pub db: Db,
     pub ks: Keyspace,
@@ -97,8 +98,9 @@ struct Scan {
 }
 
 impl Reaper {
-    pub(crate) async fn run(self, live: Live) {
-        let _live = live;
+    /// The reaper's loop; supervised (`supervise.rs`): a restart starts
+    /// observing again, which never reaps a live worker (`liveness.rs`).
+    pub(crate) async fn run(self) {
         // A new observer: a reaper that (re)starts has seen nothing. It
         // plans no sleep longer than the stall bound while it observes.
         let mut observer = Observer::new(Duration::MAX);
