@@ -42,6 +42,8 @@ if command -v dpkg-query >/dev/null 2>&1; then
     want erlang-eunit "rebar3 eunit"
     want erlang-proper "property tests"
     want erlang-inets "the status page (app env http): OTP's httpd"
+    want erlang-dialyzer "scripts/check-erlang.sh: dialyzer"
+    want erlang-tools "scripts/check-erlang.sh: xref"
     want libclang-dev "bindgen (FoundationDB headers)"
 fi
 # CouchDB builds with rebar 2; Debian's 2.6.4 stands in for it in the

@@ -2,8 +2,9 @@
 # Runs every test: the Rust core (unit + conformance + key-space vectors +
 # fault tests), the FoundationDB store's type-check, a benchmark smoke run,
 # and the EUnit suites (including the multi-node tests with real `erl`
-# nodes, the PropEr model and the reliability suites), and the integration
-# builds of test/integration (CouchDB's rebar 2 tree, a rebar3 dependency,
+# nodes, the PropEr model and the reliability suites), dialyzer and xref
+# on every Erlang module but the tests (scripts/check-erlang.sh), and the
+# integration builds of test/integration (CouchDB's rebar 2 tree, a rebar3 dependency,
 # their releases). Installs what is missing first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -136,6 +137,9 @@ rm -rf "$nobuild"
 
 stage "rebar3 eunit (builds the NIF through cargo first)"
 rebar3 eunit
+
+stage "dialyzer and xref (the app, the bench and soak modules): 0 warnings"
+scripts/check-erlang.sh
 
 stage "the built NIF holds no test code (the core's testkit feature is off in it)"
 scripts/check-no-testkit.sh

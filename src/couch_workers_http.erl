@@ -122,15 +122,17 @@ init(#{port := Port, ip := Ip}) ->
 %% (`terminate/2' did not run) still listens: inets supervises it, and a
 %% supervisor outlives a linked process that is not its parent. Stop it
 %% before binding again, or the port stays taken.
+%% (A leftover that went away meanwhile answers `{error, not_started}':
+%% ignored, as is any other failure to stop it, since the bind that
+%% follows fails and says so if the port is still taken.)
 stop_leftovers() ->
-    [
-        begin
+    lists:foreach(
+        fun(Pid) ->
             ?LOG_NOTICE(#{what => status_page_leftover_stopped, pid => Pid}),
-            inets:stop(httpd, Pid)
-        end
-     || {httpd, Pid, Info} <- inets:services_info(), is_list(Info), proplists:get_value(server_name, Info) =:= ?SERVER_NAME
-    ],
-    ok.
+            _ = inets:stop(httpd, Pid)
+        end,
+        [Pid || {httpd, Pid, Info} <- inets:services_info(), is_list(Info), proplists:get_value(server_name, Info) =:= ?SERVER_NAME]
+    ).
 
 family(Ip) when tuple_size(Ip) =:= 8 -> inet6;
 family(_) -> inet.

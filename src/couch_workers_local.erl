@@ -278,8 +278,11 @@ notify(Reg, _RemotePid, Ref) ->
 
 forward(Ref, Msg, St) ->
     case ets:lookup(?TAB, Ref) of
-        [{Ref, _Type, _Id, Pid, _Reg, _Mon}] -> Pid ! Msg;
-        [] -> ok
+        [{Ref, _Type, _Id, Pid, _Reg, _Mon}] ->
+            Pid ! Msg,
+            ok;
+        [] ->
+            ok
     end,
     St.
 

@@ -33,6 +33,7 @@
     | job_added_many
     | job_accepted
     | job_finished
+    | job_finish_accepted
     | job_failed
     | job_released
     | job_resubmitted

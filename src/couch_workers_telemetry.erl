@@ -14,6 +14,10 @@
 
 -export([execute/3]).
 
+%% `telemetry' is a soft dependency, absent from the build: rebar.config's
+%% xref_ignores names its one call, below (the only call of couch_workers
+%% to it), so that xref does not report it as undefined.
+
 -include_lib("kernel/include/logger.hrl").
 
 -spec execute([atom(), ...], map(), map()) -> ok.

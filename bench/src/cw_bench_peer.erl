@@ -11,7 +11,7 @@
 -spec start(string()) -> ok.
 start(Dir) ->
     ok = application:load(couch_workers),
-    logger:set_primary_config(level, warning),
+    ok = logger:set_primary_config(level, warning),
     ok = application:set_env(couch_workers, store, {embedded, Dir}),
     {ok, _} = application:ensure_all_started(couch_workers),
     ok.

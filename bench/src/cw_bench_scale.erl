@@ -69,9 +69,9 @@ one(Peer, Type, I, Interval) ->
 
 worker(Ref, Parent) ->
     case couch_workers:job_accept(Ref, #{timeout => 5000}) of
-        {ok, Job} ->
+        {ok, #{id := Id} = Job} ->
             T1 = os:system_time(microsecond),
-            Parent ! {accepted, field(id, Job), T1},
+            Parent ! {accepted, Id, T1},
             ok = couch_workers:job_finish(Job, #{}),
             worker(Ref, Parent);
         {error, not_found} ->
@@ -86,9 +86,3 @@ add_timed(Type, Id) ->
     M0 = erlang:monotonic_time(microsecond),
     ok = couch_workers:job_add(Type, Id, #{}, #{}),
     {ok, T0, erlang:monotonic_time(microsecond) - M0}.
-
-field(Key, Job) ->
-    case maps:find(Key, Job) of
-        {ok, V} -> V;
-        error -> maps:get(atom_to_binary(Key, utf8), Job)
-    end.

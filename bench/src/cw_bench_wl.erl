@@ -87,7 +87,7 @@ start_app_in(Dir, AppEnv) ->
     end,
     %% Notice level reaches our handler (the store's `store_opened' event
     %% is a notice); the default handler prints warnings and worse only.
-    logger:set_primary_config(level, notice),
+    ok = logger:set_primary_config(level, notice),
     _ = logger:set_handler_config(default, level, warning),
     _ = logger:add_handler(cw_bench_durability, ?MODULE, #{level => notice}),
     ok = application:set_env(couch_workers, store, {embedded, Dir}),

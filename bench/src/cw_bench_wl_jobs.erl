@@ -201,7 +201,7 @@ j5(P) ->
     W = maps:get(workers, P, 8),
     Type = <<"j5">>,
     Start = os:system_time(millisecond) + 1000,
-    rand:seed(exsss, {5, 5, 5}),
+    _ = rand:seed(exsss, {5, 5, 5}),
     Ats = [Start + rand:uniform(Spread) - 1 || _ <- lists:seq(1, N)],
     j5_add(Type, lists:enumerate(Ats)),
     #{scheduled := N} = couch_workers:job_counts(Type),

@@ -85,7 +85,7 @@ main(Opts0) ->
     ok = filelib:ensure_dir(filename:join(Store, "x")),
     ok = filelib:ensure_dir(filename:join(Logs, "x")),
     ok = application:load(couch_workers),
-    logger:set_primary_config(level, warning),
+    ok = logger:set_primary_config(level, warning),
     ok = application:set_env(couch_workers, store, {embedded, Store}),
     {ok, _} = application:ensure_all_started(couch_workers),
     out("soak: ~b jobs through ~b worker nodes (~b workers each, health timeout ~b s), "
@@ -161,7 +161,7 @@ main(Opts0) ->
         [] -> ok;
         TIds -> out("  finished twice ids (first 20): ~p", [lists:sublist(TIds, 20)])
     end,
-    application:stop(couch_workers),
+    _ = application:stop(couch_workers),
     halt(
         case Lost =:= 0 andalso Twice =:= 0 andalso Added =:= N andalso LiveReaped =:= 0 of
             true -> 0;
