@@ -245,7 +245,13 @@ impl Transaction for FdbTransaction {
         let committed = match wait(&self.closed, async { Ok::<_, FdbError>(tx.commit().await) }).await? {
             Ok(committed) => committed,
             Err(failed) => {
-                let err = map_fdb_error(*failed);
+                // A commit the transaction's timeout cut off may still
+                // land: unknown, not a timeout (`fdb_client`).
+                let err = if crate::store::fdb_client::commit_may_have_landed(failed.code()) {
+                    StoreError::CommitUnknown
+                } else {
+                    map_fdb_error(*failed)
+                };
                 *self.state() = State::CommitFailed(failed);
                 return Err(err);
             }
