@@ -685,9 +685,9 @@ cc_process(C) ->
     Py =
         "import json,sys\n"
         "s=json.load(open(sys.argv[1]))\n"
-        "for p in s['cluster']['processes'].values():\n"
-        "  r=[x['role'] for x in p.get('roles',[])]\n"
-        "  if 'master' in r: print(p['address'].split(':')[1], ','.join(r))\n",
+        "m=[p for p in s['cluster']['processes'].values() if 'master' in [x['role'] for x in p.get('roles',[])]][0]\n"
+        "cc=[p for p in s['cluster']['processes'].values() if 'cluster_controller' in [x['role'] for x in p.get('roles',[])]]\n"
+        "print(m['address'].split(':')[1], ','.join(x['role'] for x in m['roles']) + (';cc_elsewhere' if cc and cc[0] is not m else ''))\n",
     PyFile = filename:join(maps:get(dir, C), "cc.py"),
     ok = file:write_file(PyFile, Py),
     Out = string:trim(os:cmd("python3 " ++ PyFile ++ " " ++ File)),
