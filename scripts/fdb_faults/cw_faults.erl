@@ -148,24 +148,29 @@ fault(sigstop, #{opts := #{timeout := T}} = Ctx) ->
         #{stops => [M || {M, _} <- Stops], version_jump_s => [J || {_, J} <- Stops]}
     end);
 fault(recovery, Ctx) ->
+    %% Two recoveries: the master's process killed (the one holding the
+    %% cluster controller too, if one holds both), restarted; then the
+    %% cluster controller's process, if that is another one.
     run(Ctx, #{}, fun(C) ->
-        I = cc_process(C),
-        V1 = version(C),
-        Kill = wall(),
-        cluster_cmd(C, "kill", [I, "KILL"]),
-        out("  ~s: killed fdbserver ~b (the master) with -9", [ts(C), I]),
-        Avail = wait_available(C, 60000),
-        out("  ~s: available ~b ms after the kill", [ts(C), Avail]),
-        Jump = jump(C, V1, Kill),
+        First = recover(C, cc_process(C), "the master"),
         timer:sleep(3000),
-        cluster_cmd(C, "restart", [I]),
-        out("  ~s: fdbserver ~b restarted; version jump ~p s", [ts(C), I, Jump]),
-        #{killed_process => I, available_after_kill_ms => Avail, version_jump_s => Jump}
+        R = roles(C),
+        [CC | _] = [I || {I, Rs} <- R, lists:member("cluster_controller", Rs)],
+        Second =
+            case lists:member("master", proplists:get_value(CC, R)) of
+                true -> [];
+                false -> [recover(C, CC, "the cluster controller")]
+            end,
+        Rs = [First | Second],
+        #{
+            killed_process => [I || {I, _, _} <- Rs],
+            available_after_kill_ms => [A || {_, A, _} <- Rs],
+            version_jump_s => [J || {_, _, J} <- Rs]
+        }
     end);
 fault(exclude, Ctx) ->
     run(Ctx, #{}, fun(C) ->
-        CC = cc_process(C),
-        I = (CC + 1) rem 3,
+        I = exclude_process(C),
         Addr = "127.0.0.1:" ++ port(C, I),
         V1 = version(C),
         S = wall(),
@@ -675,26 +680,65 @@ jump(C, V1, Wall1) ->
         false -> undefined
     end.
 
-%% The process (0-based) that holds the master (whose loss forces a
-%% recovery); its roles are printed (the cluster controller is often on
-%% the same process, not always).
-cc_process(C) ->
+%% The cluster's processes and their roles, from fdbcli's status json:
+%% [{I, Roles}] (I 0-based, as fdb-cluster.sh numbers them).
+roles(C) ->
     Json = cli(C, "status json", 10),
     File = filename:join(maps:get(dir, C), "status.json"),
     ok = file:write_file(File, Json),
     Py =
         "import json,sys\n"
         "s=json.load(open(sys.argv[1]))\n"
-        "m=[p for p in s['cluster']['processes'].values() if 'master' in [x['role'] for x in p.get('roles',[])]][0]\n"
-        "cc=[p for p in s['cluster']['processes'].values() if 'cluster_controller' in [x['role'] for x in p.get('roles',[])]]\n"
-        "print(m['address'].split(':')[1], ','.join(x['role'] for x in m['roles']) + (';cc_elsewhere' if cc and cc[0] is not m else ''))\n",
-    PyFile = filename:join(maps:get(dir, C), "cc.py"),
+        "for p in s['cluster']['processes'].values():\n"
+        "  print(p['address'].split(':')[1], ','.join(x['role'] for x in p.get('roles',[])) or '-')\n",
+    PyFile = filename:join(maps:get(dir, C), "roles.py"),
     ok = file:write_file(PyFile, Py),
     Out = string:trim(os:cmd("python3 " ++ PyFile ++ " " ++ File)),
-    [PortS, Roles] = string:split(Out, " "),
-    [I] = [I || I <- lists:seq(0, maps:get(procs, C) - 1), port(C, I) =:= PortS],
-    out("  ~s: process ~b (port ~s) holds ~s", [ts(C), I, PortS, Roles]),
-    I.
+    Ports = [{port(C, I), I} || I <- lists:seq(0, maps:get(procs, C) - 1)],
+    R = lists:sort([
+        {I, string:split(Roles, ",", all)}
+     || L <- string:split(Out, "\n", all), [PortS, Roles] <- [string:split(L, " ")], {_, I} <- [lists:keyfind(PortS, 1, Ports)]
+    ]),
+    [out("  ~s: process ~b: ~s", [ts(C), I, lists:join(",", Rs)]) || {I, Rs} <- R],
+    R.
+
+recover(C, I, What) ->
+    V1 = version(C),
+    Kill = wall(),
+    cluster_cmd(C, "kill", [I, "KILL"]),
+    out("  ~s: killed fdbserver ~b (~s) with -9", [ts(C), I, What]),
+    Avail = wait_available(C, 60000),
+    Jump = jump(C, V1, Kill),
+    out("  ~s: available ~b ms after the kill; version jump ~p s", [ts(C), Avail, Jump]),
+    timer:sleep(3000),
+    cluster_cmd(C, "restart", [I]),
+    out("  ~s: fdbserver ~b restarted", [ts(C), I]),
+    {I, Avail, Jump}.
+
+%% The process to kill for a recovery: the one holding the cluster
+%% controller and the master if one holds both, else the master's.
+cc_process(C) ->
+    R = roles(C),
+    Has = fun(Role) -> [I || {I, Rs} <- R, lists:member(Role, Rs)] end,
+    case [I || I <- Has("master"), lists:member(I, Has("cluster_controller"))] of
+        [I | _] ->
+            I;
+        [] ->
+            [I | _] = Has("master"),
+            out("  ~s: the cluster controller is on another process than the master", [ts(C)]),
+            I
+    end.
+
+%% The process to exclude: one with a transaction log (its exclusion
+%% moves the logs: a recovery) that does not hold the master, else any
+%% other than the master's.
+exclude_process(C) ->
+    R = roles(C),
+    NotMaster = [{I, Rs} || {I, Rs} <- R, not lists:member("master", Rs)],
+    case [I || {I, Rs} <- NotMaster, lists:member("log", Rs)] of
+        [I | _] -> I;
+        [] -> element(1, hd(NotMaster))
+    end.
 
 %% ---- helpers ------------------------------------------------------------------------
 
