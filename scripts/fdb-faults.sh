@@ -25,7 +25,10 @@
 # 5 start_down (the nodes start while the cluster is down; it starts 5 s
 # later), 6 watch_limit (client knob default_max_outstanding_watches=5
 # through FDB_NETWORK_OPTION_KNOB; every added job subscribed to),
-# 7 node_kill (kill -9 of a couch_workers node).
+# 7 node_kill (kill -9 of a couch_workers node). Not in `all': 8
+# node_stop_control, a check of the checker: a couch_workers node frozen
+# with SIGSTOP for 3x the timeout, whose live workers are reaped; it
+# must report live_reaped > 0 and exit 1.
 #
 # Options: --fault LIST (all), --dir D (/tmp/cw_fdb_faults: one
 # directory per fault with the nodes' logs), --timeout S (4),
@@ -44,13 +47,13 @@ while [ $# -gt 0 ]; do
         --dir) DIR=$2; shift 2 ;;
         --timeout) TIMEOUT=$2; shift 2 ;;
         --no-build) BUILD=0; shift ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
         *) echo "fdb-faults: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 case "$TIMEOUT" in ''|*[!0-9]*) echo "fdb-faults: --timeout takes whole seconds" >&2; exit 2 ;; esac
 
-names=(x kill9 sigstop recovery exclude start_down watch_limit node_kill)
+names=(x kill9 sigstop recovery exclude start_down watch_limit node_kill node_stop_control)
 list=()
 if [ "$FAULTS" = all ]; then
     list=(1 2 3 4 5 6 7)
@@ -58,10 +61,10 @@ else
     IFS=, read -r -a wanted <<<"$FAULTS"
     for f in "${wanted[@]}"; do
         n=""
-        for i in 1 2 3 4 5 6 7; do
+        for i in 1 2 3 4 5 6 7 8; do
             if [ "$f" = "$i" ] || [ "$f" = "${names[$i]}" ]; then n=$i; fi
         done
-        [ -n "$n" ] || { echo "fdb-faults: no fault $f (1-7 or ${names[*]:1})" >&2; exit 2; }
+        [ -n "$n" ] || { echo "fdb-faults: no fault $f (1-8 or ${names[*]:1})" >&2; exit 2; }
         list+=("$n")
     done
 fi

@@ -43,7 +43,9 @@
     {4, exclude, 3},
     {5, start_down, 1},
     {6, watch_limit, 1},
-    {7, node_kill, 1}
+    {7, node_kill, 1},
+    %% A control, not one of the faults: it must fail (live_reaped > 0).
+    {8, node_stop_control, 1}
 ]).
 
 main(Opts0) ->
@@ -225,6 +227,20 @@ fault(node_kill, #{opts := #{timeout := T}} = Ctx) ->
         put(killed, [{"n1", Kill}]),
         out("  ~s: node n1 (OS pid ~s) killed with -9", [ts(C), OsPid]),
         timer:sleep((T + 3) * 1000),
+        #{}
+    end);
+fault(node_stop_control, #{opts := #{timeout := T}} = Ctx) ->
+    %% n1 frozen (SIGSTOP) for 3x the timeout while the cluster is
+    %% healthy: its workers are reaped though their owners live, which is
+    %% what live_reaped must count (worker_reaped events of a node that
+    %% was not killed, worker_reinstated, the owners' reaped messages).
+    run(Ctx, #{}, fun(C) ->
+        OsPid = node_pid(C, "n1"),
+        _ = os:cmd("kill -STOP " ++ OsPid),
+        out("  ~s: node n1 (OS pid ~s) stopped (SIGSTOP) for ~b s", [ts(C), OsPid, 3 * T]),
+        timer:sleep(3 * T * 1000),
+        _ = os:cmd("kill -CONT " ++ OsPid),
+        out("  ~s: node n1 continued", [ts(C)]),
         #{}
     end).
 
