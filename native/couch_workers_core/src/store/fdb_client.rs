@@ -63,9 +63,47 @@ pub fn after_setup(code: i32) -> AfterSetup {
     }
 }
 
+/// `commit_unknown_result`: FoundationDB could not tell whether the
+/// commit landed.
+pub const COMMIT_UNKNOWN_RESULT: i32 = 1021;
+/// `transaction_timed_out`: the transaction's `timeout` option ended it.
+pub const TRANSACTION_TIMED_OUT: i32 = 1031;
+/// `cluster_version_changed`: the cluster's protocol changed under the
+/// client (an upgrade); FoundationDB counts it as maybe committed.
+pub const CLUSTER_VERSION_CHANGED: i32 = 1039;
+
+/// Whether a commit that failed with `code` may have landed all the same.
+///
+/// The transaction's `timeout` option (set from the retry loop's budget)
+/// cancels whatever the transaction waits on, its commit too: libfdb_c
+/// then fails the commit with 1031 `transaction_timed_out`, though the
+/// commit request may already be at a proxy and land later. Seen on a
+/// real cluster (scripts/fdb-faults.sh, fault 2: fdbserver stopped with
+/// SIGSTOP): `job_add` answered `{error, timeout}` after 5,000 ms and the
+/// job was in the store once the server ran again. Such a commit is
+/// `commit_unknown_result` for the caller (the retry loop then checks
+/// receipts, or answers `commit_unknown_result` when no time is left),
+/// never a plain timeout, which says nothing was written. FoundationDB's
+/// own "maybe committed" predicate holds for 1021 and for 1039
+/// `cluster_version_changed` (a commit interrupted by a client upgrade).
+pub fn commit_may_have_landed(code: i32) -> bool {
+    matches!(code, COMMIT_UNKNOWN_RESULT | TRANSACTION_TIMED_OUT | CLUSTER_VERSION_CHANGED)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_commit_cut_off_by_the_transaction_timeout_may_have_landed() {
+        assert!(commit_may_have_landed(1031));
+        assert!(commit_may_have_landed(1021));
+        assert!(commit_may_have_landed(1039));
+        // Conflict, too old, too large: the commit did not land.
+        for code in [1020, 1007, 2101, 2103] {
+            assert!(!commit_may_have_landed(code), "{code}");
+        }
+    }
 
     #[test]
     fn first_client_sets_up_and_owns_the_network() {

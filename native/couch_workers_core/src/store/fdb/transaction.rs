@@ -42,15 +42,13 @@ pub struct FdbTransaction {
     closed: CancellationToken,
 }
 
-/// What a failed commit answers. FoundationDB's "maybe committed" errors
-/// (1021 `commit_unknown_result`, 1039 `cluster_version_changed`) and a
-/// 1031 `transaction_timed_out` (the `timeout` option cancels the
-/// transaction, but a commit request already sent may still be applied)
-/// leave the commit's outcome unknown: `CommitUnknown`, so that no caller
-/// takes a write that may have landed for one that did not. Every other
-/// error of a commit means it did not happen.
+/// What a failed commit answers: `CommitUnknown` where the commit may
+/// have landed (`fdb_client::commit_may_have_landed`: FoundationDB's
+/// "maybe committed" errors and a commit the `timeout` option cut off),
+/// so that no caller takes a write that may have landed for one that did
+/// not; every other error of a commit means it did not happen.
 pub fn commit_error(e: FdbError) -> StoreError {
-    if e.is_maybe_committed() || e.code() == 1031 {
+    if crate::store::fdb_client::commit_may_have_landed(e.code()) {
         StoreError::CommitUnknown
     } else {
         map_fdb_error(e)
