@@ -10,7 +10,7 @@
 #
 # and the exit status is nonzero when any of lost, twice, live_reaped,
 # wrong_answers (or, for fault 6, sub_missed) is nonzero, or a node or
-# the harness failed. docs/fdb-faults-notes.md says what each fault does
+# the harness failed. docs/fdb-faults.md says what each fault does
 # and what the counts mean; scripts/fdb_faults/cw_faults.erl how they are
 # counted.
 #
