@@ -168,4 +168,8 @@ if [ "$FDB_FOUND" = yes ]; then
 
     stage "FoundationDB live: the demo (two nodes on the cluster, one killed with kill -9)"
     scripts/demo.sh --fdb "$FDB_CLUSTER_FILE"
+
+    # Clusters of their own (one per fault: killed, stopped, recovered).
+    stage "FoundationDB live: faults on real clusters (scripts/fdb-faults.sh: fdbserver killed and stopped, recoveries, exclude/include, a start while down, the watch limit, a killed node)"
+    COUCH_WORKERS_FEATURES=fdb scripts/fdb-faults.sh --no-build
 fi
