@@ -159,8 +159,9 @@ if [ "$FDB_FOUND" = yes ]; then
     # (Its EUnit suite ran it on the cluster above, on the suites' test
     # directory; this is the directory CouchDB's nodes use.)
     stage "FoundationDB live: the command line on fdb:CLUSTER_FILE (CouchDB's directory)"
-    bin/couch-workers --store "fdb:$FDB_CLUSTER_FILE" status
-    rc=0; err=$(bin/couch-workers --store "fdb:$FDB_CLUSTER_FILE" pause "cw_no_such_type_$$" 2>&1) || rc=$?
+    COUCH_WORKERS_FEATURES=fdb bin/couch-workers --store "fdb:$FDB_CLUSTER_FILE" status
+    rc=0
+    err=$(COUCH_WORKERS_FEATURES=fdb bin/couch-workers --store "fdb:$FDB_CLUSTER_FILE" pause "cw_no_such_type_$$" 2>&1) || rc=$?
     if [ "$rc" != 1 ] || ! echo "$err" | grep -q "no jobs or workers of type"; then
         echo "bin/couch-workers on FoundationDB: pause of an unknown type: exit $rc, expected 1 and a reason: $err" >&2
         exit 1
