@@ -5,7 +5,8 @@
 %% directory). For each node count K, on a fresh store: node A adds N
 %% pending jobs, each of the K nodes registers W workers (own processes,
 %% job_accept with a 1 s timeout + job_finish, no-op body, as J2), all
-%% start together and drain the queue. Reported per K: jobs/s (from the
+%% start together and drain the queue (a worker whose accept answers
+%% not_found while jobs are still pending counts it and accepts again). Reported per K: jobs/s (from the
 %% start signal to the last job_finish on any node, on the host's wall
 %% clock) and, summed over the nodes, the store's transactions, conflicts
 %% and retries during the drain (each node's `couch_workers:metrics/0'
@@ -90,7 +91,10 @@ j2x_nodes(P, K) ->
             transactions_per_job => PerJob(Sum(transactions)),
             conflicts_per_job => PerJob(Sum(conflicts)),
             retries_per_job => PerJob(Sum(retries)),
-            conflicts_per_job_by_node => [PerJob(maps:get(conflicts, maps:get(store, M))) || M <- Per]
+            conflicts_per_job_by_node => [PerJob(maps:get(conflicts, maps:get(store, M))) || M <- Per],
+            %% Accepts (timeout 1 s) that answered not_found while jobs
+            %% were pending, per node: the waiter was not served in time.
+            not_found_while_pending_by_node => [maps:get(not_found_while_pending, M) || M <- Per]
         }
     after
         [stop_peer(Peer) || {Peer, _} <- Peers],
@@ -139,12 +143,13 @@ coordinator(Parent, Type, W, Node, AT) ->
     S0 = store_counters(),
     A0 = accepted(Type),
     [Pid ! go || Pid <- Pids],
-    Done = [receive {done, Pid, Count, Last} -> {Count, Last} end || Pid <- Pids],
+    Done = [receive {done, Pid, Count, Last, Early} -> {Count, Last, Early} end || Pid <- Pids],
     S1 = store_counters(),
     A1 = accepted(Type),
     Result = #{
-        jobs => lists:sum([C || {C, _} <- Done]),
-        last_us => lists:max([L || {_, L} <- Done]),
+        jobs => lists:sum([C || {C, _, _} <- Done]),
+        last_us => lists:max([L || {_, L, _} <- Done]),
+        not_found_while_pending => lists:sum([E || {_, _, E} <- Done]),
         accepted => A1 - A0,
         store => maps:map(fun(Key, V) -> V - maps:get(Key, S0, 0) end, S1)
     },
@@ -168,14 +173,20 @@ worker(Parent, Type, Id, AT, go) ->
     true = is_reference(Ref),
     Parent ! {ready, self()},
     receive go -> ok end,
-    {Count, Last} = loop(Ref, AT, 0, os:system_time(microsecond)),
-    Parent ! {done, self(), Count, Last}.
+    {Count, Last, Early} = loop(Type, Ref, AT, 0, os:system_time(microsecond), 0),
+    Parent ! {done, self(), Count, Last, Early}.
 
-loop(Ref, AT, Count, Last) ->
+%% Until the queue is empty: a `not_found' while jobs are still pending
+%% (the node's accept round did not serve the waiter within its timeout)
+%% is counted, and the worker accepts again.
+loop(Type, Ref, AT, Count, Last, Early) ->
     case couch_workers:job_accept(Ref, #{timeout => AT}) of
         {ok, Job} ->
             ok = couch_workers:job_finish(Job, #{}),
-            loop(Ref, AT, Count + 1, os:system_time(microsecond));
+            loop(Type, Ref, AT, Count + 1, os:system_time(microsecond), Early);
         {error, not_found} ->
-            {Count, Last}
+            case couch_workers:job_pending_count(Type) of
+                0 -> {Count, Last, Early};
+                _ -> loop(Type, Ref, AT, Count, Last, Early + 1)
+            end
     end.
