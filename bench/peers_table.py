@@ -108,12 +108,13 @@ def j2x_table(couch_rows):
         return
     print("\nJ2x: one queue drained by 1, 2, 4 nodes (medians; conflicts, retries and transactions "
           "per accepted job, every node's store counters summed).\n")
-    print("| store | nodes | workers | jobs/s | conflicts/job | retries/job | transactions/job | n |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| store | nodes | workers | jobs/s | conflicts/job | retries/job | transactions/job | failed tx | not_found while pending | n |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for (store, nodes), rows in sorted(by.items()):
         med = lambda k: statistics.median(x[k] for x in rows)
         print(f"| {store} | {nodes} | {rows[0]['workers']} | {fmt(med('jobs_per_s'))} | {med('conflicts_per_job'):.3f} | "
-              f"{med('retries_per_job'):.3f} | {med('transactions_per_job'):.2f} | {len(rows)} |")
+              f"{med('retries_per_job'):.3f} | {med('transactions_per_job'):.2f} | {med('failures'):g} | "
+              f"{statistics.median(sum(x.get('not_found_while_pending_by_node', [0])) for x in rows):g} | {len(rows)} |")
 
 
 def j2_bound(couch_rows, peers):
