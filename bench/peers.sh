@@ -20,7 +20,9 @@
 # Needs the team's peer harness: ../shared/peers beside the checkout, not
 # part of a clone, or PEERS_DIR=DIR (its run.sh installs Redis,
 # PostgreSQL, etcd and its npm packages on first use). It takes about
-# 3 minutes per rep with the defaults (8 min for 3 reps, 1 Dec 2026). Never fails on a ratio.
+# 3 minutes per rep with the defaults (8 min for 3 reps, 1 Dec 2026); with
+# --stores embedded,fdb and --only J1,J1b,J2,J2n,J3,M2,M3,J2x about 8
+# minutes per rep (5 Dec 2026). Never fails on a ratio.
 set -eu
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
