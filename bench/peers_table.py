@@ -1,8 +1,10 @@
 """Medians of one alternating run of bench/peers.sh, as a Markdown table.
 
 Reads the peers' JSON lines and couch_workers' (bench/run) lines of the same
-run and prints, per workload, couch_workers' median, each peer's median and
-the ratio in the direction where more than 1 means couch_workers is ahead.
+run and prints, per workload and per store of couch_workers (embedded, fdb:
+the "store" field of bench/run's lines; embedded when absent), couch_workers'
+median, each peer's median and the ratio in the direction where more than 1
+means couch_workers is ahead, and the ratio to the fastest peer.
 """
 
 import json
@@ -14,6 +16,7 @@ FIGURES = {
     "J1": ("jobs_per_s", True, "jobs/s"),
     "J1b": ("jobs_per_s", True, "jobs/s"),
     "J2": ("jobs_per_s", True, "jobs/s"),
+    "J2n": ("jobs_per_s", True, "jobs/s"),
     "J3": ("p99_ms", False, "ms p99"),
     "M2": ("p99_ms", False, "ms p99"),
     "M3": ("max_ms", False, "ms max"),
@@ -52,25 +55,66 @@ def fmt(value):
 
 def main(peers_path, couch_path, run_id):
     peers = medians(read_lines(peers_path), lambda r: r.get("peer", "?"))
-    couch = medians(read_lines(couch_path), lambda r: "couch_workers")
+    couch_rows = read_lines(couch_path)
+    couch = medians(couch_rows, lambda r: r.get("store", "embedded"))
+    stores = [s for s in STORES if any(k[0] == s for k in couch)]
+    stores += sorted({k[0] for k in couch} - set(stores))
     peer_names = sorted({name for name, _ in peers})
-    print(f"Run {run_id}: medians of the reps (n = reps counted); ratio > 1 means couch_workers is ahead.\n")
-    print("| workload | couch_workers | " + " | ".join(f"{p} | ratio" for p in peer_names) + " |")
-    print("| --- | --- | " + " | ".join("--- | ---" for _ in peer_names) + " |")
+    print(f"Run {run_id}: medians of the reps (n = reps counted); ratio > 1 means couch_workers is ahead; "
+          "best peer: the ratio to the fastest peer of the row's workload.\n")
+    head = ["workload", "store", "couch_workers"] + [c for p in peer_names for c in (p, "ratio")] + ["best peer"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + " --- |" * len(head))
     for workload, (figure, higher, unit) in FIGURES.items():
-        ours = couch.get(("couch_workers", workload))
-        if ours is None:
-            continue
-        cells = [f"{fmt(ours[0])} {unit} (n={ours[1]})"]
-        for peer in peer_names:
-            theirs = peers.get((peer, workload))
-            if theirs is None:
-                cells += ["", ""]
+        theirs_all = [peers[(p, workload)][0] for p in peer_names if (p, workload) in peers]
+        best = (max if higher else min)(theirs_all) if theirs_all else None
+        for store in stores:
+            ours = couch.get((store, workload))
+            if ours is None:
                 continue
-            ratio = ours[0] / theirs[0] if higher else theirs[0] / ours[0]
-            cells += [f"{fmt(theirs[0])} (n={theirs[1]})", f"{ratio:.2f}×"]
-        print(f"| {workload} | " + " | ".join(cells) + " |")
-    j2_bound(read_lines(couch_path), peers)
+            cells = [f"{fmt(ours[0])} {unit} (n={ours[1]})"]
+            for peer in peer_names:
+                theirs = peers.get((peer, workload))
+                if theirs is None:
+                    cells += ["", ""]
+                    continue
+                cells += [f"{fmt(theirs[0])} (n={theirs[1]})", f"{ratio(ours[0], theirs[0], higher):.2f}×"]
+            cells.append("" if best is None else f"{ratio(ours[0], best, higher):.2f}×")
+            print(f"| {workload} | {store} | " + " | ".join(cells) + " |")
+    j2x_table(couch_rows)
+    j2_bound([r for r in couch_rows if r.get("store", "embedded") == "embedded"], peers)
+
+
+# Stores in this order first (any other after them).
+STORES = ["embedded", "fdb"]
+
+
+def ratio(ours, theirs, higher):
+    if higher:
+        return ours / theirs if theirs else float("inf")
+    return theirs / ours if ours else float("inf")
+
+
+def j2x_table(couch_rows):
+    """J2x (bench/run): per store and node count, the medians of jobs/s
+    and of the store's conflicts per accepted job."""
+    by = {}
+    for r in couch_rows:
+        if r.get("workload") != "J2x" or "rows" not in r:
+            continue
+        for row in r["rows"]:
+            by.setdefault((r.get("store", "embedded"), row["nodes"]), []).append(row)
+    if not by:
+        return
+    print("\nJ2x: one queue drained by 1, 2, 4 nodes (medians; conflicts, retries and transactions "
+          "per accepted job, every node's store counters summed).\n")
+    print("| store | nodes | workers | jobs/s | conflicts/job | retries/job | transactions/job | failed tx | not_found while pending | n |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (store, nodes), rows in sorted(by.items()):
+        med = lambda k: statistics.median(x[k] for x in rows)
+        print(f"| {store} | {nodes} | {rows[0]['workers']} | {fmt(med('jobs_per_s'))} | {med('conflicts_per_job'):.3f} | "
+              f"{med('retries_per_job'):.3f} | {med('transactions_per_job'):.2f} | {med('failures'):g} | "
+              f"{statistics.median(sum(x.get('not_found_while_pending_by_node', [0])) for x in rows):g} | {len(rows)} |")
 
 
 def j2_bound(couch_rows, peers):

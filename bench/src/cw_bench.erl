@@ -5,20 +5,27 @@
 %% standard error). With `--runs N' every workload runs N times (run 1 of
 %% every workload, then run 2, ...) and the printed figures are the
 %% medians, field by field; each run's lines go to bench/out/runs.jsonl.
+%% With `--store fdb:ClusterFile' the workloads' VMs run on FoundationDB
+%% (each workload on a directory of its own, couch_workers_test/<name>,
+%% every node of it on the same one), and every line says its store.
 -module(cw_bench).
 
 -export([main/1]).
 
 -define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2n", "J2t0", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "H1", "J3x"]).
 %% Extra workloads, run only when named with --only.
--define(EXTRA, ["sqlite_shapes", "J2sqlite"]).
+-define(EXTRA, ["sqlite_shapes", "J2sqlite", "J2x"]).
+%% What --store fdb runs by default.
+-define(FDB_DEFAULT, ["J1", "J1b", "J2", "J2n", "J3", "M2", "M3", "J2x"]).
+%% Rust programs on the embedded store (no NIF, no app env `store').
+-define(EMBEDDED_ONLY, ["commit_rate", "handoff", "core", "M4core", "H1", "sqlite_shapes", "J2sqlite"]).
 -define(CHILD_TIMEOUT_MS, 30 * 60 * 1000).
 
 -spec main([string()]) -> ok.
 main(Args) ->
     Opts =
         try
-            parse(Args, #{runs => 1, smoke => false, only => ?ALL, j4_large => undefined, erl_flags => [], app_env => []})
+            check(parse(Args, #{runs => 1, smoke => false, only => default, j4_large => undefined, erl_flags => [], app_env => [], store => embedded}))
         catch
             throw:{usage, Msg} ->
                 io:format(standard_error, "bench/run: ~s~n", [Msg]),
@@ -37,6 +44,15 @@ main(Args) ->
 
 parse([], Opts) ->
     Opts;
+parse(["--store", "embedded" | R], Opts) ->
+    parse(R, Opts#{store => embedded});
+parse(["--store", "fdb:" ++ File | R], Opts) when File =/= "" ->
+    case filelib:is_regular(File) of
+        true -> parse(R, Opts#{store => {fdb, filename:absname(File)}});
+        false -> throw({usage, "--store fdb:FILE: no cluster file " ++ File})
+    end;
+parse(["--store", Other | _], _Opts) ->
+    throw({usage, "--store takes embedded or fdb:CLUSTER_FILE (bench/run starts a cluster for a bare fdb), not " ++ Other});
 parse(["--smoke" | R], Opts) ->
     parse(R, Opts#{smoke => true});
 parse(["--runs", N | R], Opts) ->
@@ -73,6 +89,18 @@ parse(["--erl-flags", Flags | R], Opts) ->
 parse([Other | _], _Opts) ->
     throw({usage, "unknown argument " ++ Other}).
 
+check(#{only := default, store := embedded} = Opts) ->
+    Opts#{only => ?ALL};
+check(#{only := default} = Opts) ->
+    Opts#{only => ?FDB_DEFAULT};
+check(#{only := Only, store := {fdb, _}} = Opts) ->
+    case [W || W <- Only, lists:member(W, ?EMBEDDED_ONLY)] of
+        [] -> Opts;
+        Bad -> throw({usage, "on the embedded store only (Rust programs without the app): " ++ lists:join(",", Bad)})
+    end;
+check(Opts) ->
+    Opts.
+
 run(#{runs := Runs, only := Only} = Opts) ->
     Order = [W || W <- ?ALL ++ ?EXTRA, lists:member(W, Only)],
     RunsFile = filename:join(out_dir(), "runs.jsonl"),
@@ -83,10 +111,11 @@ run(#{runs := Runs, only := Only} = Opts) ->
     Results = lists:append(lists:append([
         [
             begin
-                Lines = run_one(W, params(W, Opts), Opts),
+                Lines = [maps:merge(#{store => embedded}, L) || L <- run_one(W, params(W, Opts), Opts)],
                 [
                     begin
                         Line = cw_bench_json:encode(L#{run => R}),
+                        %% (the lines of the Rust programs get their store here)
                         io:format(standard_error, "[run ~b/~b] ~s~n", [R, Runs, Line]),
                         io:format(RunsIo, "~s~n", [Line])
                     end
@@ -101,8 +130,8 @@ run(#{runs := Runs, only := Only} = Opts) ->
     ok = file:close(RunsIo),
     Failed = [R || R <- Results, is_map_key(error, R)],
     Good = [R || R <- Results, not is_map_key(error, R)],
-    Durability = durability(Results),
-    io:format("~s~n", [cw_bench_json:encode(Machine)]),
+    Durability = durability(Results, Opts),
+    io:format("~s~n", [cw_bench_json:encode(Machine#{loadavg_end => loadavg()})]),
     io:format("~s~n", [cw_bench_json:encode(Durability)]),
     Final = summarize(Good, Runs),
     [io:format("~s~n", [cw_bench_json:encode(F)]) || F <- Final],
@@ -120,8 +149,8 @@ run(#{runs := Runs, only := Only} = Opts) ->
 
 %% ---- sizes -------------------------------------------------------------------
 
-params(W, #{smoke := Smoke, app_env := AppEnv} = Opts) ->
-    Base = #{tmp => tmp_base(), app_env => AppEnv},
+params(W, #{smoke := Smoke, app_env := AppEnv, store := Store} = Opts) ->
+    Base = #{tmp => tmp_base(), app_env => AppEnv, store => Store},
     maps:merge(Base, sizes(W, Smoke, Opts)).
 
 sizes("commit_rate", true, _) -> #{seconds => 1};
@@ -172,6 +201,8 @@ sizes("M4core", true, _) -> #{sizes => [100, 1000], changes => 10};
 sizes("M4core", false, _) -> #{sizes => [100, 10000], changes => 20};
 sizes("I1", true, _) -> #{seconds => 3};
 sizes("I1", false, _) -> #{seconds => 60};
+sizes("J2x", true, _) -> #{jobs => 1000, workers => 4, nodes => [1, 2, 4]};
+sizes("J2x", false, _) -> #{jobs => 10000, workers => 4, nodes => [1, 2, 4]};
 sizes("J3x", true, _) -> #{jobs => 100, interval_ms => 10};
 sizes("J3x", false, _) -> #{jobs => 500, interval_ms => 10};
 sizes("H1", true, _) -> #{workers => 1000, seconds => 6};
@@ -448,7 +479,7 @@ median(Xs) ->
             end
     end.
 
-durability(Results) ->
+durability(Results, #{store := Store}) ->
     Ds = lists:usort([
         D
      || R <- Results,
@@ -459,7 +490,7 @@ durability(Results) ->
     Fallback = lists:usort([D || #{workload := <<"commit_rate">>, durability := D} <- Results]),
     #{
         workload => durability,
-        store => embedded,
+        store => store_name(Store),
         durability =>
             case Ds of
                 [D] -> D;
@@ -472,7 +503,10 @@ durability(Results) ->
         commit_rate_durability => Fallback
     }.
 
-machine(#{runs := Runs, smoke := Smoke, erl_flags := Flags, app_env := AppEnv}) ->
+store_name(embedded) -> embedded;
+store_name({fdb, _}) -> fdb.
+
+machine(#{runs := Runs, smoke := Smoke, erl_flags := Flags, app_env := AppEnv, store := Store}) ->
     Cpu =
         case file:read_file("/proc/cpuinfo") of
             {ok, Info} ->
@@ -497,8 +531,19 @@ machine(#{runs := Runs, smoke := Smoke, erl_flags := Flags, app_env := AppEnv}) 
                 false -> full
             end,
         erl_flags => list_to_binary(lists:join(" ", Flags)),
+        store => store_name(Store),
+        cluster_file => case Store of {fdb, File} -> list_to_binary(File); embedded -> null end,
+        %% The machine's load when the run began (other work on it moves
+        %% every figure): /proc/loadavg's 1, 5 and 15 minute averages.
+        loadavg => loadavg(),
         app_env => iolist_to_binary(lists:join(",", [io_lib:format("~s=~p", [K, V]) || {K, V} <- AppEnv]))
     }.
+
+loadavg() ->
+    case file:read_file("/proc/loadavg") of
+        {ok, B} -> iolist_to_binary(lists:join(" ", lists:sublist(string:lexemes(B, " \n"), 3)));
+        _ -> null
+    end.
 
 nproc() ->
     case string:to_integer(string:trim(os:cmd("nproc"))) of

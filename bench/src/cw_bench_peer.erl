@@ -1,18 +1,20 @@
 %% @doc What the benchmark runs on node B, a second `erl' OS process
 %% started with OTP's `peer' (connection `standard_io', as in
 %% test/couch_workers_multinode_tests.erl) that shares node A's store
-%% directory. Called through `peer:call/5'; answers plain terms only
+%% (the same embedded directory, or the same FoundationDB cluster and
+%% directory). Called through `peer:call/5'; answers plain terms only
 %% (references do not travel between non-distributed nodes).
 -module(cw_bench_peer).
 
 -export([start/1, register_timed/3, register_owned/3, leave/1]).
 
-%% Starts couch_workers on the shared store directory `Dir'.
--spec start(string()) -> ok.
-start(Dir) ->
+%% Starts couch_workers on node A's store: `Store' is its app env `store'
+%% (cw_bench_wl:store/1), or a bare directory for the embedded store.
+-spec start(tuple() | string()) -> ok.
+start(Store) ->
     ok = application:load(couch_workers),
     ok = logger:set_primary_config(level, warning),
-    ok = application:set_env(couch_workers, store, {embedded, Dir}),
+    ok = application:set_env(couch_workers, store, case is_tuple(Store) of true -> Store; false -> {embedded, Store} end),
     {ok, _} = application:ensure_all_started(couch_workers),
     ok.
 

@@ -19,12 +19,14 @@
 %% logger handler (captures the store's durability string)
 -export([log/2]).
 %% shared with the workload modules
--export([start_app/1, stop_app/1, start_peer/1, stop_peer/1]).
+-export([start_app/1, stop_app/1, start_peer/1, stop_peer/1, store/1, store_name/0]).
 -export([now_us/0, rate/2, pct/2, by_size/3, job_id/1, worker_id/1, field/2]).
 
 -spec start_app(map()) -> file:filename().
 -spec stop_app(file:filename()) -> ok.
 -spec start_peer(file:filename()) -> {pid(), string()}.
+-spec store(file:filename()) -> tuple().
+-spec store_name() -> embedded | fdb.
 -spec stop_peer(pid()) -> ok.
 -spec now_us() -> integer().
 -spec rate(non_neg_integer(), number()) -> float().
@@ -43,6 +45,8 @@
 -spec child([string()]) -> no_return().
 child([Workload, ParamsStr]) ->
     Params = parse_term(ParamsStr),
+    %% The store every node of this VM's workload opens (see store/1).
+    persistent_term:put(cw_bench_store, maps:get(store, Params, embedded)),
     Code =
         try run(list_to_atom(Workload), Params) of
             Results ->
@@ -65,8 +69,9 @@ parse_term(S) ->
     {ok, T} = erl_parse:parse_term(Toks),
     T.
 
-emit(Result) ->
+emit(Result0) ->
     Dur = persistent_term:get(cw_bench_durability, null),
+    Result = Result0#{store => store_name()},
     R = case is_map_key(error, Result) of
         true -> Result;
         false -> Result#{durability => Dur}
@@ -90,10 +95,27 @@ start_app_in(Dir, AppEnv) ->
     ok = logger:set_primary_config(level, notice),
     _ = logger:set_handler_config(default, level, warning),
     _ = logger:add_handler(cw_bench_durability, ?MODULE, #{level => notice}),
-    ok = application:set_env(couch_workers, store, {embedded, Dir}),
+    ok = application:set_env(couch_workers, store, store(Dir)),
     [ok = application:set_env(couch_workers, K, V) || {K, V} <- AppEnv],
     {ok, _} = application:ensure_all_started(couch_workers),
     ok.
+
+%% The store of a workload's fresh temporary directory `Dir': the
+%% embedded store in it, or (bench/run --store fdb) a FoundationDB
+%% directory of its own, couch_workers_test/<basename of Dir>, which the
+%% app removes when it stops on node A. Every node of the workload (the
+%% peers of start_peer/1 too) opens the same one.
+store(Dir) ->
+    case persistent_term:get(cw_bench_store, embedded) of
+        embedded -> {embedded, Dir};
+        {fdb, ClusterFile} -> {fdb_test, ClusterFile, filename:basename(Dir)}
+    end.
+
+store_name() ->
+    case persistent_term:get(cw_bench_store, embedded) of
+        embedded -> embedded;
+        {fdb, _} -> fdb
+    end.
 
 stop_app(Dir) ->
     _ = application:stop(couch_workers),
@@ -139,7 +161,8 @@ run(Workload, Params) ->
         'M3' -> cw_bench_wl_members:m3(Params);
         'M4' -> cw_bench_wl_members:m4(Params);
         'I1' -> with_app(Params, fun cw_bench_wl_idle:i1/1);
-        'J3x' -> cw_bench_scale:j3x(Params)
+        'J3x' -> cw_bench_scale:j3x(Params);
+        'J2x' -> cw_bench_wl_nodes:j2x(Params)
     end.
 
 with_app(Params, Fun) ->
@@ -154,14 +177,14 @@ with_app(Params, Fun) ->
 
 %% Node B: a second `erl' OS process with this VM's code path, started by
 %% OTP's `peer' over standard I/O (no distribution), running couch_workers
-%% on the same store directory. Returns the peer and B's OS pid.
+%% on the same store (store/1 of `Dir'). Returns the peer and B's OS pid.
 start_peer(Dir) ->
     Erl = os:find_executable("erl"),
     OtpLib = code:lib_dir(),
     Paths = [Pa || Pa <- code:get_path(), not lists:prefix(OtpLib, Pa), Pa =/= "."],
     Args = lists:append([["-pa", Pa] || Pa <- Paths]),
     {ok, Peer, _} = peer:start(#{exec => Erl, connection => standard_io, args => Args, wait_boot => 30000}),
-    ok = peer:call(Peer, cw_bench_peer, start, [Dir], ?PEER_TIMEOUT),
+    ok = peer:call(Peer, cw_bench_peer, start, [store(Dir)], ?PEER_TIMEOUT),
     OsPid = peer:call(Peer, os, getpid, [], ?PEER_TIMEOUT),
     {Peer, OsPid}.
 

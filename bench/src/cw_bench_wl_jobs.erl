@@ -77,7 +77,14 @@ j2(P, Name) ->
     C0 = cw_bench_wl_idle:cpu_ms(),
     T0 = now_us(),
     [Pid ! go || Pid <- Pids],
-    Done = [receive {done, Pid, Count, Last} -> {Count, Last} after 120000 -> error(j2_timeout) end || Pid <- Pids],
+    Done = [
+        receive
+            {done, Pid, Count, Last} -> {Count, Last};
+            {failed, _, Why} -> j2_failed(Why, St0, T0)
+        after 120000 -> error(j2_timeout)
+        end
+     || Pid <- Pids
+    ],
     %% The VM's CPU over the drain (the fill left out): CPU per job is a
     %% count that the machine's load changes less than the rate.
     Cpu = cw_bench_wl_idle:cpu_ms() - C0,
@@ -107,6 +114,16 @@ j2(P, Name) ->
         store_per_job => per_job(fun(Count) -> Count end, St0, St1, Total)
     }.
 
+%% A worker's call answered an error (the store gave up): the workload
+%% fails with that answer, how long into the drain, and what the store's
+%% retry loop did meanwhile (conflicts, retries, failures).
+j2_failed(Why, St0, T0) ->
+    St1 = couch_workers_nif:ops_store_counters(),
+    error({worker_call_failed, Why, #{
+        after_ms => (now_us() - T0) div 1000,
+        store => maps:map(fun(K, V) -> V - maps:get(K, St0, 0) end, St1)
+    }}).
+
 %% Per thread name: what grew from Before to After, scaled by Scale and
 %% divided by the jobs (two decimals); names that did not grow left out.
 per_job(Scale, Before, After, Jobs) ->
@@ -123,22 +140,29 @@ j2_worker(Parent, Type, I, How, go) ->
     true = is_reference(Ref),
     Parent ! {ready, self()},
     receive go -> ok end,
-    {Count, Last} = j2_loop(Ref, How, 0, now_us()),
-    Parent ! {done, self(), Count, Last}.
+    try j2_loop(Ref, How, 0, now_us()) of
+        {Count, Last} -> Parent ! {done, self(), Count, Last}
+    catch
+        throw:{call_failed, Why} -> Parent ! {failed, self(), Why}
+    end.
 
 j2_loop(Ref, {AT, _} = How, Count, Last) ->
     case couch_workers:job_accept(Ref, #{timeout => AT}) of
         {ok, Job} -> j2_run(Ref, How, Job, Count, Last);
-        {error, not_found} -> {Count, Last}
+        {error, not_found} -> {Count, Last};
+        Other -> throw({call_failed, {job_accept, Other}})
     end.
 
 j2_run(Ref, {_, false} = How, Job, Count, _Last) ->
-    ok = couch_workers:job_finish(Job, #{}),
-    j2_loop(Ref, How, Count + 1, now_us());
+    case couch_workers:job_finish(Job, #{}) of
+        ok -> j2_loop(Ref, How, Count + 1, now_us());
+        Other -> throw({call_failed, {job_finish, Other}})
+    end;
 j2_run(Ref, {_, true} = How, Job, Count, _Last) ->
     case couch_workers:job_finish_accept(Job, #{}, Ref) of
         {ok, none} -> j2_loop(Ref, How, Count + 1, now_us());
-        {ok, Next} -> j2_run(Ref, How, Next, Count + 1, now_us())
+        {ok, Next} -> j2_run(Ref, How, Next, Count + 1, now_us());
+        Other -> throw({call_failed, {job_finish_accept, Other}})
     end.
 
 %% J2f: J2 where a tenth of the jobs fail their first run

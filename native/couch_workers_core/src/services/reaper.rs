@@ -274,7 +274,18 @@ impl Reaper {
         Fut: Future<Output = Result<(T, u64), StoreError>>,
     {
         let started = Instant::now();
-        let ((value, read_version), _) = run_attempts(self.db.as_ref(), opts, f).await?;
+        let ((value, read_version), commit) = run_attempts(self.db.as_ref(), opts, f).await?;
+        // A transaction that committed shows the observer its commit
+        // version: FoundationDB's read version is the last commit's, which
+        // on an otherwise idle cluster is the previous pass's pulse, one
+        // reaper cadence old, while the scan right after this pass's pulse
+        // reads at the pulse's commit; compared with that stale read
+        // version, the versions between looks a few milliseconds apart
+        // spanned a whole cadence, a `version_jump` at every pass (bound
+        // 750 ms > the 500 ms slack), and a dead worker was never reaped.
+        // A commit version is given out within this look, and every later
+        // read version is at least it.
+        let read_version = commit.version.map_or(read_version, |c| c.max(read_version));
         let look = Look { read_version, started, finished: Instant::now() };
         // The bound the look is judged by (a restart resets it).
         let bound = observer.stall_bound();
