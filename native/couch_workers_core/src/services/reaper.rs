@@ -281,10 +281,11 @@ impl Reaper {
         // reaper cadence old, while the scan right after this pass's pulse
         // reads at the pulse's commit; compared with that stale read
         // version, the versions between looks a few milliseconds apart
-        // spanned a whole cadence, a `version_jump` at every pass (bound
-        // 750 ms > the 500 ms slack), and a dead worker was never reaped.
-        // A commit version is given out within this look, and every later
-        // read version is at least it.
+        // spanned a whole cadence, which the observer once counted as a
+        // `version_jump` at every pass (a dead worker was never reaped).
+        // A commit version is given out within this look, every later read
+        // version is at least it, and what the transaction read held at it
+        // (its read conflicts would have failed the commit otherwise).
         let read_version = commit.version.map_or(read_version, |c| c.max(read_version));
         let look = Look { read_version, started, finished: Instant::now() };
         // The bound the look is judged by (a restart resets it).
