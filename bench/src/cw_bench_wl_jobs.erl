@@ -117,6 +117,7 @@ j2(P, Name) ->
 %% A worker's call answered an error (the store gave up): the workload
 %% fails with that answer, how long into the drain, and what the store's
 %% retry loop did meanwhile (conflicts, retries, failures).
+-spec j2_failed(term(), map(), integer()) -> no_return().
 j2_failed(Why, St0, T0) ->
     St1 = couch_workers_nif:ops_store_counters(),
     error({worker_call_failed, Why, #{
