@@ -211,12 +211,39 @@ init() ->
             end
     end.
 
-%% @doc Waits for the `{Ref, Result}' answer of an asynchronous NIF.
+%% @doc Waits for the `{Ref, Result}' answer of an asynchronous NIF, for
+%% `Timeout' ms of time this VM could run.
+%%
+%% Every request gets exactly one answer, within the store's budget on
+%% the Rust side's clock: this wait is the safety net behind that. A VM
+%% that could not run (stopped with SIGSTOP, swapped out, starved) stops
+%% both clocks' work, but its timers run on; one that fired on the thaw
+%% would answer `timeout' for a write whose answer is a moment away, and
+%% may say it committed. So the wait is counted in steps, and a step is
+%% credited with at most what it could have taken: time the VM could not
+%% run is not counted (as the reaper counts no stall of its own).
 -spec wait(reference(), timeout()) -> term().
-wait(Ref, Timeout) ->
+wait(Ref, infinity) ->
     receive
         {Ref, Result} -> Result
-    after Timeout -> {error, timeout}
+    end;
+wait(Ref, Timeout) ->
+    wait_steps(Ref, Timeout, erlang:monotonic_time(millisecond)).
+
+-define(WAIT_STEP_MS, 250).
+%% A step that wakes up this much later than planned was not running.
+-define(WAIT_STEP_SLACK_MS, 100).
+
+wait_steps(Ref, Left, Last) ->
+    Step = min(Left, ?WAIT_STEP_MS),
+    receive
+        {Ref, Result} -> Result
+    after Step ->
+        Now = erlang:monotonic_time(millisecond),
+        case Left - min(Now - Last, Step + ?WAIT_STEP_SLACK_MS) of
+            Rest when Rest =< 0 -> {error, timeout};
+            Rest -> wait_steps(Ref, Rest, Now)
+        end
     end.
 
 %% @doc Starts an asynchronous NIF, `Start(Ref)' with a fresh `Ref', and
