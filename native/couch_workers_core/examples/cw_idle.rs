@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use couch_workers_core::log::{forward, Discard};
+use couch_workers_core::log::{count, forward, Discard};
 use couch_workers_core::metrics;
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::Db;
@@ -110,9 +110,8 @@ fn main() {
     let dir = args.next().expect("usage: cw_idle DIR [SECONDS]");
     let seconds: u64 = args.next().map_or(30, |s| s.parse().expect("SECONDS"));
     let kinds = Kinds::default();
-    // metrics::count(): the store counters read below come from the transaction span.
-    let subscriber =
-        tracing_subscriber::registry().with(forward()).with(metrics::count()).with(CountLayer(kinds.clone()));
+    // log::count(): the store counters read below come from the transaction span.
+    let subscriber = tracing_subscriber::registry().with(forward()).with(count()).with(CountLayer(kinds.clone()));
     tracing::subscriber::set_global_default(subscriber).expect("the first subscriber");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -30,16 +30,16 @@
 //! `outcome`, `duration_us`), `heartbeat` (one renewal: `workers`), `reap`
 //! (one suspect: `type`, `id`) and `accept_round` (`type`), all at `DEBUG`
 //! with target [`TARGET`]. [`Process`] takes the `transaction` span, whose
-//! tally feeds the store's counters (`metrics.rs`): that span is always
-//! on. It takes no interest in the other three, so they are disabled at
-//! their call site: creating, entering and recording one costs a
-//! cached-interest check and nothing else (see bench/RESULTS.md, "Session
-//! 6: tracing" and "Session 7: the store's counters from the transaction
-//! span"). A host
-//! that installs its own subscriber before the first node starts gets the
-//! events and the spans (with their timings) there instead; no sink sees
-//! them, and the store's counters do not move, unless that subscriber
-//! stacks [`forward()`] and `metrics::count()` among its layers.
+//! tally feeds the store's counters (`metrics.rs`, added up here by
+//! [`Count`]): that span is always on. It takes no interest in the other
+//! three, so they are disabled at their call site: creating, entering and
+//! recording one costs a cached-interest check and nothing else (see
+//! bench/RESULTS.md, "tracing" and "the store's counters from the
+//! transaction span"). A host that installs its own subscriber before the
+//! first node starts gets the events and the spans (with their timings)
+//! there instead; no sink sees them, and the store's counters do not move,
+//! unless that subscriber stacks [`forward()`] and [`count()`] among its
+//! layers.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -52,6 +52,8 @@ use tracing::subscriber::Interest;
 use tracing::{Event as TracingEvent, Metadata, Subscriber};
 use tracing_subscriber::filter::{filter_fn, Filtered};
 use tracing_subscriber::layer::{Context, Layer};
+
+use crate::metrics::STORE;
 
 // The macros below expand to `$crate::log::__tracing::...`, so a crate
 // that logs through them (the NIF) needs no `tracing` dependency of its own.
@@ -240,24 +242,24 @@ pub(crate) fn install() {
 
 /// The process's own subscriber: the events of [`TARGET`] go to their
 /// sinks (as [`Forward`] hands them), and the store's `transaction` span
-/// to the counters (as `metrics::Count` adds it up); nothing else is on.
+/// to the counters (as [`Count`] adds it up); nothing else is on.
 ///
 /// *Why not a registry with those two layers.* The transaction span is on
 /// for every transaction, and a registry stores each span, looks it up
 /// again on every enter, exit and record, and frees it at its close: about
 /// 1,900 instructions more per read-only transaction, against about 600
-/// here (bench/RESULTS.md, "Session 7: the store's counters from the
-/// transaction span"). Neither
-/// consumer needs what a registry keeps: an event names its sink itself
-/// (`node`), and a transaction records its whole tally in one record, so
-/// nothing is kept per span. A host that wants spans with their context
-/// stacks [`forward()`] and `metrics::count()` on a registry of its own.
+/// here (bench/RESULTS.md, "the store's counters from the transaction
+/// span"). Neither consumer needs what a registry keeps: an event names
+/// its sink itself (`node`), and a transaction records its whole tally in
+/// one record, so nothing is kept per span. A host that wants spans with
+/// their context stacks [`forward()`] and [`count()`] on a registry of its
+/// own.
 pub struct Process;
 
 static NEXT_SPAN: AtomicU64 = AtomicU64::new(1);
 
 fn wanted(meta: &Metadata<'_>) -> bool {
-    meta.target() == TARGET && (meta.is_event() || crate::metrics::counts_from(meta))
+    meta.target() == TARGET && (meta.is_event() || counts_from(meta))
 }
 
 impl Subscriber for Process {
@@ -280,7 +282,7 @@ impl Subscriber for Process {
     }
 
     fn record(&self, _span: &Id, values: &Record<'_>) {
-        crate::metrics::add_tally(values);
+        add_tally(values);
     }
 
     fn record_follows_from(&self, _span: &Id, _follows: &Id) {}
@@ -310,6 +312,61 @@ impl<S: Subscriber> Layer<S> for Forward {
     fn on_event(&self, event: &TracingEvent<'_>, _ctx: Context<'_, S>) {
         deliver(event);
     }
+}
+
+/// The counting layer, filtered to the retry loop's `transaction` span
+/// (a filter of its own: the forwarder beside it wants events only).
+pub fn count<S>() -> Filtered<Count, impl tracing_subscriber::layer::Filter<S>, S>
+where
+    S: Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    Count.with_filter(filter_fn(|m: &Metadata<'_>| m.target() == TARGET && counts_from(m)))
+}
+
+/// Whether `meta` (of [`TARGET`]) is the span [`Count`] reads.
+fn counts_from(meta: &Metadata<'_>) -> bool {
+    meta.is_span() && meta.name() == "transaction"
+}
+
+/// The layer that adds each `transaction` span's tally to the store's
+/// counters (`metrics::STORE`). It keeps nothing per span: the loop
+/// records each field of its tally once per run, so adding a field's
+/// value as it is recorded counts it once.
+pub struct Count;
+
+impl<S: Subscriber> Layer<S> for Count {
+    fn on_record(&self, _span: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
+        add_tally(values);
+    }
+}
+
+/// Adds a recorded tally of a `transaction` span to the store's counters
+/// ([`Process`] calls it too).
+fn add_tally(values: &Record<'_>) {
+    values.record(&mut AddTally);
+}
+
+/// Adds the recorded fields of a tally to their counters.
+struct AddTally;
+
+impl Visit for AddTally {
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        let counter = match field.name() {
+            "attempts" => &STORE.transactions,
+            "conflicts" => &STORE.conflicts,
+            "retries" => &STORE.retries,
+            _ => return,
+        };
+        counter.fetch_add(value, Ordering::Relaxed);
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "outcome" && value != COMMITTED {
+            STORE.failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn record_debug(&mut self, _field: &Field, _value: &dyn fmt::Debug) {}
 }
 
 /// Hands one event to the sink of the route its `node` names.

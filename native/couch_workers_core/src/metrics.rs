@@ -1,34 +1,23 @@
 //! Counters of the store's retry loop, for `couch_workers:metrics/0`,
 //! and of the restarts of supervised tasks ([`SERVICES`], counted by
-//! `services/supervise.rs` directly).
+//! `tasks/supervise.rs` directly).
 //!
-//! Fed from the `transaction` span of the retry loop (`store/retry.rs`):
-//! each run records its tally into its span once, when it ends (its
-//! `attempts`, `conflicts`, `retries`, and an `outcome` unless its caller
-//! dropped it), and the process's subscriber (`log::Process`) adds those
-//! fields to [`STORE`]. So a run's outcome is recorded in one place, which
-//! tracing and the counters both read. That subscriber takes an interest
-//! in that span alone among the spans, so the counters are always on. A
-//! host that installs a subscriber of its own before any transaction gets
-//! the counters only if it stacks the [`Count`] layer ([`count()`]) among
-//! its layers. What the span costs: bench/RESULTS.md, "Session 7: the
-//! store's counters from the transaction span".
+//! The store's counters are fed from the `transaction` span of the retry
+//! loop (`store/retry.rs`): each run records its tally into its span once,
+//! when it ends (its `attempts`, `conflicts`, `retries`, and an `outcome`
+//! unless its caller dropped it), and the log's counting layer
+//! (`log::Count`, in the process's subscriber `log::Process` too) adds
+//! those fields to [`STORE`]. So a run's outcome is recorded in one place,
+//! which tracing and the counters both read; this module knows nothing of
+//! tracing. What the span costs: bench/RESULTS.md, "The store's counters
+//! from the transaction span".
 //!
 //! The counts are process-wide atomics (relaxed adds: a counter needs no
 //! order with anything else), and take no lock. One Erlang VM runs one
 //! node, so a process-wide count is that node's count; test binaries that
 //! run several nodes in one process see their sum.
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use tracing::field::{Field, Visit};
-use tracing::span::{Id, Record};
-use tracing::{Metadata, Subscriber};
-use tracing_subscriber::filter::{filter_fn, Filtered};
-use tracing_subscriber::layer::{Context, Layer};
-
-use crate::log::{COMMITTED, TARGET};
 
 /// What the retry loop did since the process started.
 #[derive(Debug, Default)]
@@ -58,60 +47,6 @@ pub static STORE: StoreCounters = StoreCounters {
     retries: AtomicU64::new(0),
     failures: AtomicU64::new(0),
 };
-
-/// The counting layer, filtered to the retry loop's `transaction` span
-/// (a filter of its own: the forwarder beside it wants events only).
-pub fn count<S>() -> Filtered<Count, impl tracing_subscriber::layer::Filter<S>, S>
-where
-    S: Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
-{
-    Count.with_filter(filter_fn(|m: &Metadata<'_>| m.target() == TARGET && counts_from(m)))
-}
-
-/// Whether `meta` (of [`TARGET`]) is the span [`Count`] reads.
-pub(crate) fn counts_from(meta: &Metadata<'_>) -> bool {
-    meta.is_span() && meta.name() == "transaction"
-}
-
-/// The layer that adds each `transaction` span's tally to [`STORE`]. It
-/// keeps nothing per span: the loop records each field of its tally once
-/// per run, so adding a field's value as it is recorded counts it once.
-pub struct Count;
-
-impl<S: Subscriber> Layer<S> for Count {
-    fn on_record(&self, _span: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
-        add_tally(values);
-    }
-}
-
-/// Adds a recorded tally of a `transaction` span to [`STORE`] (the
-/// process's subscriber, `log::Process`, calls it too).
-pub(crate) fn add_tally(values: &Record<'_>) {
-    values.record(&mut AddTally);
-}
-
-/// Adds the recorded fields of a tally to their counters.
-struct AddTally;
-
-impl Visit for AddTally {
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        let counter = match field.name() {
-            "attempts" => &STORE.transactions,
-            "conflicts" => &STORE.conflicts,
-            "retries" => &STORE.retries,
-            _ => return,
-        };
-        counter.fetch_add(value, Ordering::Relaxed);
-    }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "outcome" && value != COMMITTED {
-            STORE.failures.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn record_debug(&mut self, _field: &Field, _value: &dyn fmt::Debug) {}
-}
 
 /// Restarts of a node's supervised tasks (`services/supervise.rs`).
 #[derive(Debug, Default)]

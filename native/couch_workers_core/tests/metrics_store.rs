@@ -7,7 +7,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use couch_workers_core::metrics::{count, StoreCounts, STORE};
+use couch_workers_core::log::count;
+use couch_workers_core::metrics::{StoreCounts, STORE};
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::sim::{SimOptions, SimStore};
 use couch_workers_core::store::{run, Db, StoreError, TxOptions};
@@ -113,7 +114,7 @@ async fn attempts_conflicts_retries_and_failures_are_counted_exactly() {
 
     // A host's own subscriber in place of the process's (here for this
     // thread only; the test's body is polled on it): its registry counts
-    // with `metrics::count()` among its layers, and without it does not.
+    // with `log::count()` among its layers, and without it does not.
     let db = &db;
     let conflict_then_commit = || {
         let tries = AtomicU32::new(0);

@@ -66,7 +66,7 @@ where
     Fut: Future<Output = Result<T, StoreError>>,
 {
     let mut seen = Attempt::default();
-    // The store's counters are read from this span (`metrics::Count`): the
+    // The store's counters are read from this span (`log::Count`): the
     // process's subscriber, which holds that layer, is there before the
     // first transaction even when no node has started.
     log::install();
@@ -95,7 +95,7 @@ where
 /// What one run of the loop did, recorded into its `transaction` span
 /// once, when the run ends or is dropped unfinished (its caller stopped
 /// waiting; then with no `outcome`). This is the one record of a run's
-/// outcome: the store's counters are fed from it (`metrics::Count`), and a
+/// outcome: the store's counters are fed from it (`log::Count`), and a
 /// host's subscriber sees the same fields.
 struct Tally {
     span: Span,
