@@ -40,19 +40,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::keyspace::Keyspace;
+use crate::store::{MAX_READ_TRANSACTION_LIFE_VERSIONS, VERSIONS_PER_SECOND};
 use crate::workers::MAX_TIMEOUT_S;
-
-/// Store versions per second (FoundationDB's `VERSIONS_PER_SECOND`).
-pub const VERSIONS_PER_SECOND: u64 = 1_000_000;
-
-/// FoundationDB's `MAX_READ_TRANSACTION_LIFE_VERSIONS` (5 s' worth): the
-/// most that versions move from one commit batch to the next outside a
-/// recovery (the master's `getVersion`).
-pub const MAX_READ_TRANSACTION_LIFE_VERSIONS: u64 = 5 * VERSIONS_PER_SECOND;
-
-/// FoundationDB's `MAX_VERSIONS_IN_FLIGHT` (100 s' worth): how far versions
-/// jump at every recovery.
-pub const MAX_VERSIONS_IN_FLIGHT: u64 = 100 * VERSIONS_PER_SECOND;
 
 /// Versions may advance at most this many times faster than local time
 /// between two looks before it counts as a jump. FoundationDB hands out
@@ -304,6 +293,7 @@ impl Observer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MAX_VERSIONS_IN_FLIGHT;
 
     const SLEEP: Duration = Duration::from_millis(500);
 

@@ -16,8 +16,7 @@
 use crate::error::{check_key, check_value, Error};
 use crate::jobs;
 use crate::keyspace::{Health, Incarnation, Keyspace};
-use crate::liveness;
-use crate::store::{RangeRequest, StoreError, Tx, Versionstamp};
+use crate::store::{RangeRequest, StoreError, Tx, Versionstamp, VERSIONS_PER_SECOND};
 
 /// A worker as registered: what is stored, and what its heartbeat needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +78,7 @@ pub fn new_incarnation() -> Incarnation {
 /// A watcher that has read the log within half of it never misses an
 /// entry; one that has not (a long store outage) reads the whole member
 /// range instead.
-pub const LOG_RETENTION_VERSIONS: u64 = 60 * liveness::VERSIONS_PER_SECOND;
+pub const LOG_RETENTION_VERSIONS: u64 = 60 * VERSIONS_PER_SECOND;
 
 /// A member-set change, as the log records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

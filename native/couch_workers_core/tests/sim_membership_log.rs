@@ -43,7 +43,7 @@ async fn past_the_retention_window(db: &Db) {
 /// A second of versions past the window, so that the test's first read
 /// version is surely past it too.
 fn liveness_margin() -> u64 {
-    couch_workers_core::liveness::VERSIONS_PER_SECOND
+    couch_workers_core::store::VERSIONS_PER_SECOND
 }
 
 async fn an_older_change_committed_last_does_not_lower_the_log_floor(kind: StoreKind) {

@@ -72,6 +72,21 @@ pub const MAX_TRANSACTION_SIZE: usize = 10_000_000;
 /// Length of a versionstamp: 8-byte commit version + 2-byte batch order.
 pub const VERSIONSTAMP_LEN: usize = 10;
 
+/// Commit versions per second (FoundationDB's `VERSIONS_PER_SECOND`): the
+/// rate at which every store's versions rise with time.
+pub const VERSIONS_PER_SECOND: u64 = 1_000_000;
+
+/// FoundationDB's `MAX_READ_TRANSACTION_LIFE_VERSIONS` (5 s' worth, and its
+/// write twin): a transaction whose read version is further behind than
+/// this fails with `transaction_too_old`; also the most that versions move
+/// from one commit batch to the next outside a recovery (the master's
+/// `getVersion`).
+pub const MAX_READ_TRANSACTION_LIFE_VERSIONS: u64 = 5 * VERSIONS_PER_SECOND;
+
+/// FoundationDB's `MAX_VERSIONS_IN_FLIGHT` (100 s' worth): how far versions
+/// jump at every recovery.
+pub const MAX_VERSIONS_IN_FLIGHT: u64 = 100 * VERSIONS_PER_SECOND;
+
 /// A 10-byte FoundationDB versionstamp. Byte order is commit order.
 pub type Versionstamp = [u8; VERSIONSTAMP_LEN];
 

@@ -18,12 +18,12 @@ use tokio::time::Instant;
 use super::conflicts::{ConflictHistory, RangeSet};
 use super::data::VersionedData;
 use super::faults::{CommitFault, Dice, SimFaults};
-use super::versions::{VersionClock, MAX_READ_TRANSACTION_LIFE_VERSIONS};
+use super::versions::VersionClock;
 use super::watch::{lost_in_recovery, WatchRegistry, WatchSender};
 use super::writes::{Applied, Mutation};
 use super::SimStats;
 use crate::store::mutation::{add_le_i64, byte_max};
-use crate::store::{KeyValue, StoreError, Versionstamp, VERSIONSTAMP_LEN};
+use crate::store::{KeyValue, StoreError, Versionstamp, MAX_READ_TRANSACTION_LIFE_VERSIONS, VERSIONSTAMP_LEN};
 
 /// What a transaction sends to the proxy.
 pub(super) struct CommitRequest {

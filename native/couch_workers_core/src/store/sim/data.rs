@@ -5,8 +5,7 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use super::versions::MAX_READ_TRANSACTION_LIFE_VERSIONS;
-use crate::store::KeyValue;
+use crate::store::{KeyValue, MAX_READ_TRANSACTION_LIFE_VERSIONS};
 
 /// `None` is a clear.
 type History = Vec<(u64, Option<Vec<u8>>)>;

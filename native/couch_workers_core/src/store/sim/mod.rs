@@ -61,9 +61,7 @@ use watch::WatchCount;
 
 pub use faults::{CommitFault, Latency, SimFaults};
 pub use transaction::SimTransaction;
-pub use versions::{
-    EMPTY_BATCH_INTERVAL, MAX_READ_TRANSACTION_LIFE_VERSIONS, RECOVERY_VERSION_JUMP, VERSIONS_PER_SECOND,
-};
+pub use versions::{EMPTY_BATCH_INTERVAL, RECOVERY_VERSION_JUMP};
 pub use watch::MAX_WATCHES;
 
 /// How a simulated cluster starts.

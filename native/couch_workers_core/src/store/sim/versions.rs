@@ -18,14 +18,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// FoundationDB's `VERSIONS_PER_SECOND`.
-pub const VERSIONS_PER_SECOND: u64 = 1_000_000;
-/// `MAX_READ_TRANSACTION_LIFE_VERSIONS` (and the write twin): a
-/// transaction whose read version is further behind than this fails with
-/// `transaction_too_old`; also the largest step between two commit batches.
-pub const MAX_READ_TRANSACTION_LIFE_VERSIONS: u64 = 5 * VERSIONS_PER_SECOND;
-/// `MAX_VERSIONS_IN_FLIGHT`: how far versions jump at a recovery.
-pub const RECOVERY_VERSION_JUMP: u64 = 100 * VERSIONS_PER_SECOND;
+use crate::store::{MAX_READ_TRANSACTION_LIFE_VERSIONS, MAX_VERSIONS_IN_FLIGHT, VERSIONS_PER_SECOND};
+
+/// How far versions jump at a simulated recovery: FoundationDB's
+/// `MAX_VERSIONS_IN_FLIGHT`.
+pub const RECOVERY_VERSION_JUMP: u64 = MAX_VERSIONS_IN_FLIGHT;
 /// `MAX_COMMIT_BATCH_INTERVAL`: an idle cluster commits an empty batch
 /// this often.
 pub const EMPTY_BATCH_INTERVAL: Duration = Duration::from_secs(2);
