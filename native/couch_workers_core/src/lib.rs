@@ -41,6 +41,7 @@ pub mod node;
 pub mod services;
 pub mod stage;
 pub mod store;
+pub mod tasks;
 pub mod workers;
 
 #[cfg(feature = "testkit")]

@@ -48,7 +48,7 @@ pub static STORE: StoreCounters = StoreCounters {
     failures: AtomicU64::new(0),
 };
 
-/// Restarts of a node's supervised tasks (`services/supervise.rs`).
+/// Restarts of a node's supervised tasks (`tasks/supervise.rs`).
 #[derive(Debug, Default)]
 pub struct ServiceCounters {
     /// Runs of a supervised task that panicked or ended unexpectedly (each

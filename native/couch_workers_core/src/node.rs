@@ -22,10 +22,11 @@ use crate::services::heartbeat::{HeartbeatService, Heartbeats};
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
-use crate::services::supervise::{ServiceKind, Supervisor};
-use crate::services::watch_limit::WatchLimit;
-use crate::services::{wall_clock_s, Live, TaskCounts};
+use crate::services::{wall_clock_s, TaskCounts};
 use crate::store::{self, run, run_attempts, Db, StoreConfig, StoreError, Tx, TxOptions};
+use crate::tasks::supervise::{ServiceKind, Supervisor};
+use crate::tasks::watch_limit::WatchLimit;
+use crate::tasks::Live;
 use crate::workers::{self, WorkerSpec};
 
 /// Tunables, all with defaults an operator need not touch.

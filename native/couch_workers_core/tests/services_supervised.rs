@@ -16,10 +16,10 @@ use couch_workers_core::jobs::{JobEvent, JobOpts, JobState, Keep, NewJob, Schedu
 use couch_workers_core::log::{Event, Sink, Value};
 use couch_workers_core::metrics::SERVICES;
 use couch_workers_core::services::owner_events::OwnerEvent;
-use couch_workers_core::services::supervise::ServiceKind;
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::sim::{SimOptions, SimStore};
 use couch_workers_core::store::Db;
+use couch_workers_core::tasks::supervise::ServiceKind;
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Node, Settings};
 use jobs_common::*;

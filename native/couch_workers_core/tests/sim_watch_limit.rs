@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use couch_workers_core::jobs::JobEvent;
 use couch_workers_core::log::{Event, Sink};
-use couch_workers_core::services::watch_limit::AT_LIMIT;
 use couch_workers_core::store::sim::{SimOptions, SimStore, MAX_WATCHES};
 use couch_workers_core::store::{Db, TxOptions, Watch};
+use couch_workers_core::tasks::watch_limit::AT_LIMIT;
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Node, Settings};
 use tokio::sync::mpsc;

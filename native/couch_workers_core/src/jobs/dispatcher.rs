@@ -40,7 +40,7 @@
 //!   nothing and the watch stays armed: `job_resume/1` bumps `jobs_vs`,
 //!   which wakes every node's dispatcher at once;
 //! * at the handle's watch limit (`too_many_watches`) the dispatcher
-//!   polls instead, with the growing pause of `services::watch_limit`
+//!   polls instead, with the growing pause of `tasks::watch_limit`
 //!   (not a write round every 50 ms); arriving waiters are still served
 //!   at once;
 //! * a waiter whose deadline passes gets `not_found`; an accept with
@@ -87,10 +87,10 @@ use crate::error::Error;
 use crate::keyspace::Incarnation;
 use crate::log::TARGET;
 use crate::log_event;
-use crate::services::supervise::ServiceKind;
-use crate::services::watch_limit::is_too_many_watches;
-use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError, Watch};
+use crate::tasks::supervise::ServiceKind;
+use crate::tasks::watch_limit::is_too_many_watches;
+use crate::tasks::{jittered, sleep_or_cancel};
 use tracing::Instrument;
 
 /// Most waiters served by one accept round (one transaction).
@@ -271,7 +271,7 @@ impl Dispatchers {
         // The receiver is alive: this cannot fail.
         let _ = sender.send(waiter);
         map.insert(job_type.to_vec(), Entry { id, sender });
-        // Supervised (`services/supervise.rs`): a run that panics parks its
+        // Supervised (`tasks/supervise.rs`): a run that panics parks its
         // queue in `home` (`Dispatcher`'s drop), where the next run takes
         // it up, so no waiter is lost; one that ends (no waiter left, or
         // the node stops) cancels `cancel`, and is not run again.

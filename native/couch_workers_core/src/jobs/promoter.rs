@@ -30,13 +30,13 @@ use super::place::wall_ms;
 use super::service::ServiceState;
 use super::wake::{Waiter, Woke};
 use crate::log_event;
-use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError, Watch};
+use crate::tasks::{jittered, sleep_or_cancel};
 
 /// Longest sleep between passes while the watch is armed.
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
-/// The promoter's loop; supervised (`services/supervise.rs`).
+/// The promoter's loop; supervised (`tasks/supervise.rs`).
 pub(crate) async fn run_promoter(shared: Arc<ServiceState>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     let mut waiter = Waiter::new(&shared.watch_limit);

@@ -32,8 +32,8 @@ use super::receipt;
 use super::service::ServiceState;
 use super::wake::{Waiter, Woke};
 use crate::log_event;
-use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError};
+use crate::tasks::{jittered, sleep_or_cancel};
 
 /// Jobs removed per transaction (FoundationDB's limits: a job's keys are
 /// a few hundred bytes plus its record's reads).
@@ -52,7 +52,7 @@ pub(crate) const WAKE_KEEP_S: u64 = 60;
 /// Shortest time from one look to the next one that a change triggers.
 const MIN_GAP: Duration = Duration::from_millis(1000);
 
-/// The pruner's loop; supervised (`services/supervise.rs`).
+/// The pruner's loop; supervised (`tasks/supervise.rs`).
 pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     let mut receipts_cleared: Option<i64> = None;

@@ -32,10 +32,10 @@ use crate::error::{check_key, Error};
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::Logger;
 use crate::log_event;
-use crate::services::supervise::{ServiceKind, Supervisor};
-use crate::services::watch_limit::WatchLimit;
 use crate::store::run_attempts;
 use crate::store::{run, Db, StoreError, TxOptions};
+use crate::tasks::supervise::{ServiceKind, Supervisor};
+use crate::tasks::watch_limit::WatchLimit;
 
 /// Most rounds an accept with timeout 0 runs when a round cleared stale
 /// pending keys instead of finding a job.
@@ -65,7 +65,7 @@ pub(crate) struct JobCounts {
     pub promoters: Arc<AtomicUsize>,
 }
 
-pub(crate) use crate::services::Live;
+pub(crate) use crate::tasks::Live;
 
 /// What the service's tasks share.
 pub(crate) struct ServiceState {
@@ -89,7 +89,7 @@ pub(crate) struct ServiceState {
 }
 
 impl ServiceState {
-    /// Spawns a supervised task of `kind` (see `services::supervise`),
+    /// Spawns a supervised task of `kind` (see `tasks::supervise`),
     /// counted live in `count` for as long as it is supervised.
     pub(crate) fn spawn_supervised<F, Fut>(
         &self,

@@ -33,10 +33,10 @@ use super::ops;
 use super::service::{Live, ServiceState};
 use crate::error::Error;
 use crate::log_event;
-use crate::services::sleep_or_cancel;
-use crate::services::supervise::ServiceKind;
-use crate::services::watch_limit::is_too_many_watches;
 use crate::store::{run, StoreError, Watch};
+use crate::tasks::sleep_or_cancel;
+use crate::tasks::supervise::ServiceKind;
+use crate::tasks::watch_limit::is_too_many_watches;
 
 /// Called with each change of a subscribed job; must not block.
 pub type OnJobEvent = Box<dyn Fn(JobEvent) + Send + Sync>;
@@ -158,7 +158,7 @@ impl Watchers {
     }
 }
 
-/// The watcher task of one job; supervised (`services/supervise.rs`): a
+/// The watcher task of one job; supervised (`tasks/supervise.rs`): a
 /// restart reads the job again, and each subscriber's `seen` keeps it from
 /// a change twice. Every way it ends for good cancels its token.
 async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {

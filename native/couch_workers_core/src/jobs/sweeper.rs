@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 use super::ops::{self, SweepCursor, SweepStep};
 use super::service::ServiceState;
 use crate::log_event;
-use crate::services::watch_limit::is_too_many_watches;
-use crate::services::{jittered, sleep_or_cancel};
 use crate::store::{run, StoreError};
+use crate::tasks::watch_limit::is_too_many_watches;
+use crate::tasks::{jittered, sleep_or_cancel};
 
 /// Markers listed per pass.
 const LIST_LIMIT: usize = 100;
@@ -26,7 +26,7 @@ const LIST_LIMIT: usize = 100;
 /// Longest sleep between passes when no watch fires.
 const PERIOD: Duration = Duration::from_secs(10);
 
-/// The sweeper's loop; supervised (`services/supervise.rs`), its live
+/// The sweeper's loop; supervised (`tasks/supervise.rs`), its live
 /// count held by the supervisor from the moment it is spawned (a `stats()`
 /// right after start sees it).
 pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: CancellationToken) {

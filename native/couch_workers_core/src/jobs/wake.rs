@@ -7,9 +7,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::services::jittered;
-use crate::services::watch_limit::{is_too_many_watches, WatchLimit};
 use crate::store::Watch;
+use crate::tasks::jittered;
+use crate::tasks::watch_limit::{is_too_many_watches, WatchLimit};
 
 /// How soon to look again when there is no working watch (it could not
 /// be armed, or it failed): the cadence of the timers before watches.
@@ -26,7 +26,7 @@ pub(crate) enum Woke {
 }
 
 /// One service's waits, with its run of watches refused at the handle's
-/// limit (`services/watch_limit.rs`).
+/// limit (`tasks/watch_limit.rs`).
 pub(crate) struct Waiter<'a> {
     limit: &'a WatchLimit,
     at_limit: u32,

@@ -36,12 +36,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::owner_events::{OwnerEvent, OwnerEvents};
-use super::{jittered, wall_clock_s, Live};
+use super::wall_clock_s;
 use crate::jobs::receipt::Receipt;
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Logger, TARGET};
 use crate::log_event;
 use crate::store::{run_attempts, Db, StoreError, TxOptions};
+use crate::tasks::{jittered, Live};
 use crate::workers::{self, Beat, Heartbeat, WorkerSpec};
 
 /// Most workers renewed in one transaction.

@@ -26,12 +26,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::sleep_or_cancel;
-use super::watch_limit::{is_too_many_watches, WatchLimit};
 use crate::keyspace::Keyspace;
 use crate::log::Logger;
 use crate::log_event;
 use crate::store::{run, Db, StoreError, Tx, TxOptions, Versionstamp, Watch};
+use crate::tasks::sleep_or_cancel;
+use crate::tasks::watch_limit::{is_too_many_watches, WatchLimit};
 use crate::workers::{self, Membership};
 
 /// Called with every new membership, as an owned copy; must not block.

@@ -21,7 +21,7 @@ pub enum OwnerEvent {
     /// Another registration of the same id holds it now: this one ended.
     Superseded,
     /// The node's heartbeat service keeps failing (it panicked or ended
-    /// `FAILING_RESTARTS` times within a minute; `services/supervise.rs`):
+    /// `FAILING_RESTARTS` times within a minute; `tasks/supervise.rs`):
     /// the worker may be reaped. The service is still restarted; a later
     /// reap is told as `Reaped`.
     HeartbeatFailing,

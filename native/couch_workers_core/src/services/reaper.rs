@@ -52,13 +52,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::heartbeat::Heartbeats;
-use super::jittered;
 use crate::jobs::receipt::{self, Receipt};
 use crate::keyspace::{Keyspace, WorkerKey};
 use crate::liveness::{Look, Observer, Restart, Verdict, WorkerId};
 use crate::log::{Logger, TARGET};
 use crate::log_event;
 use crate::store::{run_attempts, Attempt, Db, RangeRequest, StoreError, Tx, TxOptions, Watch};
+use crate::tasks::jittered;
 use crate::workers;
 
 /// Health records read per scan transaction.
