@@ -15,6 +15,7 @@
 use std::time::Instant;
 
 use couch_workers_core::log::Discard;
+use couch_workers_core::roster;
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::{run, Db, TxOptions};
 use couch_workers_core::workers::{self, WorkerSpec};
@@ -41,7 +42,7 @@ async fn write_workers(db: &Db, node: &Node, t: &str, n: usize) {
         let (ks, specs) = (&ks, &specs);
         run(db.as_ref(), TxOptions::write(), |tx| async move {
             for s in specs {
-                workers::register(&tx, ks, s, &workers::new_incarnation(), 0).await?;
+                roster::register(&tx, ks, s, &workers::new_incarnation(), 0).await?;
             }
             Ok(())
         })

@@ -38,6 +38,7 @@ pub mod liveness;
 pub mod log;
 pub mod metrics;
 pub mod node;
+pub mod roster;
 pub mod services;
 pub mod stage;
 pub mod store;

@@ -18,6 +18,7 @@ use crate::jobs::receipt::{self, Receipt};
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Logger, Sink};
 use crate::log_event;
+use crate::roster;
 use crate::services::heartbeat::{HeartbeatService, Heartbeats};
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
@@ -253,7 +254,7 @@ impl Node {
         let written = Instant::now();
         let replaced = self
             .run_failing_over(|tx| async move {
-                workers::register_replacing(&tx, ks, s, inc, wall_clock_s()).await.map(Some)
+                roster::register_replacing(&tx, ks, s, inc, wall_clock_s()).await.map(Some)
             })
             .await?;
         self.log_requeued(&spec.worker_type, &spec.id, replaced, "replaced");
@@ -321,13 +322,13 @@ impl Node {
         let ks = &self.ks;
         if died {
             let failed_over = self
-                .run_failing_over(|tx| async move { workers::remove_dead(&tx, ks, worker_type, id, incarnation).await })
+                .run_failing_over(|tx| async move { roster::remove_dead(&tx, ks, worker_type, id, incarnation).await })
                 .await?;
             self.log_requeued(worker_type, id, failed_over, "owner_exit");
         } else {
             // Released, not failed over: an unregister is no death.
             run(self.db.as_ref(), self.write_options(), |tx| async move {
-                workers::remove(&tx, ks, worker_type, id, incarnation).await
+                roster::remove(&tx, ks, worker_type, id, incarnation).await
             })
             .await?;
         }

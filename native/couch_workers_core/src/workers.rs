@@ -1,6 +1,8 @@
-//! Worker key-space operations, each run inside a transaction of the
-//! caller's (so that the retry loop, the conformance suite and the services
-//! share one definition). See `keyspace.rs` for the layout.
+//! Worker records: the worker keys' writes (a registration, its health
+//! record, its removal), each inside a transaction of the caller's, and
+//! the membership reads. See `docs/keyspace.md` for the layout. What a
+//! registration's end does to the jobs it runs is `roster.rs`'s: this
+//! module knows nothing of jobs.
 //!
 //! Every change of a type's member set (register, unregister, reap) bumps
 //! `("couch_workers", "workers", T, "vs")` with the commit's versionstamp:
@@ -14,7 +16,6 @@
 //! remove, requeue or keep alive the registration that holds the id now.
 
 use crate::error::{check_key, check_value, Error};
-use crate::jobs;
 use crate::keyspace::{Health, Incarnation, Keyspace};
 use crate::store::{RangeRequest, StoreError, Tx, Versionstamp, VERSIONS_PER_SECOND};
 
@@ -134,11 +135,11 @@ fn parse_change(value: &[u8]) -> Option<Change> {
 /// Bumps `health_vs`, which reapers watch: a health record changed in
 /// this transaction. A blind versionstamped set, so that heartbeats of
 /// every node never conflict on it.
-fn mark_health_written(tx: &Tx, ks: &Keyspace) {
+pub(crate) fn mark_health_written(tx: &Tx, ks: &Keyspace) {
     tx.set_versionstamped_value(&ks.health_vs(), &Keyspace::vs_placeholder_value());
 }
 
-fn write_health(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) {
+pub(crate) fn write_health(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarnation, tstamp: i64) {
     let timeout = i64::try_from(spec.timeout_s).unwrap_or(i64::MAX);
     let value = Keyspace::health_value(tstamp, timeout, incarnation);
     tx.set_versionstamped_value(&ks.health(&spec.worker_type, &spec.id), &value);
@@ -146,218 +147,74 @@ fn write_health(tx: &Tx, ks: &Keyspace, spec: &WorkerSpec, incarnation: &Incarna
 
 /// The raw health record of `(worker_type, id)`, read for a write: a
 /// registration or removal of the id committed meanwhile conflicts.
-async fn stored_health(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+pub(crate) async fn stored_health(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    id: &[u8],
+) -> Result<Option<Vec<u8>>, StoreError> {
     tx.get(&ks.health(worker_type, id), false).await
 }
 
 /// Whether a stored health value belongs to `incarnation`.
-fn held_by(value: &[u8], incarnation: &Incarnation) -> bool {
+pub(crate) fn held_by(value: &[u8], incarnation: &Incarnation) -> bool {
     Keyspace::parse_health(value).is_some_and(|h| h.incarnation.as_ref() == Some(incarnation))
 }
 
-/// Registers `spec` as `incarnation`: any other incarnation of the same
-/// `(type, id)` is replaced, and the jobs it was running go back to
-/// pending, since the new incarnation knows nothing of them.
-pub async fn register(
+/// Writes the registration of `spec` as `incarnation`: its member key, its
+/// health record, a `Join` in the type's log. `true`: the id was
+/// registered already, by a registration that is gone without
+/// unregistering (its node restarted, or another node took the id) and is
+/// replaced now; its running jobs are the caller's to fail over in this
+/// transaction (`roster.rs`).
+pub(crate) async fn write_registration(
     tx: &Tx,
     ks: &Keyspace,
     spec: &WorkerSpec,
     incarnation: &Incarnation,
     tstamp: i64,
-) -> Result<(), StoreError> {
-    register_replacing(tx, ks, spec, incarnation, tstamp).await.map(|_| ())
-}
-
-/// As [`register`]; returns how many running jobs of a replaced
-/// registration it failed over in this transaction (the node counts them
-/// as requeued).
-pub async fn register_replacing(
-    tx: &Tx,
-    ks: &Keyspace,
-    spec: &WorkerSpec,
-    incarnation: &Incarnation,
-    tstamp: i64,
-) -> Result<usize, StoreError> {
+) -> Result<bool, StoreError> {
     let member_key = ks.member(&spec.worker_type, &spec.id);
-    let mut moved = 0;
-    if tx.get(&member_key, false).await?.is_some() {
-        // The id's previous registration is gone without unregistering
-        // (its node restarted, or another node took the id): a death.
-        moved = jobs::requeue_worker_jobs(tx, ks, &spec.worker_type, &spec.id, jobs::Departure::Lost).await?;
-    }
+    let replaced = tx.get(&member_key, false).await?.is_some();
     tx.set(&member_key, &spec.options_json);
     write_health(tx, ks, spec, incarnation, tstamp);
     mark_health_written(tx, ks);
     record_change(tx, ks, &spec.worker_type, &spec.id, Change::Join).await?;
-    Ok(moved)
+    Ok(replaced)
 }
 
-/// Renews the health record of `incarnation`; reinstates it if the worker
-/// was removed. Another incarnation's record is left as it is (`Gone`):
-/// renewing it would keep a registration alive that nobody heartbeats.
-pub async fn heartbeat(
-    tx: &Tx,
-    ks: &Keyspace,
-    spec: &WorkerSpec,
-    incarnation: &Incarnation,
-    tstamp: i64,
-) -> Result<Heartbeat, StoreError> {
-    let stored = stored_health(tx, ks, &spec.worker_type, &spec.id).await?;
-    let outcome = renew(tx, ks, spec, incarnation, tstamp, stored).await?;
-    if outcome == Heartbeat::Renewed {
-        mark_health_written(tx, ks);
-    }
-    Ok(outcome)
-}
-
-/// The heartbeat's decision on the health record `stored` (read for a
-/// write in this transaction), and its write.
-async fn renew(
-    tx: &Tx,
-    ks: &Keyspace,
-    spec: &WorkerSpec,
-    incarnation: &Incarnation,
-    tstamp: i64,
-    stored: Option<Vec<u8>>,
-) -> Result<Heartbeat, StoreError> {
+/// What a heartbeat of `incarnation` does, given the health record
+/// `stored` (read for a write in this transaction): renew its own record;
+/// leave another incarnation's as it is (`Gone`: renewing it would keep a
+/// registration alive that nobody heartbeats); register again where there
+/// is none (`Reinstated`).
+pub(crate) fn heartbeat_outcome(stored: Option<&[u8]>, incarnation: &Incarnation) -> Heartbeat {
     match stored {
-        Some(value) if held_by(&value, incarnation) => {
-            write_health(tx, ks, spec, incarnation, tstamp);
-            Ok(Heartbeat::Renewed)
-        }
-        Some(_) => Ok(Heartbeat::Gone),
-        None => {
-            register(tx, ks, spec, incarnation, tstamp).await?;
-            Ok(Heartbeat::Reinstated)
-        }
+        Some(value) if held_by(value, incarnation) => Heartbeat::Renewed,
+        Some(_) => Heartbeat::Gone,
+        None => Heartbeat::Reinstated,
     }
 }
 
-/// One registration to renew in [`heartbeat_many`].
-pub struct Beat<'a> {
-    pub spec: &'a WorkerSpec,
-    pub incarnation: &'a Incarnation,
-}
-
-/// [`heartbeat`] for many registrations in one transaction: their health
-/// records are read together (one round trip on FoundationDB), then each
-/// is judged as [`heartbeat`] judges one. `ended(i)` is asked after the
-/// reads, before anything of `beats[i]` is written: a registration whose
-/// owner ended it meanwhile (its removal may have committed before these
-/// reads, and must not be undone by a reinstatement) is skipped (`None`).
-pub async fn heartbeat_many(
-    tx: &Tx,
-    ks: &Keyspace,
-    beats: &[Beat<'_>],
-    tstamp: i64,
-    ended: impl Fn(usize) -> bool,
-) -> Result<Vec<Option<Heartbeat>>, StoreError> {
-    let keys: Vec<Vec<u8>> = beats.iter().map(|b| ks.health(&b.spec.worker_type, &b.spec.id)).collect();
-    let stored = futures::future::try_join_all(keys.iter().map(|k| tx.get(k, false))).await?;
-    let mut outcomes = Vec::with_capacity(beats.len());
-    for (i, (beat, value)) in beats.iter().zip(stored).enumerate() {
-        if ended(i) {
-            outcomes.push(None);
-            continue;
-        }
-        outcomes.push(Some(renew(tx, ks, beat.spec, beat.incarnation, tstamp, value).await?));
-    }
-    // A reinstatement marked it already; once is enough either way.
-    if outcomes.contains(&Some(Heartbeat::Renewed)) {
-        mark_health_written(tx, ks);
-    }
-    Ok(outcomes)
-}
-
-/// Removes the worker if `incarnation` still holds it, and sends its
-/// running jobs back to pending, in this one transaction. Returns whether
-/// it removed it (false: not registered, or registered by another
-/// incarnation, which keeps its registration and its jobs).
-pub async fn remove(
+/// Clears the registration of `(worker_type, id)`, whichever incarnation
+/// holds it: its member key, its health record, a `Leave` in the type's
+/// log. `false`: not registered. Only for a caller that has judged the
+/// current health record in this transaction; the registration's running
+/// jobs are the caller's to move in this transaction (`roster.rs`).
+pub(crate) async fn clear_registration(
     tx: &Tx,
     ks: &Keyspace,
     worker_type: &[u8],
     id: &[u8],
-    incarnation: &Incarnation,
 ) -> Result<bool, StoreError> {
-    match stored_health(tx, ks, worker_type, id).await? {
-        Some(value) if held_by(&value, incarnation) => {
-            Ok(remove_current(tx, ks, worker_type, id, jobs::Departure::Released).await?.is_some())
-        }
-        _ => Ok(false),
-    }
-}
-
-/// As [`remove`], for a registration whose owner died (its pid exited):
-/// a death, so its running jobs fail with `worker_lost` (DESIGN.md),
-/// where an unregister releases them. `Some(n)`: removed, `n` running
-/// jobs failed over in this transaction (the node counts them as
-/// requeued); `None`: not removed (as `false` of [`remove`]).
-pub async fn remove_dead(
-    tx: &Tx,
-    ks: &Keyspace,
-    worker_type: &[u8],
-    id: &[u8],
-    incarnation: &Incarnation,
-) -> Result<Option<usize>, StoreError> {
-    match stored_health(tx, ks, worker_type, id).await? {
-        Some(value) if held_by(&value, incarnation) => {
-            remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await
-        }
-        _ => Ok(None),
-    }
-}
-
-/// Removes whichever incarnation is registered: only for a caller that has
-/// judged the current health record in this transaction (the reaper).
-/// `Some(n)`: removed, and `n` of its running jobs left it in this
-/// transaction (the sweeper moves any beyond one transaction's share).
-async fn remove_current(
-    tx: &Tx,
-    ks: &Keyspace,
-    worker_type: &[u8],
-    id: &[u8],
-    departure: jobs::Departure,
-) -> Result<Option<usize>, StoreError> {
     let member_key = ks.member(worker_type, id);
     if tx.get(&member_key, false).await?.is_none() {
-        return Ok(None);
+        return Ok(false);
     }
-    let moved = jobs::requeue_worker_jobs(tx, ks, worker_type, id, departure).await?;
     tx.clear(&member_key);
     tx.clear(&ks.health(worker_type, id));
     record_change(tx, ks, worker_type, id, Change::Leave).await?;
-    Ok(Some(moved))
-}
-
-/// Reaps the worker if its health record is still, byte for byte,
-/// `observed`: the record a reaper has seen unchanged for the worker's
-/// timeout (`liveness.rs` decides that; this only re-checks). A heartbeat
-/// (a new versionstamp) or another registration (another incarnation)
-/// makes it a different record, which is left alone; so is an absent one.
-/// Reading the record for a write is what makes concurrent reapers safe: a
-/// heartbeat or another reap that commits first makes this transaction
-/// conflict and re-check. Returns whether it removed the worker.
-pub async fn reap(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], observed: &[u8]) -> Result<bool, StoreError> {
-    Ok(reap_with_jobs(tx, ks, worker_type, id, observed).await?.is_some())
-}
-
-/// As [`reap`]; `Some(n)` when it removed the worker, `n` being the
-/// running jobs that left it in this transaction (failed with
-/// `worker_lost`: back to pending, or `failed` without attempts left).
-/// The reaper logs `n`, which is how a node counts its failovers.
-pub async fn reap_with_jobs(
-    tx: &Tx,
-    ks: &Keyspace,
-    worker_type: &[u8],
-    id: &[u8],
-    observed: &[u8],
-) -> Result<Option<usize>, StoreError> {
-    match stored_health(tx, ks, worker_type, id).await? {
-        // Reaped: a death, its jobs fail with `worker_lost`.
-        Some(value) if value == observed => remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await,
-        _ => Ok(None),
-    }
+    Ok(true)
 }
 
 /// Reads the membership of `worker_type`.

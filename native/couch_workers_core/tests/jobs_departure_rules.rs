@@ -15,9 +15,10 @@
 
 use couch_workers_core::jobs::{ops, Departure, JobOpts, JobSpec, JobState, MaxAttempts};
 use couch_workers_core::keyspace::{Incarnation, Keyspace};
+use couch_workers_core::roster;
 use couch_workers_core::store::{run, Db, TxOptions};
 use couch_workers_core::test_store::{StoreKind, TestStore};
-use couch_workers_core::workers::{self, WorkerSpec};
+use couch_workers_core::workers::WorkerSpec;
 
 const T: &[u8] = b"t";
 const W: &[u8] = b"w";
@@ -52,7 +53,7 @@ impl Store {
     async fn register(&self, incarnation: &Incarnation) {
         let (ks, sp) = (&self.ks, &spec());
         run(self.db.as_ref(), TxOptions::write(), |tx| async move {
-            workers::register_replacing(&tx, ks, sp, incarnation, 0).await
+            roster::register_replacing(&tx, ks, sp, incarnation, 0).await
         })
         .await
         .expect("register");
@@ -94,8 +95,8 @@ impl Store {
         let ks = &self.ks;
         let removed = run(self.db.as_ref(), TxOptions::write(), |tx| async move {
             match departure {
-                Departure::Released => workers::remove(&tx, ks, T, W, incarnation).await,
-                Departure::Lost => workers::remove_dead(&tx, ks, T, W, incarnation).await.map(|n| n.is_some()),
+                Departure::Released => roster::remove(&tx, ks, T, W, incarnation).await,
+                Departure::Lost => roster::remove_dead(&tx, ks, T, W, incarnation).await.map(|n| n.is_some()),
             }
         })
         .await

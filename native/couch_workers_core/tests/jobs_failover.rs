@@ -13,6 +13,7 @@ use std::time::Duration;
 use couch_workers_core::jobs::ops::{self, SweepStep, Take, BATCH_WRITE_BUDGET, REQUEUE_MAX_JOBS};
 use couch_workers_core::jobs::{Fence, JobHandle, JobState, NewJob};
 use couch_workers_core::keyspace::{Incarnation, Keyspace};
+use couch_workers_core::roster;
 use couch_workers_core::store::hooked::{Hooked, TxHooks, Write};
 use couch_workers_core::store::{run, Db, RangeRequest, StoreError, Tx, TxOptions, MAX_TRANSACTION_SIZE};
 use couch_workers_core::workers;
@@ -74,13 +75,13 @@ async fn removal_in_the_workers_transaction_and_by_the_reaper(store: StoreKind) 
     let jobs = node.jobs();
     let ks = node.keyspace().clone();
 
-    // workers::remove in a transaction of its own (what a reap does).
+    // roster::remove in a transaction of its own (what a reap does).
     let w = register(&node, T, b"w").await;
     add(jobs, T, b"x", 0).await;
     let hx = accept_now(jobs, T, b"w").await;
     let (k, inc) = (&ks, w.incarnation());
     let removed =
-        run(node.db().as_ref(), TxOptions::write(), |tx| async move { workers::remove(&tx, k, T, b"w", inc).await })
+        run(node.db().as_ref(), TxOptions::write(), |tx| async move { roster::remove(&tx, k, T, b"w", inc).await })
             .await
             .unwrap();
     assert!(removed);
@@ -91,7 +92,7 @@ async fn removal_in_the_workers_transaction_and_by_the_reaper(store: StoreKind) 
     // timeout 1 s) is reaped by a node's reaper; its job goes back.
     let short = workers::WorkerSpec { timeout_s: 1, ..spec(T, b"silent") };
     let s = &short;
-    run(node.db().as_ref(), TxOptions::write(), |tx| async move { workers::register(&tx, k, s, &INC, 0).await })
+    run(node.db().as_ref(), TxOptions::write(), |tx| async move { roster::register(&tx, k, s, &INC, 0).await })
         .await
         .unwrap();
     let hs = accept_now(other.jobs(), T, b"silent").await;
@@ -133,7 +134,7 @@ impl TxHooks for Meter {
     }
 }
 
-/// Removes `worker` (`workers::remove`) in one metered transaction:
+/// Removes `worker` (`roster::remove`) in one metered transaction:
 /// (jobs moved, bytes written). The jobs moved are the pending keys that
 /// transaction wrote: before, the pending count read after its commit,
 /// which a node's sweeper woken by the marker (what one test checks)
@@ -142,7 +143,7 @@ async fn remove_metered(db: &Db, ks: &Keyspace, worker: &[u8]) -> (usize, usize)
     let tx = db.create_transaction(&TxOptions::write()).await.unwrap();
     let metered = Arc::new(Hooked::new(tx, Meter::new(ks)));
     let as_tx: Tx = metered.clone();
-    assert!(workers::remove(&as_tx, ks, T, worker, &INC).await.unwrap());
+    assert!(roster::remove(&as_tx, ks, T, worker, &INC).await.unwrap());
     as_tx.commit().await.unwrap();
     (metered.hooks().queued.load(Ordering::SeqCst), metered.hooks().written.load(Ordering::SeqCst))
 }
@@ -160,7 +161,7 @@ where
 async fn setup_running(db: &Db, ks: &Keyspace, worker: &[u8], n: usize, info_len: usize) -> Vec<JobHandle> {
     let s = spec(T, worker);
     let s = &s;
-    write(db, |tx| async move { workers::register(&tx, ks, s, &INC, 0).await }).await;
+    write(db, |tx| async move { roster::register(&tx, ks, s, &INC, 0).await }).await;
     let filler = "x".repeat(info_len.saturating_sub(10));
     let batch: Vec<NewJob> = (0..n)
         .map(|i| NewJob {
@@ -236,7 +237,7 @@ async fn a_worker_with_5000_running_jobs_is_requeued_in_bounded_batches(store: S
     let s = spec(T, b"w");
     let s = &s;
     let k = &ks;
-    write(&db, |tx| async move { workers::register(&tx, k, s, &[10; 16], 0).await }).await;
+    write(&db, |tx| async move { roster::register(&tx, k, s, &[10; 16], 0).await }).await;
     let again = vec![b"w".to_vec()];
     let tokens = ops::new_tokens(1);
     let a = ops::Acceptors { workers: &again, incarnations: &[], tokens: &tokens, recheck: false };

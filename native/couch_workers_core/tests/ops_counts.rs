@@ -5,8 +5,8 @@
 mod jobs_common;
 
 use couch_workers_core::jobs::JobState;
+use couch_workers_core::roster;
 use couch_workers_core::store::{run, TxOptions};
-use couch_workers_core::workers;
 use jobs_common::*;
 
 const T: &[u8] = b"indexer";
@@ -27,7 +27,7 @@ async fn a_reap_says_how_many_running_jobs_it_failed_over() {
         let (kss, observed) = (ks(&reaper).clone(), observed.clone());
         run(reaper.db().as_ref(), TxOptions::write(), move |tx| {
             let (kss, observed) = (kss.clone(), observed.clone());
-            async move { workers::reap_with_jobs(&tx, &kss, T, b"w", &observed).await }
+            async move { roster::reap_with_jobs(&tx, &kss, T, b"w", &observed).await }
         })
     };
     assert_eq!(reap().await.expect("reap"), Some(2), "two running jobs failed over");

@@ -6,6 +6,7 @@
 //! (FoundationDB's BYTE_MAX over the big-endian version, not a `set`).
 
 use couch_workers_core::keyspace::Keyspace;
+use couch_workers_core::roster;
 use couch_workers_core::store::{run, Db, TxOptions};
 use couch_workers_core::test_store::{StoreKind, TestStore};
 use couch_workers_core::workers::{self, WorkerSpec, LOG_RETENTION_VERSIONS};
@@ -62,7 +63,7 @@ async fn an_older_change_committed_last_does_not_lower_the_log_floor(kind: Store
     let other = &ks.membership_log_floor(b"unrelated");
 
     let older = db.create_transaction(&TxOptions::write()).await.expect("transaction");
-    workers::register(&older, &ks, &spec("a"), &workers::new_incarnation(), 0).await.expect("register a");
+    roster::register(&older, &ks, &spec("a"), &workers::new_incarnation(), 0).await.expect("register a");
     let older_rv = older.read_version().await.expect("read version");
     assert!(older_rv > LOG_RETENTION_VERSIONS, "versions past the retention window: {older_rv}");
 
@@ -77,7 +78,7 @@ async fn an_older_change_committed_last_does_not_lower_the_log_floor(kind: Store
     }
 
     let newer = db.create_transaction(&TxOptions::write()).await.expect("transaction");
-    workers::register(&newer, &ks, &spec("b"), &workers::new_incarnation(), 0).await.expect("register b");
+    roster::register(&newer, &ks, &spec("b"), &workers::new_incarnation(), 0).await.expect("register b");
     let newer_rv = newer.read_version().await.expect("read version");
     assert!(newer_rv > older_rv, "{newer_rv} > {older_rv}");
     newer.commit().await.expect("newer commits");

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use couch_workers_core::roster;
 use couch_workers_core::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use couch_workers_core::store::{run, StoreError, TxOptions};
 use couch_workers_core::workers::{self, WorkerSpec};
@@ -133,7 +134,7 @@ async fn heartbeat_reap_and_accept_round_spans_hold_their_transactions() {
     let silent = WorkerSpec { timeout_s: 1, ..spec(T, b"silent") };
     let (ks, s, inc) = (node.keyspace(), &silent, workers::new_incarnation());
     let inc = &inc;
-    run(node.db().as_ref(), TxOptions::write(), |tx| async move { workers::register(&tx, ks, s, inc, 0).await })
+    run(node.db().as_ref(), TxOptions::write(), |tx| async move { roster::register(&tx, ks, s, inc, 0).await })
         .await
         .expect("register the silent worker");
 

@@ -21,11 +21,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::log::{Event, Value};
+use couch_workers_core::roster;
 use couch_workers_core::services::owner_events::OwnerEvent;
 use couch_workers_core::store::hooked::{Hooked, TxHooks, Write};
 use couch_workers_core::store::sim::{CommitFault, SimOptions, SimStore};
 use couch_workers_core::store::{run, Database, Db, StoreError, Tx, TxOptions};
-use couch_workers_core::workers::{self, WorkerSpec};
+use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Node, Settings};
 use faults_common::CaptureLog;
 
@@ -165,7 +166,7 @@ async fn a_landed_unknown_reap_logs_worker_reaped() {
     // reaper reaps it.
     let ks = s.node.keyspace().clone();
     let (k, sp) = (&ks, &spec(b"silent", 1));
-    run(s.node.db().as_ref(), TxOptions::write(), |tx| async move { workers::register(&tx, k, sp, &[7; 16], 0).await })
+    run(s.node.db().as_ref(), TxOptions::write(), |tx| async move { roster::register(&tx, k, sp, &[7; 16], 0).await })
         .await
         .expect("register");
     s.add_running(b"silent", &["j1", "j2"]).await;
@@ -201,7 +202,7 @@ async fn a_replacing_registration_logs_the_jobs_it_failed_over() {
     // The id's registration of a node that is gone (no heartbeat task).
     let ks = s.node.keyspace().clone();
     let (k, sp) = (&ks, &spec(b"w1", 3600));
-    run(s.node.db().as_ref(), TxOptions::write(), |tx| async move { workers::register(&tx, k, sp, &[7; 16], 0).await })
+    run(s.node.db().as_ref(), TxOptions::write(), |tx| async move { roster::register(&tx, k, sp, &[7; 16], 0).await })
         .await
         .expect("register");
     s.add_running(b"w1", &["j1", "j2"]).await;
@@ -244,7 +245,7 @@ async fn a_landed_unknown_reinstatement_tells_the_owner_once() {
     .expect("a health record");
     let o = &observed;
     let reaped =
-        run(s.node.db().as_ref(), TxOptions::write(), |tx| async move { workers::reap(&tx, k, T, b"w1", o).await })
+        run(s.node.db().as_ref(), TxOptions::write(), |tx| async move { roster::reap(&tx, k, T, b"w1", o).await })
             .await
             .expect("reap");
     assert!(reaped, "reaped");

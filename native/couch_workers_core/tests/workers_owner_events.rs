@@ -10,9 +10,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use couch_workers_core::jobs::JobState;
+use couch_workers_core::roster;
 use couch_workers_core::services::owner_events::{OnOwnerEvent, OwnerEvent};
 use couch_workers_core::store::{run, TxOptions};
-use couch_workers_core::workers::{self, WorkerSpec};
+use couch_workers_core::workers::WorkerSpec;
 use jobs_common::*;
 use tokio::sync::mpsc;
 
@@ -54,7 +55,7 @@ async fn a_worker_reaped_while_it_lives_tells_its_owner_and_rejoins(store: Store
     let kss = ks(&reaper).clone();
     let reaped = run(reaper.db().as_ref(), TxOptions::write(), |tx| {
         let (kss, observed) = (kss.clone(), observed.clone());
-        async move { workers::reap(&tx, &kss, T, b"w", &observed).await }
+        async move { roster::reap(&tx, &kss, T, b"w", &observed).await }
     })
     .await
     .expect("reap");

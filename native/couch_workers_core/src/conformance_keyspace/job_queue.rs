@@ -7,8 +7,8 @@ use super::helpers::{
 };
 use crate::conformance::StoreFactory;
 use crate::jobs::{AddManyError, Fence, JobState, NewJob};
+use crate::roster;
 use crate::store::{run, StoreError, TxOptions};
-use crate::workers;
 use crate::Error;
 
 /// `add` writes a pending job that `get` returns through either handle;
@@ -282,7 +282,7 @@ pub async fn jobs_failover_in_the_removing_transaction(s: &dyn StoreFactory) {
     // A removal whose transaction fails: nothing of it is committed.
     let k = &ks;
     let failed = run(&*a.db, TxOptions::write(), |tx| async move {
-        assert!(workers::remove(&tx, k, T, b"w", &INC).await?, "registered");
+        assert!(roster::remove(&tx, k, T, b"w", &INC).await?, "registered");
         Err::<(), _>(StoreError::Invalid("abort".into()))
     })
     .await;

@@ -9,8 +9,9 @@ use super::helpers::{
 use crate::conformance::StoreFactory;
 use crate::jobs::{ops, JobState, NewJob};
 use crate::keyspace::Health;
+use crate::roster;
 use crate::store::{run, run_with_info, CommitInfo, Db, TxOptions};
-use crate::workers::{self, Heartbeat};
+use crate::workers::Heartbeat;
 use crate::Error;
 
 /// `register` writes the member (the options bytes as given) and a health
@@ -409,7 +410,7 @@ pub async fn workers_concurrent_reap_removes_once(s: &dyn StoreFactory) {
                 tokio::spawn(async move {
                     barrier.wait().await;
                     let (ks, id, observed) = (&ks, &id, &observed);
-                    run_with_info(&*db, opts, |tx| async move { workers::reap(&tx, ks, T, id, observed).await })
+                    run_with_info(&*db, opts, |tx| async move { roster::reap(&tx, ks, T, id, observed).await })
                         .await
                         .expect("reap commits")
                 })

@@ -41,9 +41,10 @@ use crate::jobs::receipt::Receipt;
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Logger, TARGET};
 use crate::log_event;
+use crate::roster::{self, Beat};
 use crate::store::{run_attempts, Db, StoreError, TxOptions};
 use crate::tasks::{jittered, Live};
-use crate::workers::{self, Beat, Heartbeat, WorkerSpec};
+use crate::workers::{Heartbeat, WorkerSpec};
 
 /// Most workers renewed in one transaction.
 pub const CHUNK_WORKERS: usize = 1000;
@@ -353,7 +354,7 @@ impl HeartbeatService {
             let beats: Vec<Beat<'_>> =
                 chunk.iter().map(|d| Beat { spec: &d.spec, incarnation: &d.incarnation }).collect();
             let mut outcomes =
-                workers::heartbeat_many(&tx, ks, &beats, wall_clock_s(), |i| chunk[i].cancel.is_cancelled()).await?;
+                roster::heartbeat_many(&tx, ks, &beats, wall_clock_s(), |i| chunk[i].cancel.is_cancelled()).await?;
             let mut reinstated = landed.clone();
             for (i, outcome) in outcomes.iter_mut().enumerate() {
                 match outcome {

@@ -57,9 +57,9 @@ use crate::keyspace::{Keyspace, WorkerKey};
 use crate::liveness::{Look, Observer, Restart, Verdict, WorkerId};
 use crate::log::{Logger, TARGET};
 use crate::log_event;
+use crate::roster;
 use crate::store::{run_attempts, Attempt, Db, RangeRequest, StoreError, Tx, TxOptions, Watch};
 use crate::tasks::jittered;
-use crate::workers;
 
 /// Health records read per scan transaction.
 const SCAN_BATCH: usize = 1000;
@@ -328,7 +328,7 @@ impl Reaper {
                 if since.elapsed() > bound {
                     return Err(StoreError::TimedOut);
                 }
-                let reaped = workers::reap_with_jobs(&tx, ks, worker_type, id, &s.record).await?;
+                let reaped = roster::reap_with_jobs(&tx, ks, worker_type, id, &s.record).await?;
                 if let (Some(r), Some(jobs)) = (receipt, reaped) {
                     r.write(&tx, &receipt::count_outcome(jobs));
                 }

@@ -1,5 +1,5 @@
 //! The job queue's key-space operations, each run inside a transaction of
-//! the caller's (the service's retry loop, `workers::remove`, the tests).
+//! the caller's (the service's retry loop, `roster::remove`, the tests).
 //!
 //! Every function re-reads what it changes, so that a retried attempt
 //! (conflict, commit-unknown) decides afresh. An expected outcome
