@@ -573,7 +573,7 @@ impl Keyspace {
 
     /// `("couch_workers", "expiry_vs")`: the versionstamp of the last
     /// transaction that ended a job with a `keep` shorter than
-    /// `jobs::pruner::WAKE_KEEP_S`. Every node's pruner watches it.
+    /// `jobs::place::WAKE_KEEP_S`. Every node's pruner watches it.
     pub fn expiry_vs(&self) -> Vec<u8> {
         self.root.pack(&(b(EXPIRY_VS),))
     }

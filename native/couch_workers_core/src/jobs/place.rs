@@ -31,6 +31,12 @@ pub fn wall_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// A job that ends with a `keep` shorter than this (seconds) bumps
+/// `expiry_vs`, which wakes the pruners: they sleep up to half of it
+/// between looks (`pruner.rs`), so a longer keep falls due after their next
+/// look anyway.
+pub(crate) const WAKE_KEEP_S: u64 = 60;
+
 pub(crate) fn key_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -123,7 +129,7 @@ pub(crate) fn place(
                 tx.set(&ks.expiry(key_i64(at), job_type, id), b"");
                 // Pruners sleep up to a while between looks: a job due
                 // sooner than their next look must wake them.
-                if s < super::pruner::WAKE_KEEP_S {
+                if s < WAKE_KEEP_S {
                     tx.set_versionstamped_value(&ks.expiry_vs(), &Keyspace::vs_placeholder_value());
                 }
             }
@@ -225,9 +231,4 @@ pub(crate) fn read_counter(raw: Option<Vec<u8>>) -> u64 {
         le[..n].copy_from_slice(&raw[..n]);
     }
     u64::try_from(i64::from_le_bytes(le)).unwrap_or(0)
-}
-
-/// The worker-lost error that a death records.
-pub(crate) fn worker_lost_error() -> Vec<u8> {
-    br#"{"reason":"worker_lost"}"#.to_vec()
 }

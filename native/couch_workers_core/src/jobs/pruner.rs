@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ops;
-use super::place::wall_ms;
+use super::place::{wall_ms, WAKE_KEEP_S};
 use super::receipt;
 use super::service::ServiceState;
 use super::wake::{Waiter, Woke};
@@ -40,14 +40,10 @@ use crate::tasks::{jittered, sleep_or_cancel};
 pub(crate) const PRUNE_BATCH: usize = 100;
 
 /// Longest sleep between looks at the expiry index (jittered by a fifth:
-/// at most 36 s, plus the look).
-const MAX_SLEEP: Duration = Duration::from_secs(30);
-
-/// A job that ends with a `keep` shorter than this (seconds) wakes the
-/// pruners: twice [`MAX_SLEEP`], so that an end that does not wake them
-/// (its commit up to 19 s after its start, the look after it at most
-/// 36 s later) is due after that look.
-pub(crate) const WAKE_KEEP_S: u64 = 60;
+/// at most 36 s, plus the look): half of [`WAKE_KEEP_S`], so that a job
+/// end that does not wake the pruners (its commit up to 19 s after its
+/// start, the look after it at most 36 s later) is due after that look.
+const MAX_SLEEP: Duration = Duration::from_secs(WAKE_KEEP_S / 2);
 
 /// Shortest time from one look to the next one that a change triggers.
 const MIN_GAP: Duration = Duration::from_millis(1000);

@@ -118,6 +118,12 @@ pub(crate) fn complete_vs(vs: &mut JobVs, commit: &crate::store::Versionstamp) {
     }
 }
 
+/// The error a run lost with its worker records (a death: reaped, or
+/// replaced by a new registration of its id).
+pub(crate) fn worker_lost_error() -> Vec<u8> {
+    br#"{"reason":"worker_lost"}"#.to_vec()
+}
+
 fn corrupt(what: &str) -> StoreError {
     StoreError::Invalid(format!("corrupt job record: {what}"))
 }
@@ -222,7 +228,7 @@ impl Record {
         widest.run_at = None;
         widest.expire_at = None;
         widest.queued_at = None;
-        let lost = super::place::worker_lost_error();
+        let lost = worker_lost_error();
         if widest.error.as_ref().map_or(0, Vec::len) < lost.len() {
             widest.error = Some(lost);
         }

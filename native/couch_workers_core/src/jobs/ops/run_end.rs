@@ -2,8 +2,8 @@
 //! [`end_run`], the one place that moves a running job off its worker.
 
 use crate::jobs::job::{JobOpts, JobState, Schedule};
-use crate::jobs::place::{self, place, queue_state, unplace, Queued};
-use crate::jobs::record::{Record, Resubmit};
+use crate::jobs::place::{place, queue_state, unplace, Queued};
+use crate::jobs::record::{self, Record, Resubmit};
 use crate::keyspace::Keyspace;
 use crate::store::Tx;
 
@@ -89,7 +89,7 @@ pub(crate) fn end_run(
             }
         }
         RunEnd::Lost => {
-            rec.error = Some(place::worker_lost_error());
+            rec.error = Some(record::worker_lost_error());
             if cancel {
                 rec.state = JobState::Canceled;
             } else if rec.max_attempts.allows_retry(rec.attempts) {
