@@ -18,7 +18,7 @@ mod late_fire_common;
 use late_fire_common::{armed_watch, fail_sources, hour_safety_look, FIRE_LIMIT};
 
 /// The first attempt to listen again comes 1 s after the failure
-/// (`wait.rs`'s `RELISTEN_FIRST`); this leaves room for a loaded host.
+/// (`relisten.rs`'s `RELISTEN_FIRST`); this leaves room for a loaded host.
 const LISTENS_AGAIN_WITHIN: Duration = Duration::from_secs(5);
 /// The watcher polls for 2 s after it listens again (`RELISTEN_GRACE`).
 const GRACE: Duration = Duration::from_secs(2);

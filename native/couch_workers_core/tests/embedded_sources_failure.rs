@@ -1,5 +1,5 @@
 //! When the watcher thread's notification sources fail while it waits (a
-//! failing `recv` of its wake socket or read of inotify: `wait.rs` then
+//! failing `recv` of its wake socket or read of inotify: `listener.rs` then
 //! drops them and the thread polls `data_version`), the wait it is in no
 //! longer keeps the deadline it planned with notifications (the safety
 //! look, an hour here): the first commit of another handle after the

@@ -18,8 +18,9 @@
 //! | `fair.rs` | taking SQLite's write lock (`BEGIN IMMEDIATE`, retries) and sharing it fairly between processes |
 //! | `group.rs` | group commit of this process's queued writers; a joining writer's savepoint |
 //! | `transaction/` | [`Transaction`](crate::store::Transaction): read and write modes (`mod.rs`), writes (`write.rs`), commit (`commit.rs`), versions (`version.rs`) |
-//! | `watch.rs` | watch registry and the `cw-embed-watch` thread |
-//! | `wait.rs` | what that thread sleeps on: its bell, wake-ups from other handles (or, as a fallback, inotify on the WAL), in one `ppoll` |
+//! | `watch.rs` | the watch registry |
+//! | `watcher.rs` | the `cw-embed-watch` thread: when it reads the watched keys |
+//! | `listener.rs` | what that thread sleeps on: its bell (`bell.rs`) and its notification sources (`sources.rs`: wake-ups from other handles or, as a fallback, inotify on the WAL), in one `ppoll` |
 //! | `relisten.rs` | when and how that thread listens again after its notification sources failed |
 //! | `wake.rs` | post-commit wake-ups: this handle's socket in `wake/`, and the sends to the other handles' |
 //! | `checkpoint.rs` | WAL checkpoints: the `cw-embed-ckpt` thread |
@@ -53,22 +54,25 @@ use rusqlite::Connection;
 use super::{Database, StoreError, Tx, TxOptions};
 
 mod adds;
+mod bell;
 mod checkpoint;
 mod clock;
 mod fair;
 mod group;
 mod holders;
+mod listener;
 // Also the sim store's versionstamp and ADD formats.
 mod pool;
 #[cfg(target_os = "linux")]
 mod relisten;
 mod schema;
+mod sources;
 mod sql_trace;
 mod transaction;
 mod unreadable;
-mod wait;
 mod wake;
 mod watch;
+mod watcher;
 
 use checkpoint::CheckpointSignal;
 use clock::Clock;
@@ -81,8 +85,8 @@ use watch::WatchHub;
 
 pub use schema::FILE_NAME;
 pub use wake::WakeStats;
-pub use watch::SAFETY_LOOK;
 pub use watch::{WakeCause, WatchTrace};
+pub use watcher::SAFETY_LOOK;
 
 /// SQLite's `synchronous` setting for every connection of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -150,7 +154,7 @@ impl EmbeddedOptions {
             wake_socket: true,
             watch_poll: Duration::from_millis(1),
             watch_poll_idle: Duration::from_millis(4),
-            safety_look: watch::SAFETY_LOOK,
+            safety_look: watcher::SAFETY_LOOK,
             read_pool: 4,
             max_transaction_age: Duration::from_secs(5),
         }
@@ -217,15 +221,19 @@ impl EmbeddedStore {
         let writer = Arc::new(tokio::sync::Mutex::new(writer));
         let hub =
             Arc::new(WatchHub::new().map_err(|e| StoreError::Io(format!("cannot create the watcher's eventfd: {e}")))?);
-        let polling = watch::Polling { active: opts.watch_poll, idle: opts.watch_poll_idle, safety: opts.safety_look };
+        let polling =
+            watcher::Polling { active: opts.watch_poll, idle: opts.watch_poll_idle, safety: opts.safety_look };
         // The socket is the watcher's alone: its file goes when the watcher
         // thread ends (`close` joins it), as soon as its notifications fail
         // (a new one is bound when it listens again), and at once if
         // nothing reads it (others then stop sending to it).
-        let sources =
-            opts.wal_notify.then(|| wait::Sources { wake, peers: peers.clone(), wal_name: format!("{FILE_NAME}-wal") });
-        let waiter = wait::Waiter::new(&opts.dir, sources, opts.wake_socket, hub.bell());
-        let watcher = watch::spawn_watcher(hub.clone(), watch_conn, polling, waiter)
+        let sources = opts.wal_notify.then(|| sources::Sources {
+            wake,
+            peers: peers.clone(),
+            wal_name: format!("{FILE_NAME}-wal"),
+        });
+        let listener = listener::Listener::new(&opts.dir, sources, opts.wake_socket, hub.bell());
+        let watcher = watcher::spawn_watcher(hub.clone(), watch_conn, polling, listener)
             .map_err(|e| StoreError::Io(format!("cannot start the watcher thread: {e}")))?;
         let checkpointer = match checkpoint::spawn_checkpointer(checkpoints.clone(), checkpoint_conn, writer.clone()) {
             Ok(handle) => handle,
@@ -292,7 +300,7 @@ impl EmbeddedStore {
     /// Tests only: the watcher thread's notification sources (this
     /// handle's wake socket, inotify) fail at its next wait, as when a
     /// `recv` or an inotify read fails; it polls until it listens again
-    /// (`wait.rs`). Returns at
+    /// (`listener.rs`). Returns at
     /// once: see [`EmbeddedStore::watch_sources_failure_pending`].
     #[cfg(feature = "testkit")]
     pub fn fail_watch_sources(&self) {
@@ -409,7 +417,7 @@ impl Drop for EmbeddedStore {
 }
 
 /// Binds this handle's wake socket; `None` (logged) where the directory
-/// refuses it: the store then works without it (`wait.rs`'s fallback).
+/// refuses it: the store then works without it (`sources.rs`'s fallback).
 fn bind_wake_socket(dir: &Path) -> Option<Arc<WakeSocket>> {
     match WakeSocket::bind(dir) {
         Ok(socket) => Some(Arc::new(socket)),

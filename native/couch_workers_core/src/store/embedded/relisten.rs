@@ -1,5 +1,5 @@
 //! When and how the watcher listens again after its notification sources
-//! failed (`wait.rs`): the first attempt [`RELISTEN_FIRST`] after the
+//! failed (`listener.rs`): the first attempt [`RELISTEN_FIRST`] after the
 //! failure, doubling up to [`RELISTEN_MAX`] while attempts fail or while
 //! the sources fail again within [`RELISTEN_MAX`] of the last time; each
 //! attempt a new wake socket (its name in the peer list before its file
@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::wait::Sources;
+use super::sources::Sources;
 use super::wake::{Peers, WakeSocket};
 
 /// After the sources failed, the first attempt to listen again.

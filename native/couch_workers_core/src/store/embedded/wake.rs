@@ -8,13 +8,13 @@
 //! of a read-mode transaction that wrote (on its read connection, which
 //! has no such hook: `transaction/commit.rs`), a handle sends one byte
 //! to every *other* handle's socket ([`Peers::wake_all`]). The receiver's
-//! watcher thread, which polls the socket itself (`wait.rs`), then looks
+//! watcher thread, which polls the socket itself (`sources.rs`), then looks
 //! at `data_version` once and finds the commit: no settle window, and no
 //! handle is woken by its own commits.
 //!
 //! The list of peers is read from the directory and kept with a connected
 //! socket per peer; it is read again when the directory changes (inotify
-//! on `DIR/wake`, `wait.rs`), or, without inotify, at most once a second.
+//! on `DIR/wake`, `sources.rs`), or, without inotify, at most once a second.
 //! A send that finds its peer gone (`ECONNREFUSED`: the socket was closed,
 //! by a clean close or a `kill -9`) drops the peer and removes its file;
 //! the scan does the same for the files that no live socket is bound to,
@@ -142,12 +142,12 @@ pub struct WakeStats {
 pub(crate) struct Peers {
     dir: PathBuf,
     /// This handle's own socket file, never sent to (a new one after the
-    /// watcher binds its socket again, `wait.rs`).
+    /// watcher binds its socket again, `sources.rs`).
     own: Mutex<Option<OsString>>,
     /// This handle's socket is bound and read by its watcher thread.
     listening: AtomicBool,
     list: Mutex<PeerList>,
-    /// The directory changed since the last scan (set by `wait.rs`).
+    /// The directory changed since the last scan (set by `sources.rs`).
     stale: AtomicBool,
     /// inotify watches the directory: no timed rescans needed.
     watched: AtomicBool,

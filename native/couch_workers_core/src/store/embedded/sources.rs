@@ -1,58 +1,25 @@
-//! What the store's one watcher thread, `cw-embed-watch` (`watch.rs`),
-//! sleeps on. On Linux, one `ppoll(2)` on
+//! What the store's watcher thread (`watcher.rs`) listens to besides its
+//! bell (`bell.rs`), all in one `ppoll(2)` on Linux:
 //!
-//! * its [`Bell`], an eventfd: rung by this handle for a local reason to
-//!   look (a commit that wrote a watched key, a new registration) and by
-//!   `close`;
 //! * the handle's wake socket (`wake.rs`): another handle committed, and
 //!   its commit is visible: the watcher looks at `data_version` once;
 //! * an inotify descriptor watching `DIR/wake`: a handle opened or closed,
 //!   so the list of peers this handle sends to is read again before its
 //!   next send (the directory removed, with this handle's socket file, no
 //!   other handle can reach it: notifications end, the watcher polls
-//!   until it listens again, below);
+//!   until it listens again, `relisten.rs`);
 //! * only where the wake socket could not be bound (a read-only or full
-//!   directory, a path too long for a socket): inotify on the WAL file, as
-//!   before the wake sockets. Every write of the WAL by any process (this
-//!   one's included) starts a settle window of looks at `data_version`
-//!   (the frames are written before the commit is visible; see
-//!   `watch.rs`), and the descriptor is left out of the poll for
-//!   [`COALESCE`] after each such event, so that a stream of writes wakes
-//!   the thread at most ~1,000 times a second (the window's own looks go
-//!   on meanwhile);
-//!
-//! with the timeout of the watcher's schedule (safety look, settle steps,
-//! polling). The wake-up of another process's commit thus reaches the
-//! thread that reads the watched keys directly: until session 10 a second
-//! thread (`cw-embed-notify`) received it and rang the watcher through a
-//! condition variable, one more thread hand-off on every cross-node wake-up
-//! (bench/RESULTS.md, "Session 10").
-//!
-//! When the sources fail (a failing read, an inotify queue overflow, this
-//! handle's socket file or `DIR/wake` removed), the watcher polls at once
-//! and the [`Waiter`] listens again a second later (`relisten.rs`: backing
-//! off to a minute while that fails, or while the sources fail again soon
-//! after): a new socket in `DIR/wake`
-//! (recreated if need be), a new inotify. The other handles learn of the
-//! new socket when their watcher threads read the directory's event (or
-//! its next timed read, without inotify: about a second), so the watcher
-//! goes on polling for a grace after listening again: a commit
-//! in between, whose wake-up went nowhere, is still seen at once. Until
-//! session 13 a handle that fell back polled `data_version` every few
-//! milliseconds until it closed: an idle node stayed at hundreds of
-//! wake-ups a second.
-//!
-//! Either way a quiet store costs nothing: nothing wakes the thread while
-//! no process writes. Without a socket or inotify (not Linux, or
-//! `wal_notify` off) it waits on the bell alone (a condition variable off
-//! Linux) and the watcher polls.
+//!   directory, a path too long for a socket): inotify on the WAL file.
+//!   Every write of the WAL by any process (this one's included) starts a
+//!   settle window of looks at `data_version` (the frames are written
+//!   before the commit is visible; see `watcher.rs`), and the descriptor is
+//!   left out of the poll for [`COALESCE`] after each such event, so that
+//!   a stream of writes wakes the thread at most ~1,000 times a second
+//!   (the window's own looks go on meanwhile).
 
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-#[cfg(target_os = "linux")]
-use super::relisten::Relisten;
 use super::wake::{Peers, WakeSocket};
 
 /// How long the WAL's inotify descriptor stays out of the poll after each
@@ -70,9 +37,9 @@ pub(crate) struct Sources {
     pub(crate) wal_name: String,
 }
 
-/// What came during one [`Waiter::wait`] (nothing: the bell rang, the
-/// deadline passed, or an event that needs no look, such as a peer list
-/// change).
+/// What came during one wait of the watcher (`Listener::wait`); nothing
+/// when the bell rang, the deadline passed, or an event came that needs
+/// no look, such as a peer list change.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Woken {
     /// Another handle's post-commit wake-up.
@@ -81,216 +48,21 @@ pub(crate) struct Woken {
     pub(crate) wal: bool,
 }
 
-/// The watcher's doorbell for this handle's own reasons to look. Level
-/// triggered: a ring that comes between the watcher's check of its flags
-/// and its wait makes the wait return at once, so none is lost.
-pub(crate) struct Bell {
-    #[cfg(target_os = "linux")]
-    fd: std::os::fd::OwnedFd,
-    #[cfg(not(target_os = "linux"))]
-    rung: (std::sync::Mutex<bool>, std::sync::Condvar),
-    /// Tests only: the next wait treats its sources as failed.
-    #[cfg(feature = "testkit")]
-    sources_fault: std::sync::atomic::AtomicBool,
-}
-
-impl Bell {
-    pub(crate) fn new() -> std::io::Result<Bell> {
-        #[cfg(target_os = "linux")]
-        {
-            // SAFETY: a plain syscall with constant flags.
-            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-            let fd = linux::owned(fd).ok_or_else(std::io::Error::last_os_error)?;
-            Ok(Bell {
-                fd,
-                #[cfg(feature = "testkit")]
-                sources_fault: Default::default(),
-            })
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            Ok(Bell {
-                rung: Default::default(),
-                #[cfg(feature = "testkit")]
-                sources_fault: Default::default(),
-            })
-        }
-    }
-
-    /// Tests only: makes the watcher's wait (woken by this ring) find its
-    /// sources failed, as a failing `recv` of the wake socket or read of
-    /// inotify would.
-    #[cfg(feature = "testkit")]
-    pub(crate) fn fail_sources(&self) {
-        self.sources_fault.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.ring();
-    }
-
-    /// Tests only: [`Bell::fail_sources`] not yet taken by a wait.
-    #[cfg(feature = "testkit")]
-    pub(crate) fn sources_failure_pending(&self) -> bool {
-        self.sources_fault.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Whether a wait must treat its sources as failed (tests only).
-    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-    fn take_sources_fault(&self) -> bool {
-        #[cfg(feature = "testkit")]
-        {
-            self.sources_fault.swap(false, std::sync::atomic::Ordering::SeqCst)
-        }
-        #[cfg(not(feature = "testkit"))]
-        {
-            false
-        }
-    }
-
-    /// Wakes the watcher (or makes its next wait return at once).
-    pub(crate) fn ring(&self) {
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a live u64 to an eventfd we own.
-            // It fails only when the counter is near u64::MAX: rung anyway.
-            let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            let mut rung = self.rung.0.lock().unwrap_or_else(|p| p.into_inner());
-            *rung = true;
-            self.rung.1.notify_one();
-        }
-    }
-}
-
-/// The watcher thread's side: its bell and, while they work, its sources.
-pub(crate) struct Waiter {
-    bell: Arc<Bell>,
-    #[cfg(target_os = "linux")]
-    listen: Option<linux::Listen>,
-    /// How to listen again once the sources failed (`None`: there were
-    /// none to begin with).
-    #[cfg(target_os = "linux")]
-    relisten: Option<Relisten>,
-}
-
-impl Waiter {
-    /// The waiter of the store in `dir`: the bell alone without `sources`
-    /// (or, until they can start, where none of them can: the watcher
-    /// then polls). `socket`: bind a new wake socket when listening again.
-    pub(crate) fn new(dir: &Path, sources: Option<Sources>, socket: bool, bell: Arc<Bell>) -> Waiter {
-        #[cfg(target_os = "linux")]
-        {
-            let relisten = sources.as_ref().map(|s| Relisten::new(dir, s, socket));
-            let listen = sources.and_then(|s| linux::Listen::new(dir, s));
-            let mut waiter = Waiter { bell, listen, relisten };
-            if waiter.listen.is_none() {
-                waiter.lost();
-            }
-            waiter
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            let _ = (dir, sources, socket);
-            Waiter { bell }
-        }
-    }
-
-    /// The sources failed (or never started): plan the next attempt.
-    #[cfg(target_os = "linux")]
-    fn lost(&mut self) {
-        if let Some(r) = self.relisten.as_mut() {
-            r.lost();
-        }
-    }
-
-    /// Listens again if it is time to: `true` when the sources run again.
-    #[cfg(target_os = "linux")]
-    fn try_relisten(&mut self, now: Instant) -> bool {
-        let Some(r) = self.relisten.as_mut() else { return false };
-        let Some(sources) = r.due_sources(now) else { return false };
-        self.listen = linux::Listen::new(r.dir(), sources);
-        let socket = self.listen.as_ref().is_some_and(|l| l.has_socket());
-        r.attempted(now, self.listen.is_some(), socket);
-        self.listen.is_some()
-    }
-
-    /// Notifications run: other handles' commits wake the thread, which
-    /// needs no polling (not yet in the grace after listening again).
-    pub(crate) fn notified(&self) -> bool {
-        #[cfg(target_os = "linux")]
-        {
-            self.listen.is_some() && !self.relisten.as_ref().is_some_and(Relisten::in_grace)
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            false
-        }
-    }
-
-    /// Sleeps until the bell rings, a source has news, or `deadline`
-    /// (`None`: no deadline). May return early with nothing (as it does
-    /// when it has just listened again: the watcher, still polling for
-    /// `relisten.rs`'s grace, plans its next look).
-    pub(crate) fn wait(&mut self, deadline: Option<Instant>) -> Woken {
-        #[cfg(target_os = "linux")]
-        {
-            if self.listen.is_none() && self.try_relisten(Instant::now()) {
-                return Woken::default();
-            }
-            let listening = self.listen.is_some();
-            // Not listening: wake for the next attempt, even with no watch
-            // to poll for (the wait would have no deadline).
-            let relisten_at = if listening { None } else { self.relisten.as_ref().and_then(Relisten::next) };
-            let deadline = match (deadline, relisten_at) {
-                (Some(d), Some(r)) => Some(d.min(r)),
-                (d, r) => d.or(r),
-            };
-            let woken = linux::wait(&self.bell, &mut self.listen, deadline);
-            if listening && self.listen.is_none() {
-                self.lost();
-            }
-            woken
-        }
-        #[cfg(not(target_os = "linux"))]
-        {
-            let (lock, cvar) = &self.bell.rung;
-            let mut rung = lock.lock().unwrap_or_else(|p| p.into_inner());
-            while !*rung {
-                match deadline {
-                    None => rung = cvar.wait(rung).unwrap_or_else(|p| p.into_inner()),
-                    Some(d) => {
-                        let left = d.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            break;
-                        }
-                        rung = cvar.wait_timeout(rung, left).unwrap_or_else(|p| p.into_inner()).0;
-                    }
-                }
-            }
-            *rung = false;
-            Woken::default()
-        }
-    }
-}
+#[cfg(target_os = "linux")]
+pub(crate) use linux::{wait, OpenSources};
 
 #[cfg(target_os = "linux")]
 mod linux {
     use std::ffi::CString;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::{AsRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
     use std::path::Path;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use super::{Bell, Sources, Woken, COALESCE};
+    use super::{Sources, Woken, COALESCE};
+    use crate::store::embedded::bell::{owned, Bell};
     use crate::store::embedded::wake::{self, Peers, WakeSocket};
-
-    pub(super) fn owned(fd: libc::c_int) -> Option<OwnedFd> {
-        // SAFETY: a descriptor just returned by the kernel, owned by nobody else.
-        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
-    }
 
     /// The inotify descriptor and what its watches are.
     struct Inotify {
@@ -332,8 +104,8 @@ mod linux {
         }
     }
 
-    /// The sources being listened to.
-    pub(super) struct Listen {
+    /// The sources being listened to: their open descriptors.
+    pub(crate) struct OpenSources {
         wake: Option<Arc<WakeSocket>>,
         peers: Arc<Peers>,
         inotify: Option<Inotify>,
@@ -342,9 +114,9 @@ mod linux {
         buf: Vec<u8>,
     }
 
-    impl Listen {
+    impl OpenSources {
         /// `None`: neither the socket nor inotify is available.
-        pub(super) fn new(dir: &Path, sources: Sources) -> Option<Listen> {
+        pub(crate) fn new(dir: &Path, sources: Sources) -> Option<OpenSources> {
             let inotify = inotify(dir, &sources);
             if inotify.is_none() && sources.wake.is_none() {
                 return None;
@@ -352,7 +124,7 @@ mod linux {
             // Without inotify on `DIR/wake` the sender reads it again now and then.
             sources.peers.set_watched(inotify.as_ref().is_some_and(|i| i.wake_dir.is_some()));
             sources.peers.set_listening(sources.wake.is_some());
-            Some(Listen {
+            Some(OpenSources {
                 wake: sources.wake,
                 peers: sources.peers,
                 inotify,
@@ -362,14 +134,14 @@ mod linux {
         }
     }
 
-    impl Listen {
+    impl OpenSources {
         /// Wake-ups come through a socket (else through inotify on the WAL).
-        pub(super) fn has_socket(&self) -> bool {
+        pub(crate) fn has_socket(&self) -> bool {
             self.wake.is_some()
         }
     }
 
-    impl Drop for Listen {
+    impl Drop for OpenSources {
         fn drop(&mut self) {
             self.peers.set_watched(false);
             self.peers.set_listening(false);
@@ -380,14 +152,11 @@ mod linux {
         libc::pollfd { fd, events: libc::POLLIN, revents: 0 }
     }
 
-    fn drain_bell(bell: &Bell) {
-        let mut count: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from an eventfd we own
-        // (non-blocking: EAGAIN when not rung).
-        let _ = unsafe { libc::read(bell.fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
-    }
-
-    pub(super) fn wait(bell: &Bell, listen: &mut Option<Listen>, deadline: Option<Instant>) -> Woken {
+    /// One `ppoll` on the bell and the open sources, until `deadline`
+    /// (`None`: none). A source that fails (or a lost watch: `DIR/wake`
+    /// removed with this handle's socket file) sets `listen` to `None`:
+    /// notifications end, and the watcher polls until it listens again.
+    pub(crate) fn wait(bell: &Bell, listen: &mut Option<OpenSources>, deadline: Option<Instant>) -> Woken {
         let now = Instant::now();
         let mut timeout = deadline.map(|d| d.saturating_duration_since(now));
         let mut wal_fd_polled = true;
@@ -403,7 +172,7 @@ mod linux {
         }
         // Unused slots hold -1, which poll ignores.
         let mut fds = [
-            pollfd(bell.fd.as_raw_fd()),
+            pollfd(bell.fd()),
             pollfd(listen.as_ref().and_then(|l| l.wake.as_ref()).map_or(-1, |w| w.socket().as_raw_fd())),
             pollfd(
                 listen
@@ -432,7 +201,7 @@ mod linux {
             return woken;
         }
         if fds[0].revents != 0 {
-            drain_bell(bell);
+            bell.drain();
         }
         let Some(l) = listen.as_mut() else { return woken };
         let mut failed = bell.take_sources_fault();
@@ -467,10 +236,9 @@ mod linux {
             }
         }
         if failed {
-            // As the notify thread did: one failing source (or a lost
-            // watch: `DIR/wake` removed with this handle's socket file)
-            // ends notifications; the watcher polls until the `Waiter`
-            // listens again.
+            // One failing source (or a lost watch: `DIR/wake` removed with
+            // this handle's socket file) ends notifications; the watcher
+            // polls until the `Listener` listens again.
             *listen = None;
         }
         woken
