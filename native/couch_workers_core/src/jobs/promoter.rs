@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::ops;
 use super::place::wall_ms;
 use super::service::ServiceState;
-use super::wake::{Waiter, Woke};
+use super::wake::{WatchedSleep, Woke};
 use crate::log_event;
 use crate::store::{run, StoreError, Watch};
 use crate::tasks::{jittered, sleep_or_cancel};
@@ -39,7 +39,7 @@ const MAX_SLEEP: Duration = Duration::from_secs(30);
 /// The promoter's loop; supervised (`tasks/supervise.rs`).
 pub(crate) async fn run_promoter(shared: Arc<ServiceState>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
-    let mut waiter = Waiter::new(&shared.watch_limit);
+    let mut watched = WatchedSleep::new(&shared.watch_limit);
     loop {
         let pass = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -53,7 +53,7 @@ pub(crate) async fn run_promoter(shared: Arc<ServiceState>, cancel: Cancellation
                 if sleep.is_zero() {
                     continue;
                 }
-                if waiter.wait(sleep, Some(watch), &cancel).await == Woke::Cancelled {
+                if watched.sleep(sleep, Some(watch), &cancel).await == Woke::Cancelled {
                     return;
                 }
             }

@@ -30,7 +30,7 @@ use super::ops;
 use super::place::{wall_ms, WAKE_KEEP_S};
 use super::receipt;
 use super::service::ServiceState;
-use super::wake::{Waiter, Woke};
+use super::wake::{WatchedSleep, Woke};
 use crate::log_event;
 use crate::store::{run, StoreError};
 use crate::tasks::{jittered, sleep_or_cancel};
@@ -52,7 +52,7 @@ const MIN_GAP: Duration = Duration::from_millis(1000);
 pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     let mut receipts_cleared: Option<i64> = None;
-    let mut waiter = Waiter::new(&shared.watch_limit);
+    let mut watched = WatchedSleep::new(&shared.watch_limit);
     loop {
         let now = wall_ms();
         let ks = &shared.ks;
@@ -115,7 +115,7 @@ pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationTo
                     Some(at) => Duration::from_millis(at - now).min(cap),
                     None => cap,
                 };
-                match waiter.wait(sleep, Some(watch), &cancel).await {
+                match watched.sleep(sleep, Some(watch), &cancel).await {
                     Woke::Cancelled => return,
                     Woke::Timer => {}
                     Woke::Changed => {

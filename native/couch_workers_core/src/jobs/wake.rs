@@ -25,22 +25,24 @@ pub(crate) enum Woke {
     Cancelled,
 }
 
-/// One service's waits, with its run of watches refused at the handle's
-/// limit (`tasks/watch_limit.rs`).
-pub(crate) struct Waiter<'a> {
+/// One service's sleeps, each cut short by a watched key's change, with
+/// its run of watches refused at the handle's limit
+/// (`tasks/watch_limit.rs`).
+pub(crate) struct WatchedSleep<'a> {
     limit: &'a WatchLimit,
     at_limit: u32,
 }
 
-impl<'a> Waiter<'a> {
+impl<'a> WatchedSleep<'a> {
     pub fn new(limit: &'a WatchLimit) -> Self {
-        Waiter { limit, at_limit: 0 }
+        WatchedSleep { limit, at_limit: 0 }
     }
 
-    /// Waits up to `deadline` for `watch`. Without a watch, or with one
-    /// that fails, it waits no longer than [`UNWATCHED`] (jittered), or
-    /// the limit's backoff when the handle has too many watches.
-    pub async fn wait(&mut self, deadline: Duration, watch: Option<Watch>, cancel: &CancellationToken) -> Woke {
+    /// Sleeps up to `deadline`, or until `watch` fires. Without a watch,
+    /// or with one that fails, it sleeps no longer than [`UNWATCHED`]
+    /// (jittered), or the limit's backoff when the handle has too many
+    /// watches.
+    pub async fn sleep(&mut self, deadline: Duration, watch: Option<Watch>, cancel: &CancellationToken) -> Woke {
         let until = Instant::now() + deadline;
         let fired = match watch {
             None => Err(None),
