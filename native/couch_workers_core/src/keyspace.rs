@@ -1,58 +1,7 @@
-//! The key space, packed with the FoundationDB tuple layer.
-//!
-//! Every element is a tuple-layer **byte string** (type code `0x01`), as
-//! erlfdb packs Erlang binaries; priorities are tuple-layer integers and
-//! versionstamps tuple-layer versionstamps (`0x33`). Everything sits under
-//! the store's prefix: FoundationDB's directory `couchdb`, or the empty
-//! prefix of the embedded store.
-//!
-//! ```text
-//! ("couch_workers", "workers", WorkerType, "vs")                = VS of the last membership change (10 raw bytes)
-//! ("couch_workers", "workers", WorkerType, "member", Worker)    = options, JSON object
-//! ("couch_workers", "workers", WorkerType, "health", Worker)    = tuple (VS, TStamp, Timeout, Incarnation)
-//! ("couch_workers", "workers", WorkerType, "log", VS, Worker)   = tuple (1, "join" | "leave"): member-set changes, kept 60 s
-//! ("couch_workers", "workers", WorkerType, "log_floor")         = version (8 bytes BE) below which the log was trimmed
-//! ("couch_workers", "jobs", JobType, JobId)                      = job record, tuple (2, State, Worker, Priority, ...; see jobs/record.rs)
-//! ("couch_workers", "pending", JobType, Priority, VS, JobId)     = ""
-//! ("couch_workers", "scheduled", JobType, RunAt, JobId)          = "": scheduled jobs by due time (Unix ms)
-//! ("couch_workers", "active", WorkerType, Worker, JobId)         = tuple (1, AcceptVS)
-//! ("couch_workers", "counts", JobType, State)                    = little-endian i64, atomic adds: jobs in that state
-//! ("couch_workers", "by_state", JobType, State, JobId)           = "": the per-state index job_list pages through
-//! ("couch_workers", "types", JobType)                            = little-endian i64, atomic adds: jobs of the type
-//! ("couch_workers", "expiry", ExpireAt, JobType, JobId)          = "": ended jobs by the Unix ms they are pruned at
-//! ("couch_workers", "paused", JobType)                           = "": the type is paused
-//! ("couch_workers", "jobs_vs", JobType)                          = VS of the last pending change (dispatchers watch it)
-//! ("couch_workers", "orphans", WorkerType, Worker)               = tuple (RemovalVS, ...): running jobs left for the sweeper, each removal's rule (jobs/record.rs)
-//! ("couch_workers", "orphans_vs")                                = VS of the last orphan marker written (sweepers watch it)
-//! ("couch_workers", "reaper_pulse")                              = little-endian i64, atomic adds: one per reaper pass
-//! ("couch_workers", "scheduled_vs")                              = VS of the last job that became its type's earliest scheduled one (promoters watch it)
-//! ("couch_workers", "expiry_vs")                                 = VS of the last job end with a short keep (pruners watch it)
-//! ```
-//!
-//! The job values are documented and versioned in `jobs/record.rs`. Two
-//! rows differ from DESIGN.md's table: the active value holds the accept's
-//! versionstamp rather than a state name (the job's state lives in its
-//! record; the accept VS is what tells a removed incarnation's jobs from a
-//! re-registered worker's), and the two `orphans` rows are new: removing a
-//! worker requeues its running jobs in bounded batches (FoundationDB's
-//! 10 MB / 5 s transaction limits), and when more remain the removing
-//! transaction leaves a marker that each node's sweeper (`jobs/sweeper.rs`)
-//! is woken for and works off.
-//!
-//! Worker data lives under `"workers"`, so a worker type named `jobs`,
-//! `pending` or `active` cannot collide with the queue: the second element
-//! of every key names its subspace, and user data only ever appears from
-//! the third element on, as a length-delimited tuple element.
-//!
-//! `Health`: `VS` is the versionstamp of the commit that wrote the
-//! heartbeat (its first 8 bytes are the commit version, on the store's
-//! clock); `TStamp` is the writer's wall clock in seconds, for humans only,
-//! never used to decide liveness; `Timeout` is the health timeout in
-//! seconds; `Incarnation` is the 16 random bytes of the registration that
-//! wrote it: heartbeats and removals act only on the incarnation they
-//! name, so a stale registration never touches a newer one of the same id.
-//! A record of three elements (written before incarnations) names no
-//! registration: no heartbeat renews it, only a reaper removes it.
+//! The key space, packed with the FoundationDB tuple layer: every key's
+//! bytes are built here, each function naming the tuple it packs. What
+//! each key and value is for, and the values' formats: `docs/keyspace.md`
+//! (the one description); `tests/keyspace_vectors/` pins the bytes.
 
 use foundationdb_tuple::{pack_with_versionstamp, unpack, Bytes, Subspace, Versionstamp as TupleVersionstamp};
 
@@ -495,8 +444,8 @@ impl Keyspace {
         self.root.pack(&(b(PAUSED), b(job_type)))
     }
 
-    /// `("couch_workers", "jobs_vs", JobType)`: bumped whenever a job of the
-    /// type becomes pending; each node's dispatcher watches it.
+    /// `("couch_workers", "jobs_vs", JobType)`: each node's dispatcher of
+    /// the type watches it.
     pub fn jobs_vs(&self, job_type: &[u8]) -> Vec<u8> {
         self.root.pack(&(b(JOBS_VS), b(job_type)))
     }

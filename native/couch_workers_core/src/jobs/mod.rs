@@ -2,42 +2,12 @@
 //!
 //! ## Data model
 //!
-//! (Keys are tuples under the store's prefix; see `keyspace.rs`. Values
-//! are documented and versioned in `record.rs`.)
-//!
-//! ```text
-//! ("couch_workers", "jobs", JobType, JobId)                  = (2, State, Worker|nil, Priority, Attempts, Token|nil, CancelRequested, VS, Info, Result|nil,
-//!                                                               Error|nil, MaxAttempts, RunAt|nil, Keep, ExpireAt|nil, Resubmit|nil)
-//! ("couch_workers", "pending", JobType, Priority, VS, JobId) = ""
-//! ("couch_workers", "scheduled", JobType, RunAt, JobId)      = ""
-//! ("couch_workers", "active", WorkerType, Worker, JobId)     = (1, AcceptVS)
-//! ("couch_workers", "counts", JobType, State)                = little-endian i64 (atomic adds)
-//! ("couch_workers", "by_state", JobType, State, JobId)       = ""
-//! ("couch_workers", "types", JobType)                        = little-endian i64 (atomic adds)
-//! ("couch_workers", "expiry", ExpireAt, JobType, JobId)      = ""
-//! ("couch_workers", "paused", JobType)                       = ""
-//! ("couch_workers", "jobs_vs", JobType)                      = 10-byte VS: a job became pending, a new earliest schedule, a pause or resume
-//! ("couch_workers", "orphans", WorkerType, Worker)           = (RemovalVS,) | (RemovalVS, "lost") | (RemovalVS, "lost"|"released", EarlierRemovals)
-//! ("couch_workers", "orphans_vs")                            = 10-byte VS of the last orphan marker
-//! ("couch_workers", "scheduled_vs")                          = 10-byte VS: a type's new earliest schedule (promoters watch it)
-//! ("couch_workers", "expiry_vs")                             = 10-byte VS: a job ended with a keep under 60 s (pruners watch it)
-//! ```
-//!
-//! * `pending` orders the queue: lower priority first, then commit order
-//!   (the versionstamp), then the order within one commit (its user
-//!   version: the order of one `add_many`). While a job is pending its
-//!   record's VS equals its pending key's VS.
-//! * A job's `VS` changes at every write of its record, so a later change
-//!   compares greater; subscribers compare it.
-//! * The accept token is 16 random bytes, new at every accept. A handle
-//!   (`Fence`) is accepted by `update`/`finish`/`fail`/`release` only while
-//!   the record is running with that token: once the job has left the
-//!   worker (finish, cancel, remove, failover) the handle is refused, also
-//!   after the same worker accepted the job again.
-//! * Each state's keys (its counter, its `by_state` entry, and the
-//!   pending, scheduled, active or expiry key) are written in one place,
-//!   `place.rs`: every state change is `unplace` of the old record, then
-//!   `place` of the new one, in one transaction, so the counts are exact.
+//! The job queue's keys and values (records, `pending`, `scheduled`,
+//! `active`, `counts`, `by_state`, `types`, `expiry`, `paused`, the `_vs`
+//! keys, orphan markers, receipts): `docs/keyspace.md`. Each state's keys
+//! are written in one place, `place.rs`: every state change is `unplace`
+//! of the old record, then `place` of the new one, in one transaction, so
+//! the counts are exact.
 //!
 //! ## Transitions
 //!
@@ -56,7 +26,7 @@
 //!
 //! ## Modules
 //!
-//! * [`record`]: the stored values and their format versions;
+//! * [`record`]: the stored values' encoding (formats: `docs/keyspace.md`);
 //! * [`ops`]: the transactional operations over `&Tx` (the only code that
 //!   writes job keys), one module per seam: `lifecycle` (add, update, end,
 //!   cancel, remove), `accept`, `reclaim`, `resubmit`, `requeue` (failover

@@ -1,56 +1,7 @@
-//! The stored values of the job queue, versioned.
-//!
-//! Job record, at `("couch_workers", "jobs", JobType, JobId)`, format 3:
-//!
-//! ```text
-//! (3, State, Worker | nil, Priority, Attempts, Token | nil, CancelRequested, VS, Info, Result | nil,
-//!  Error | nil, MaxAttempts, RunAt | nil, Keep, ExpireAt | nil, Resubmit | nil, QueuedAt | nil)
-//! ```
-//!
-//! a tuple-layer packed tuple: `3` the format version (an integer; a
-//! reader that meets an unknown one refuses the record rather than guess),
-//! `State` the byte string `scheduled | pending | running | finished |
-//! canceled | failed`, `Worker` the byte string of the worker running it
-//! (nil unless running), `Priority` an integer, `Attempts` an integer
-//! (accepts so far), `Token` the 16-byte accept token of the running
-//! accept (nil unless running), `CancelRequested` a boolean, `VS` a tuple
-//! versionstamp (`0x33`, 12 bytes), `Info`/`Result`/`Error` byte strings
-//! holding JSON objects, `MaxAttempts` an integer (`-1`: infinity),
-//! `RunAt` the Unix ms a scheduled job falls due (nil unless scheduled),
-//! `Keep` seconds (`-1`: infinity), `ExpireAt` the Unix ms an ended job is
-//! pruned at (nil unless ended with a finite keep), `Resubmit` a byte
-//! string holding a packed `Resubmit` while a running job waits to be
-//! queued again after its run, `QueuedAt` the Unix ms (the writer's wall
-//! clock) since which the job can be accepted: when it became pending,
-//! or a scheduled job's `RunAt` (nil unless pending or scheduled; an
-//! accept hands it to its handle, for the telemetry's `queue_time`). Ids
-//! and worker ids are byte strings, so any binary (NUL bytes, not UTF-8)
-//! is kept as it is.
-//!
-//! Format 2 (the first sixteen elements, written before `QueuedAt`) is
-//! still read, with no `QueuedAt`; so is format 1 (the first ten, written
-//! before scheduling and retries): no error, `MaxAttempts` 20, `Keep`
-//! infinity.
-//!
-//! `VS` is written with `set_versionstamped_value`: every write of a
-//! record stamps it with the commit's versionstamp and a user version. A
-//! write that makes a job pending uses the same user version for the
-//! record and for its pending key `(…, Priority, VS, JobId)`, so while a
-//! job is pending its record's VS *is* its pending key's VS, and the
-//! pending key is found from the record (cancel, remove).
-//!
-//! Active value, at `("couch_workers", "active", WorkerType, Worker, JobId)`,
-//! format 1: `(1, AcceptVS)`, the tuple versionstamp of the accept that
-//! made the job running (also written with `set_versionstamped_value`).
-//! Orphan sweeps compare it with a removal's versionstamp (see `ops/requeue.rs`).
-//!
-//! Orphan marker, at `("couch_workers", "orphans", WorkerType, Worker)`:
-//! `(RemovalVS,)` or `(RemovalVS, "lost")`, the tuple versionstamp of the
-//! commit that removed the worker while leaving some of its running jobs
-//! for the sweeper, and whether that was a death; when an earlier
-//! removal's jobs still wait for the sweeper, `(RemovalVS, "lost" |
-//! "released", Earlier)` keeps those removals and their rules too (see
-//! [`encode_orphan_marker`]).
+//! The stored values of the job queue: the job record, the active value,
+//! the orphan marker, encoded and decoded with their format versions. What
+//! each element means, and which formats are still read:
+//! `docs/keyspace.md` ("Values").
 
 use foundationdb_tuple::{pack, pack_with_versionstamp, unpack, Bytes, Element, Versionstamp as TupleVs};
 
