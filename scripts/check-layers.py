@@ -155,6 +155,7 @@ class Crate:
         self.globs = {}  # module path -> [paths]
         self.macros = {}  # exported macro name -> module path
         self.refs = []  # (module, path, file, line, kind) kind: use | pub-use | code
+        self.tests = set()  # modules declared `#[cfg(test)] mod name;`
         for root, _, names in os.walk(src):
             for name in sorted(names):
                 if name.endswith(".rs"):
@@ -194,6 +195,8 @@ class Crate:
             inner = scope(a) + (name,)
             self.file_of[inner] = mod
             self.children.setdefault(scope(a), set()).add(name)
+        for m in re.finditer(r"#\[cfg\(test\)\]\s*mod\s+(\w+)\s*;", text):
+            self.tests.add(scope(m.start()) + (m.group(1),))
         for m in re.finditer(r"#\[macro_export\]\s*macro_rules!\s*(\w+)", text):
             self.macros[m.group(1)] = mod
         used = []
@@ -267,6 +270,8 @@ class Crate:
         """{(from, to): [(file, line)]} between nodes."""
         out = {}
         for where, path, rel, line, kind in self.refs:
+            if any(where[: len(t)] == t for t in self.tests):
+                continue
             target = self.resolve(where, path)
             if target is None:
                 continue
