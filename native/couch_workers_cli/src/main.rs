@@ -1,4 +1,4 @@
-//! `couch-workers`: the operators' command line (DESIGN.md "Operations").
+//! `couch-workers`: the operators' command line (docs/api.md, "Operations").
 //!
 //! It opens the store itself, as a node does, and needs no node to run.
 //! It is safe beside running nodes: reads are snapshot reads in read-only

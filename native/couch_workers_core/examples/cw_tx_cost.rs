@@ -16,8 +16,8 @@
 //! and the store's counters' movement. On a shared machine the times are
 //! noisy; for a count that is not, run it under `valgrind --tool=cachegrind
 //! --cache-sim=no` with two values of `N` and divide the difference of the
-//! instruction totals by the difference of `N` (bench/RESULTS.md, "Session
-//! 7: the store's counters from the transaction span").
+//! instruction totals by the difference of `N` (bench/RESULTS.md, "the
+//! store's counters from the transaction span").
 
 use std::time::Instant;
 

@@ -1,5 +1,5 @@
 //! Where the time of a cross-handle wake-up goes on the embedded store
-//! (M2 and J3x, issue 16): two store handles on one directory (as two
+//! (M2 and J3x): two store handles on one directory (as two
 //! nodes on one host: each its own connections and watcher thread), a
 //! watch armed on handle A, a write of the watched key committed through
 //! handle B. Each change is timed per stage, on one clock (this process's
@@ -8,7 +8,7 @@
 //!
 //! * `commit`: B's write transaction, from its start to its commit's return;
 //! * `to_event`: B's commit's return → A's watcher thread got the news
-//!   (until session 10, a `cw-embed-notify` thread that then rang it):
+//!   (once a `cw-embed-notify` thread, which then rang it):
 //!   B's post-commit wake-up (mode `socket`), or an inotify event naming
 //!   the WAL (mode `wal`, the fallback; negative: before the return,
 //!   since the frames are written inside the commit);

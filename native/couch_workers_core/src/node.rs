@@ -290,7 +290,8 @@ impl Node {
 
     /// As [`Node::unregister_worker`], for a registration whose owner died
     /// (its pid exited): a death, so its running jobs fail with
-    /// `worker_lost` and spend an attempt (DESIGN.md), where an unregister
+    /// `worker_lost` and spend an attempt (docs/api.md, "When a worker
+    /// goes"), where an unregister
     /// releases them.
     pub async fn worker_died(&self, reg: &Registration) -> Result<(), Error> {
         self.end_registration(reg, true).await

@@ -1,6 +1,6 @@
 //! Stage stamps for the bench's per-stage split of a cross-node wake-up
-//! (M2, J3x; `bench/stages.py`, figures in `bench/RESULTS.md` "Session 9:
-//! M2 and J3x").
+//! (M2, J3x; `bench/stages.py`, figures in `bench/RESULTS.md`, "M2 and
+//! J3x", 2 Dec 2026).
 //!
 //! Built only with the `stage-trace` feature, and then active only when
 //! `CW_STAGE_TRACE` names a directory: each [`mark`] appends one line

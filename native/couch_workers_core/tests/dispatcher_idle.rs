@@ -1,4 +1,4 @@
-//! Issue 16 (I1): a waiting acceptor costs nothing while it waits. The
+//! I1, an idle node: a waiting acceptor costs nothing while it waits. The
 //! dispatcher of a type with one waiter and no job sleeps on its watch
 //! and its waiter's deadline: it no longer wakes every second to ask
 //! whether the waiter still waits, since the waiter's reply rings it when

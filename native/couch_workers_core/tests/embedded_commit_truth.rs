@@ -5,7 +5,7 @@
 //! A writer that finishes while another is queued leaves its writes in the
 //! batch's open SQLite transaction and waits for the batch; whoever
 //! commits the batch commits them, whether or not the member still waits.
-//! Until session 12 the retry loop dropped the member's commit when the
+//! The retry loop once dropped the member's commit when the
 //! budget ended and answered `CommitUnknown`, for a write the batch then
 //! committed: the store could have told. Now the loop waits for the
 //! commit's outcome for a grace the store declares

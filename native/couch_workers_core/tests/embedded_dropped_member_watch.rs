@@ -3,7 +3,7 @@
 //! loop's timeout does this, and answers `CommitUnknown`) still has its
 //! writes committed by the batch: the store's truth. The handle's own
 //! watches of what it wrote must then fire at once, as for any local
-//! commit, not at the next safety look. Until session 11 only the member
+//! commit, not at the next safety look. Once only the member
 //! itself told the watch hub, after the batch's outcome reached it, so a
 //! dropped member's writes were seen by the handle's watcher only at its
 //! next look for another reason (the safety look: an hour here).

@@ -1,5 +1,5 @@
 //! Several processes opening a store nobody has open, at the same moment
-//! (Erlang nodes of one host started together). Seen in session 7: one
+//! (Erlang nodes of one host started together). Seen on 1 Dec 2026: one
 //! such open in 17 failed with `cannot configure …: database is locked`,
 //! because the new connection's settings were applied with no busy
 //! timeout while another process held the fresh file's lock (switching it

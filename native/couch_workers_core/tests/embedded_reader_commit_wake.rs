@@ -1,7 +1,7 @@
 //! A commit of a read-mode transaction that wrote (SQLite upgraded it to a
 //! writer on its pooled read connection) wakes the store's other handles,
 //! as every commit of this code must (`wake.rs`): their watches of what it
-//! wrote fire at once, not at the next safety look. Until session 11 only
+//! wrote fire at once, not at the next safety look. Once only
 //! the write connection's commits sent wake-ups (its WAL hook), so such a
 //! commit was seen by other handles only at their safety look (10 s by
 //! default; an hour here).

@@ -3,8 +3,8 @@
 //! listens again: a new socket in `wake/` (the directory made again), so
 //! that other handles' commits wake it and, once the grace after it is
 //! over (2 s of polling while the others learn of the new socket), an
-//! idle node stops polling. Until session 13 it polled `data_version`
-//! every few milliseconds until it closed.
+//! idle node stops polling (it once polled `data_version` every few
+//! milliseconds until it closed).
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! Issue 16 (I1): the embedded store's watcher thread, with a watch
+//! I1, an idle node: the embedded store's watcher thread, with a watch
 //! pending and nothing committed, wakes only for its safety look, every
 //! `safety_look` (default `SAFETY_LOOK`, 10 s; it was once a second). A
 //! writer that sends no wake-up is still seen, within that bound.

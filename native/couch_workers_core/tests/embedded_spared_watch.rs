@@ -1,4 +1,5 @@
-//! Issue 16 (I1): `Transaction::spare_own_watches` on the embedded store.
+//! `Transaction::spare_own_watches` on the embedded store (I1, an idle
+//! node).
 //! A spared write through a handle fires none of that handle's watches of
 //! the key (they take the committed value and keep waiting: the node's
 //! heartbeat no longer wakes the watcher thread to fire its own reaper's
@@ -44,7 +45,7 @@ async fn a_spared_write_fires_none_of_the_handles_watches_and_another_handles_wr
     // write's value once it is visible but before the commit tells the
     // hub (which then moves what the watch expects) fires the watch, a
     // spare wake-up that watches allow. That race failed a clean-clone CI
-    // run of session 13 (and 1 run in 10 in release); this test is of a
+    // run on 4 Dec 2026 (and 1 run in 10 in release); this test is of a
     // spared write that no look overlaps.
     let mut w1 = armed_watch(&*db, b"k").await;
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;

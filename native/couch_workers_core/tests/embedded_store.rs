@@ -438,7 +438,7 @@ async fn queued_writers_share_commits_and_lose_nothing() {
 /// A writer about to commit alone while the next one waits for a runtime
 /// thread (spawned from outside the runtime, as a NIF call's request is):
 /// it lets that one reach the lock first, and both share one commit
-/// (bench/RESULTS.md, "Session 7: J2"). One worker thread, kept busy by
+/// (bench/RESULTS.md, J2 with commit 4185965). One worker thread, kept busy by
 /// the first writer until the second is spawned: nothing here depends on
 /// timing.
 #[test]

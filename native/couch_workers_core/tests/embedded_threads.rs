@@ -1,5 +1,5 @@
 //! The embedded store's background thread that waits for other handles'
-//! wake-ups (the watcher: since session 10 it polls the wake socket
+//! wake-ups (the watcher: it polls the wake socket
 //! itself, and no `cw-embed-notify` thread runs beside it) stops with its
 //! store, and its wake socket's file goes with it: live counts that return
 //! to zero. Alone in its test binary, so that no other test's stores are

@@ -1,5 +1,5 @@
-//! The failure detector never reaps a live worker for the store's sake
-//! (issue 12): not while another OS process holds the embedded store's
+//! The failure detector never reaps a live worker for the store's sake:
+//! not while another OS process holds the embedded store's
 //! SQLite write lock for several of the worker's timeouts (no heartbeat
 //! can commit, the store's versions run on), and not when the store's
 //! versions jump by 100 s as at every FoundationDB recovery. A worker

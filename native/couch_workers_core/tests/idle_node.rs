@@ -1,4 +1,4 @@
-//! Issue 16 (I1): a node with nothing to do runs no transactions on a
+//! I1, an idle node: a node with nothing to do runs no transactions on a
 //! timer: its promoter and pruner sleep until a change of `scheduled_vs`
 //! or `expiry_vs` (or their 30 s safety cap), its reaper while it observes
 //! no worker until a change of `health_vs`. One test per binary: it counts

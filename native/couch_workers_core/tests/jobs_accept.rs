@@ -84,7 +84,7 @@ async fn many_waiters_share_one_dispatcher(store: StoreKind) {
     // registrations wake some of them): the count below is read with a
     // margin of 10 over the idle count, half the 20 more that a watch per
     // waiter (the bug) would add. A margin of 3 failed a clean-clone CI
-    // run (session 13: 5 watches over an idle count of 1) on code that
+    // run (4 Dec 2026: 5 watches over an idle count of 1) on code that
     // had not touched the dispatcher.
     let idle_watches = match &watches {
         Some(store) => {
@@ -338,7 +338,7 @@ async fn add_jobs(node: &couch_workers_core::Node, n: usize) {
     node.jobs().add_many(T, &batch).await.unwrap();
 }
 
-// Issue 12: a round serves at most ROUND_MAX_WAITERS; the waiters past
+// A round serves at most ROUND_MAX_WAITERS; the waiters past
 // them must get the next rounds at once, not wait for a watch that no
 // new job will fire. Before the fix they waited until their timeout and
 // were refused: that, not a time bound, is what this counts (it used a
@@ -368,7 +368,7 @@ async fn waiters_past_one_round_are_served_while_jobs_are_pending(store: StoreKi
     }
 }
 
-// The other side of issue 12: with fewer jobs than waiters, no job is
+// The other side: with fewer jobs than waiters, no job is
 // left pending while a waiter times out. The bug left jobs pending until
 // the waiters' timeout refused them; so the waiters wait 60 s, and the
 // test counts the jobs handed out as they come and ends when all 600

@@ -1,10 +1,10 @@
-//! No committed accept is lost (issue 12 item 3): an accept whose attempt
+//! No committed accept is lost: an accept whose attempt
 //! is cut off by the call's time budget while its commit waits in the
 //! embedded store's group commit (`group::wait`) is committed anyway by the
 //! batch (the `Stranded` path). Before, the call answered `timeout` and the
 //! job stayed `running` under a token nobody held until the worker went.
 //! Now the call answers `commit_unknown_result` and the job goes back to
-//! pending. Since session 12 the retry loop first waits for the batch's
+//! pending. Now the retry loop first waits for the batch's
 //! outcome for the store's grace (`Database::commit_grace`: here 2 s, the
 //! cap); B holds the batch open until the accept has answered, so the
 //! grace runs out too and the outcome stays unknown to the call
@@ -17,7 +17,7 @@
 //! before the next step. Then A lets go:
 //! A defers its commit to the accept, the accept defers its commit to B,
 //! and B holds the lock until the accept has answered: the accept's budget
-//! ends while it waits for the batch, which B then commits. (Session 7's
+//! ends while it waits for the batch, which B then commits. (An earlier
 //! schedule gave B 600 ms to queue and A 1.5 s of hold: once under
 //! extreme load B queued late, the accept committed alone and rightly
 //! answered `Ok`.)

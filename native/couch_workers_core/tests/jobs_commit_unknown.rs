@@ -1,5 +1,5 @@
-//! A call's outcome is the store's outcome (issue 12 item 3, issue 14
-//! point 3): every job write, when its commit landed but was answered
+//! A call's outcome is the store's outcome: every job write, when its
+//! commit landed but was answered
 //! `commit_unknown_result` and the retry loop ran it again on top of its
 //! own write, answers for that write (`ok`), not as if someone else had
 //! made it (`already_exists`, `not_owner`, `not_found`).

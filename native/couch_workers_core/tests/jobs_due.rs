@@ -1,5 +1,5 @@
 //! A scheduled job that falls due while no acceptor waits for its type
-//! (DESIGN.md: a due job is `pending`): it is listed and counted as
+//! (the API's rule: a due job is `pending`): it is listed and counted as
 //! pending at once, from the due keys not yet promoted, and every node's
 //! promoter moves it to pending in the store within about a second, where
 //! the state counters and indexes say so without the due keys.

@@ -1,4 +1,4 @@
-//! The job lifecycle of issue 13 in the core, on the embedded store:
+//! The job lifecycle in the core, on the embedded store:
 //! every call of the newer contract in a randomized mix from two nodes,
 //! then the whole key space checked (each state's counter equals its
 //! records, each state's index lists exactly its records, scheduled and

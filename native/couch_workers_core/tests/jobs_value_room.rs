@@ -1,5 +1,5 @@
-//! A job must have room in the value limit for every state it can reach
-//! (issue 14's leftover). Running, a record holds its worker's id and an
+//! A job must have room in the value limit for every state it can reach.
+//! Running, a record holds its worker's id and an
 //! accept token that the pending record does not: before, `add` took a
 //! record right up to the limit, and then no accept could write its
 //! running record, so every accept round of its type that reached it

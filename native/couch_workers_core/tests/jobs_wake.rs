@@ -1,4 +1,4 @@
-//! Issue 16 (I1): the promoter and the pruner sleep until the earliest
+//! I1, an idle node: the promoter and the pruner sleep until the earliest
 //! moment they know of work, woken by a change (`scheduled_vs`,
 //! `expiry_vs`), not on a short timer. These tests check that sleeping
 //! long misses nothing: work that appears while they sleep is done about

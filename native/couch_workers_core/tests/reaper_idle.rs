@@ -1,4 +1,4 @@
-//! Issue 16 item 2: an idle node's background work is bounded by what the
+//! An idle node's background work is bounded by what the
 //! liveness rule needs, not by timers. One test per binary: it counts the
 //! process-wide transaction counter (`metrics::STORE`).
 

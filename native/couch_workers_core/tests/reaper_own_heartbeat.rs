@@ -1,4 +1,4 @@
-//! Issue 16 (I1): a change of `health_vs` made by the node's own heartbeat
+//! I1, an idle node: a change of `health_vs` made by the node's own heartbeat
 //! is looked at in the wake-up the heartbeat's commit made, without the
 //! random delay after other changes (whose sleep cost an idle node two
 //! more wake-ups of tokio's timer wheel per heartbeat); and on the

@@ -1,4 +1,4 @@
-//! Issue 16 (I1): what one reaper pass costs an idle node. A pass is its
+//! I1, an idle node: what one reaper pass costs. A pass is its
 //! writable look and a scan; with a few workers the scan is one read
 //! transaction (it finds the next worker type itself), and a pass on the
 //! liveness cadence's timer keeps the `health_vs` watch of an earlier

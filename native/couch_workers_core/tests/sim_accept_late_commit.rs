@@ -1,6 +1,6 @@
 //! An accept whose commit was cut off by the call's time budget but lands
 //! later strands no job (the 100,000-job simulation's four never-accepted
-//! jobs, issue 14).
+//! jobs).
 //!
 //! On FoundationDB (and the sim store) a commit whose caller stopped
 //! waiting may still be applied. The accept answers

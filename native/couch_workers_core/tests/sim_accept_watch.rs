@@ -1,4 +1,4 @@
-//! Issue 14 point 4 on the `sim` store: an accept round that leaves
+//! On the `sim` store: an accept round that leaves
 //! waiters must not arm its `jobs_vs` watch inside its writing
 //! transaction. On FoundationDB creating a watch reads the key without
 //! `snapshot` (the sim models it: `tests/sim_store.rs`,

@@ -1,5 +1,4 @@
-//! A cluster-shaped simulation on the sim store (issue 14, item 3; a first,
-//! CI-sized version): several full `Node`s (dispatchers, reapers, sweepers,
+//! A cluster-shaped simulation on the sim store (a CI-sized one): several full `Node`s (dispatchers, reapers, sweepers,
 //! heartbeats) on one simulated FoundationDB cluster with FDB-like
 //! latencies, random recoveries and spurious watch fires, workers
 //! accepting and finishing jobs, two nodes dying mid-run without a goodbye.

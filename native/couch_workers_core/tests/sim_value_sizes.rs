@@ -1,6 +1,5 @@
-//! The job queue's size checks count a record as FoundationDB counts it
-//! (issue 14 point 7): the versionstamped parameter with its 4-byte
-//! offset. At the boundary, on the `sim` store (which checks values as
+//! The job queue's size checks count a record as FoundationDB counts it:
+//! the versionstamped parameter with its 4-byte offset. At the boundary, on the `sim` store (which checks values as
 //! FDB does) and on a live FoundationDB: the largest record the check passes is written; one byte
 //! more is refused by the queue's own check, before anything is written,
 //! rather than passing it and failing at the store (before the fix the
@@ -72,7 +71,7 @@ async fn the_largest_record_the_check_passes_is_written_one_byte_more_is_refused
 
     let overhead = record_overhead(&db, &ks).await;
     // The check's limit is the value limit as FDB counts it, less the room
-    // the record needs to run for the longest worker id (issue 14; the
+    // the record needs to run for the longest worker id (the
     // accept of such a job: tests/jobs_value_room.rs): under the limit,
     // by about that id's length.
     let largest = largest_add(&db, &ks, overhead).await;

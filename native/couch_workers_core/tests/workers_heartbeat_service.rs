@@ -1,4 +1,4 @@
-//! Issue 16 item 1: one heartbeat service per node renews all of its
+//! One heartbeat service per node renews all of its
 //! workers in few transactions, while each worker keeps its own period
 //! (the liveness rule stays exact per worker).
 

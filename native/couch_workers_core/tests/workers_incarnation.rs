@@ -1,4 +1,4 @@
-//! Issue 12: each registration is an incarnation of its worker id. What is
+//! Each registration is an incarnation of its worker id. What is
 //! done for one (its removal, its heartbeat, the requeue of its jobs) must
 //! never touch another registration of the same id, on this node or any.
 //! Through the public `Node` API only, as the NIF uses it.
@@ -94,7 +94,7 @@ async fn two_registrations_of_one_id_do_not_keep_each_other_alive(store: StoreKi
     a.stop().await;
 }
 
-/// Issue 12 item 5: an acceptor still waiting for a registration that has
+/// An acceptor still waiting for a registration that has
 /// ended (unregistered here, then registered again under the same id)
 /// takes nothing of the next registration's: it gets `NotFound` when a job
 /// comes, and the job stays pending for the new registration. Also when

@@ -1,4 +1,4 @@
-//! Issue 12 item 5: a registration tells its owner what only its heartbeat
+//! A registration tells its owner what only its heartbeat
 //! can find: that a reaper removed the worker while it lived (and the
 //! heartbeat registered it again, under the same registration), or that
 //! another registration of the same id replaced it. Through the public

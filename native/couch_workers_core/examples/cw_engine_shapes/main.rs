@@ -15,7 +15,8 @@
 //! runtime), 2 processes sharing the store, and on the bare engines k
 //! writing transactions per commit (what the embedded store's group
 //! commit does when k writers queue). Then LMDB's crash checks
-//! (`crash.rs`). Figures: bench/RESULTS.md, "Session 7".
+//! (`crash.rs`). Figures: bench/RESULTS.md, "SQLite against LMDB on J2's
+//! storage shape".
 //!
 //! ```text
 //! cargo run --release -p couch_workers_core --example cw_engine_shapes -- DIR [JOBS] [ONLY]

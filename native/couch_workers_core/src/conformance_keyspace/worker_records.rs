@@ -338,7 +338,7 @@ pub async fn workers_reap_leaves_another_incarnation(s: &dyn StoreFactory) {
     nb.stop().await;
 }
 
-/// Issue 12: a removal made for an old incarnation (a handle whose
+/// A removal made for an old incarnation (a handle whose
 /// unregister failed, retried or dropped later) finds a newer one and
 /// leaves it alone: member, health, membership `vs` and the jobs it runs.
 /// The newer one's own removal still works.
@@ -367,7 +367,7 @@ pub async fn workers_remove_of_an_old_incarnation_leaves_the_new_one(s: &dyn Sto
     nb.stop().await;
 }
 
-/// Issue 12: two nodes registering one id must not keep each other alive.
+/// Two nodes registering one id must not keep each other alive.
 /// A heartbeat of an incarnation that no longer holds the id writes
 /// nothing (`Gone`): the holder's record ages as its own heartbeats leave
 /// it, so that its node's death is seen.

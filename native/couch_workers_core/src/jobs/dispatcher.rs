@@ -23,7 +23,7 @@
 //!   round and the watch. Not in the round's own transaction: on
 //!   FoundationDB creating a watch is a read with a conflict range, and
 //!   every add writes `jobs_vs`, so each add would abort a round that
-//!   took jobs (issue 14, point 4; `tests/sim_accept_watch.rs`);
+//!   took jobs (`tests/sim_accept_watch.rs`);
 //! * while the rounds find jobs for every waiter they serve, the next round
 //!   follows at once: waiters past the first [`ROUND_MAX_WAITERS`] are
 //!   served from the jobs already pending, which fire no watch;

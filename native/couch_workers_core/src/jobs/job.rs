@@ -140,7 +140,7 @@ impl JobOpts {
 }
 
 /// A job as `get`, `accept`, `update` and subscriptions return it. The NIF
-/// turns it into the Erlang map of DESIGN.md (`type`, `id`, `state`,
+/// turns it into the Erlang job map (docs/api.md: `type`, `id`, `state`,
 /// `worker`, `priority`, `info`, `result`, `attempts`, `vs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Job {

@@ -25,7 +25,7 @@ use crate::keyspace::Keyspace;
 use crate::store::{RangeRequest, StoreError, Tx};
 
 /// This node's wall clock in Unix ms: schedules are read on the clock of
-/// the node that checks them (DESIGN.md); a node whose clock is behind
+/// the node that checks them; a node whose clock is behind
 /// runs a job late, never early by its own clock, and never loses it.
 pub fn wall_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

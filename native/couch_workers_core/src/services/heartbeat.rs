@@ -330,7 +330,8 @@ impl HeartbeatService {
     /// spare this handle's watches: the node's reaper, the one watcher of
     /// it here, hears of the renewal from `renewed` instead, in the same
     /// wake-up, without the store's watcher thread waking to fire it and
-    /// waking the runtime again (bench/RESULTS.md, "Session 10: I1").
+    /// waking the runtime again (bench/RESULTS.md: I1 with the node's own
+    /// heartbeat watches spared, 2 Dec 2026).
     /// Other handles' watches (other nodes' reapers) fire as before.
     ///
     /// A reinstatement must reach its owner even when its commit landed

@@ -1,6 +1,5 @@
 //! Jobs: records, the pending and active indexes, counts, orphans,
-//! receipts, and issue 13's schedules, per-state indexes, types, expiry
-//! and pause.
+//! receipts, schedules, per-state indexes, types, expiry and pause.
 
 use super::*;
 
@@ -123,8 +122,7 @@ fn receipt_keys_and_old_range() {
     }
 }
 
-// ---- issue 13: scheduled jobs, per-state counts and indexes, types,
-// ---- expiry, pause ----------------------------------------------------------
+// ---- scheduled jobs, per-state counts and indexes, types, expiry, pause ----
 
 const SCHEDULED: &str = "01 7363686564756c6564 00";
 const BY_STATE: &str = "01 62795f7374617465 00";
@@ -273,7 +271,7 @@ fn job_record_value_bytes() {
     same(&stored[head.len() + 10..], &tail);
 }
 
-// ---- promoters and pruners (issue 16) -------------------------------------
+// ---- promoters and pruners ------------------------------------------------
 
 /// The two global wake-up keys sort outside every subspace they could be
 /// confused with: `scheduled_vs` is not in a type's `scheduled` range,

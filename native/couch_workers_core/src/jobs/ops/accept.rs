@@ -284,7 +284,7 @@ pub async fn accept(
 
 /// Fails a queued job whose running record would be over the value limit
 /// for any worker (one stored before `add` and `update` reserved that
-/// room, issue 14): nothing can run it, and left pending it would stop
+/// room): nothing can run it, and left pending it would stop
 /// every accept round of its type that reaches it. Failing loses nothing:
 /// info, result, error, attempts and options stay in the record (it can be
 /// read, resubmitted with smaller info, or removed). The reason is in the
@@ -412,7 +412,7 @@ pub async fn pending_version(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<
 /// after this transaction's reads fires it. Run it in a read-only
 /// transaction: on FoundationDB creating a watch reads the key without
 /// `snapshot`, so in a writing transaction every concurrent add would
-/// make the commit conflict (issue 14, point 4).
+/// make the commit conflict (`tests/sim_accept_watch.rs`).
 pub async fn pending_watch(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<(Option<Vec<u8>>, Watch), StoreError> {
     let key = ks.jobs_vs(job_type);
     let seen = tx.get(&key, true).await?;

@@ -74,7 +74,7 @@ fn longest_worker(ks: &Keyspace, job_type: &[u8], id: &[u8]) -> usize {
 /// ([`Record::largest_len`]) for the longest worker id that can hold it.
 /// Otherwise its pending record would fit and its running one would not:
 /// no accept could take it, and at the head of its queue it would stop
-/// its type's accepts (issue 14).
+/// its type's accepts.
 pub(super) fn check_room_to_run(ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &Record) -> Result<(), Error> {
     let widest = rec.largest_len(longest_worker(ks, job_type, id));
     if rec.value_len().max(widest) > MAX_VALUE_SIZE {

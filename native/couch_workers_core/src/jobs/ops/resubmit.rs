@@ -28,7 +28,7 @@ async fn read_if(
     }
 }
 
-/// Adds the job, or runs it again (DESIGN.md `job_resubmit/4`): absent,
+/// Adds the job, or runs it again (`job_resubmit/4`, docs/api.md): absent,
 /// it is added; queued, its info and the given options replace the job's
 /// and it stays queued once; running, the resubmission waits in the
 /// record for the run's end; ended, it is queued again with attempts 0

@@ -89,8 +89,8 @@ const RETRY_MAX: Duration = Duration::from_millis(32);
 /// between looks by default (`EmbeddedOptions::safety_look`). Every
 /// writer of this code sends a wake-up, so this look only bounds how late
 /// one that sends none is seen; on an idle node it was the watcher's
-/// main cost (one wake-up a second: bench/RESULTS.md, "I1", 2 Dec 2026),
-/// hence seconds, not one.
+/// main cost (one wake-up a second: bench/RESULTS.md, I1 counted per
+/// thread, 2 Dec 2026), hence seconds, not one.
 pub const SAFETY_LOOK: Duration = Duration::from_secs(10);
 
 /// How often the watcher thread polls `PRAGMA data_version`.

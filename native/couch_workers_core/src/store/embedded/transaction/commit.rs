@@ -20,7 +20,8 @@ impl EmbeddedTransaction {
             // together, or while tasks wait for a runtime thread: let the
             // tasks already ready run first. Those that write queue for the
             // lock, and this commit becomes a group commit that they join
-            // (bench/RESULTS.md, "Session 5: J2" and "Session 7: J2").
+            // (bench/RESULTS.md: J2 with commits 7dd4ee4 and a069011, and
+            // with commit 4185965, 1 Dec 2026).
             tokio::task::yield_now().await;
         }
         let mut armed = Vec::new();
@@ -83,7 +84,7 @@ impl EmbeddedTransaction {
 /// or woken from outside the runtime (a NIF call's request, an accept
 /// that wakes the dispatcher) waits until a runtime thread is free. Under
 /// load the next writer is often there while this one commits (measured
-/// through the API: bench/RESULTS.md, "Session 7: J2").
+/// through the API: bench/RESULTS.md, J2 with commit 4185965).
 fn tasks_waiting() -> bool {
     tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().global_queue_depth() > 0)
 }
