@@ -45,7 +45,7 @@ if command -v dpkg-query >/dev/null 2>&1; then
     want erlang-dialyzer "scripts/check-erlang.sh: dialyzer"
     want erlang-tools "scripts/check-erlang.sh: xref"
     want libclang-dev "bindgen (FoundationDB headers)"
-    want python3 "scripts/fdb-faults.sh reads fdbcli's status json; bench/peers_table.py"
+    want python3 "scripts/check-layers.py; scripts/fdb-faults.sh reads fdbcli's status json; bench/peers_table.py"
 fi
 # CouchDB builds with rebar 2; Debian's 2.6.4 stands in for it in the
 # integration test of a CouchDB-shaped tree (test/integration).

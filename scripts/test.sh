@@ -144,6 +144,9 @@ scripts/check-erlang.sh
 stage "the built NIF holds no test code (the core's testkit feature is off in it)"
 scripts/check-no-testkit.sh
 
+stage "the core's import rules: layers point one way, no circle (scripts/check-layers.py)"
+scripts/check-layers.py
+
 stage "integration: a CouchDB-shaped tree built with rebar 2 (compile, generate, boot, eunit)"
 test/integration/couchdb_tree.sh
 
