@@ -3,7 +3,8 @@
 # fault tests), the FoundationDB store's type-check, a benchmark smoke run,
 # and the EUnit suites (including the multi-node tests with real `erl`
 # nodes, the PropEr model and the reliability suites), dialyzer and xref
-# on every Erlang module but the tests (scripts/check-erlang.sh), and the
+# on every Erlang module but the tests (scripts/check-erlang.sh), the
+# core's import rules (scripts/check-layers.py), and the
 # integration builds of test/integration (CouchDB's rebar 2 tree, a rebar3 dependency,
 # their releases). Installs what is missing first.
 set -euo pipefail
