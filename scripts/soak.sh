@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak run of issue 6 (part 7): N jobs through three worker nodes
+# The soak run: N jobs through three worker nodes
 # (separate `erl' OS processes) sharing one embedded store, while one node
 # is killed with kill -9 and restarted every 30 s, and every 60 s another
 # OS process holds the store's write lock for 2x the workers' timeout (a

@@ -1,5 +1,5 @@
 %% @doc A crash of the app's own servers drops no registration and no
-%% subscription (issue 12 item 5): `couch_workers_local' and
+%% subscription: `couch_workers_local' and
 %% `couch_workers_global' keep their state in tables the supervisor owns,
 %% and their restarts restore it. Killed with `exit(Pid, kill)' (no
 %% terminate/2) and crashed with an abnormal terminate: the registrations

@@ -1,4 +1,4 @@
-%% @doc The soak run of issue 6 (part 7); scripts/soak.sh runs it.
+%% @doc The soak run; scripts/soak.sh runs it.
 %%
 %% A controller VM (the producer and the checker; never killed) and three
 %% worker nodes (separate `erl' OS processes) share one embedded store.
