@@ -47,6 +47,8 @@ stage_report() {
 }
 trap stage_report EXIT
 
+stage "docs: every relative link of the README and docs/ resolves"
+scripts/check-docs.sh
 stage "cargo test (core crate: store conformance, key space, liveness, jobs)"
 cargo test -p couch_workers_core
 stage "cargo test (command line: argument parsing), and the release build of it (bin/couch-workers, used by its EUnit suite) and of the NIF"
