@@ -30,6 +30,7 @@
 //! job and calls each subscriber's callback; the NIF's callback
 //! (`couch_workers_nif/src/jobs/subscribe.rs`) sends the message.
 
+pub mod context;
 pub mod error;
 pub mod inspect;
 pub mod jobs;
@@ -50,5 +51,9 @@ pub mod conformance_keyspace;
 #[cfg(feature = "testkit")]
 pub mod test_store;
 
+pub use context::Context;
 pub use error::Error;
+pub use inspect::WorkerInfo;
+pub use jobs::{Job, JobOpts, JobState, Jobs};
 pub use node::{MembershipWatch, Node, Registration, Settings, Stats};
+pub use store::StoreConfig;

@@ -75,8 +75,18 @@
 //! * `pruner.rs`: removes ended jobs past their `keep`;
 //! * `wake.rs`: the promoter's and the pruner's wait (a deadline or a
 //!   watched key's change);
-//! * [`service`]: the node-level API the NIF calls.
+//! * `take.rs`: one accept now (timeout 0), no dispatcher;
+//! * `api.rs`: [`Jobs`], the stateless job API on a context (every call
+//!   that needs no running task; the command line's);
+//! * [`service`]: [`JobService`], the node's: [`Jobs`] plus accept and
+//!   subscribe, and the daemons only a node starts.
+//!
+//! Dependencies run down this list's reverse: `service` uses `api`,
+//! `finish_next`, `take`, `subscription`, `dispatcher`, `promoter`,
+//! `pruner`, `sweeper`; none of those uses `service`. Each task takes the
+//! node's [`crate::context::Context`] and its own registry.
 
+mod api;
 mod commit;
 pub mod dispatcher;
 mod finish_next;
@@ -85,13 +95,14 @@ pub mod ops;
 pub(crate) mod place;
 mod promoter;
 mod pruner;
-pub mod receipt;
 pub mod record;
 pub mod service;
 pub mod subscription;
 mod sweeper;
+mod take;
 mod wake;
 
+pub use api::Jobs;
 pub use dispatcher::{AcceptReply, GoneSignal, ReplyFn};
 pub use finish_next::NextFor;
 pub use job::{
