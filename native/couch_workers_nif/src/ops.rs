@@ -12,8 +12,8 @@
 //! only loads six atomics (the last two: the supervisor's restarts,
 //! `services_restarted` and `services_failing`).
 
-use couch_workers_core::inspect::WorkerInfo;
-use couch_workers_core::metrics::{SERVICES, STORE};
+use couch_workers_core::WorkerInfo;
+use couch_workers_core::{SERVICES, STORE};
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
 use crate::atoms;

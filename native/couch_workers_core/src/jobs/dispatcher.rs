@@ -214,9 +214,12 @@ impl AcceptReply for FutureReply {
     }
 }
 
-/// An [`AcceptReply`] from a closure that returns whether it delivered.
+/// An [`AcceptReply`] from a closure that returns whether it delivered
+/// (tests' acceptors).
+#[cfg(feature = "internals")]
 pub struct ReplyFn<F>(pub F);
 
+#[cfg(feature = "internals")]
 impl<F> AcceptReply for ReplyFn<F>
 where
     F: FnOnce(Result<JobHandle, Error>) -> bool + Send + 'static,

@@ -103,14 +103,20 @@ mod take;
 mod wake;
 
 pub use api::Jobs;
-pub use dispatcher::{AcceptReply, GoneSignal, ReplyFn};
+pub use dispatcher::{AcceptReply, GoneSignal};
+#[cfg(feature = "internals")]
+pub use dispatcher::ReplyFn;
 pub use finish_next::NextFor;
 pub use job::{
     AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts,
-    NewJob, Schedule,
+    Schedule,
 };
-pub use ops::{Departure, Retry, RunEnd};
+// What only tests build jobs and clocks with.
+#[cfg(feature = "internals")]
+pub use job::NewJob;
+#[cfg(feature = "internals")]
 pub use place::wall_ms;
+pub use ops::{Departure, Retry};
 pub use service::{JobService, JobStats};
 pub use subscription::{JobSubscription, OnJobEvent};
 
