@@ -11,37 +11,95 @@
 //! | --- | --- |
 //! | `log` | events and spans through `tracing`; the one layer that hands each event to its node's sink (the NIF's sends it to `logger`) |
 //! | `metrics` | counters of the store's retry loop |
-//! | `store` | the store abstraction (FoundationDB's transaction model) and its stores: `embedded`, `fdb`, `sim`; the test wrappers `faulty` (random faults) and `hooked` (a forwarding transaction with a test's hooks), feature `testkit` |
+//! | `store` | the store abstraction (FoundationDB's transaction model), the one retry loop (`store::retry`), the retry-safe write (`store::receipt`: a write's receipt, so that a retry after `commit_unknown_result` answers for it; its key from `keyspace`) and the stores: `embedded`, `fdb`, `sim`; the test wrappers `faulty` (random faults) and `hooked` (a forwarding transaction with a test's hooks), feature `testkit` |
 //! | `error` | [`Error`]: the outcomes a call can have besides success |
 //! | `keyspace` | the key space, packed with the tuple layer: every key's bytes are built here (`docs/keyspace.md`) |
 //! | `liveness` | the liveness rule: what a reaper must have seen before it calls a worker dead (uses one limit of `workers`) |
 //! | `workers` | worker records: register, heartbeat (the health record is written in `workers::heartbeat`/`heartbeat_many`), remove, reap, membership reads; a removal requeues the worker's jobs through `jobs` in its own transaction |
-//! | `services` | a node's background tasks: the heartbeat service, reapers, membership watchers, owner events |
-//! | `jobs` | the job queue: records, indexes, `ops` (every job write), the accept dispatcher, subscriptions, sweeper, pruner (uses small helpers of `services`) |
-//! | `inspect` | operations' read side (worker types, workers, job pages) |
-//! | `node` | [`Node`]: one open store and the services of one Erlang VM; [`Registration`] |
+//! | `context` | [`Context`]: one node's store handle, key space, logger, transaction options, cancellation and (supervised) spawning, shared by every service and call; alone it runs nothing (uses `services::supervise` and `services::watch_limit`) |
+//! | `services` | a node's background tasks: the heartbeat service, reapers, membership watchers, owner events, and their supervision |
+//! | `jobs` | the job queue: records, indexes, `ops` (every job write), [`Jobs`] (the stateless job API on a context), `JobService` (the node's: `Jobs` plus accept, subscribe and the daemons), the accept dispatcher, subscriptions, sweeper, pruner, promoter (uses small helpers of `services`) |
+//! | `inspect` | operations' read side (worker types, workers, a type's pause flag), as calls on a [`Context`] |
+//! | `node` | [`Node`]: a context and the daemons of one Erlang VM (the only starter of daemons); [`Registration`] |
 //! | `stage` | stage stamps for the bench's per-stage split of M2 and J3x (feature `stage-trace`; empty otherwise) |
 //! | `conformance`, `conformance_keyspace` | the test suites every store runs (feature `testkit`, for tests only) |
 //! | `test_store` | the store a test runs on (embedded, sim, a live FoundationDB) and `store_tests!`, one test body per store (feature `testkit`) |
 //!
-//! A job change reaches a subscriber as: a write in `jobs::ops` changes the
-//! job's record (its `vs`), the store's watch on the record fires in
-//! `jobs::subscription` (one watcher per node and job), which re-reads the
-//! job and calls each subscriber's callback; the NIF's callback
-//! (`couch_workers_nif/src/jobs/subscribe.rs`) sends the message.
+//! ## Where things happen
+//!
+//! * A key is packed in `keyspace.rs` and nowhere else (the tuple layer;
+//!   `docs/keyspace.md`); a job's stored value in `jobs/record.rs`, a
+//!   worker's in `workers.rs`.
+//! * A heartbeat is written by `workers::heartbeat_many` (the health
+//!   record, `health_vs`), in the transaction that
+//!   `services/heartbeat.rs` (`HeartbeatService::renew`) runs for a chunk
+//!   of the node's registrations; the reaper (`services/reaper.rs`) reads
+//!   them and decides by `liveness.rs`.
+//! * A job change reaches a subscriber as: a write in `jobs::ops` changes
+//!   the job's record (its `vs`), the store's watch on the record fires in
+//!   `jobs::subscription` (one watcher per node and job), which re-reads
+//!   the job and calls each subscriber's callback; the NIF's callback
+//!   (`couch_workers_nif/src/jobs/subscribe.rs`) sends the message.
+//! * A membership change reaches a watcher the same way: a register,
+//!   removal or reap moves the type's `membership_vs`
+//!   (`workers.rs`), the watch fires in `services/membership.rs`, which
+//!   reads the changes and calls the NIF's callback
+//!   (`couch_workers_nif/src/membership.rs`).
+//!
+//! What to change without touching Erlang: everything in this crate (the
+//! queue's and membership's rules, stores, services) and its tests;
+//! `couch_workers_nif` only when a call's arguments or answers change, and
+//! then `src/couch_workers_nif.erl` with it.
+//!
+//! ## The facade
+//!
+//! What the NIF and the command line use is re-exported here, and nothing
+//! else of the crate is public: the modules are `pub(crate)`. The crate's
+//! integration tests (`tests/`) and the benchmark programs
+//! (`couch_workers_bench`) need internals (the store API, the key space,
+//! `jobs::ops`), so with the `internals` feature (which `testkit` turns on;
+//! only they enable either) the same modules are `pub`
+//! ([`internal_modules!`] declares each module both ways). A build without
+//! it (the NIF's, the command line's) sees the facade alone:
+//! `scripts/check-facade.sh` counts its items, and the compiler's
+//! dead-code lint sees what no caller uses.
 
-pub mod error;
-pub mod inspect;
-pub mod jobs;
-pub mod keyspace;
-pub mod liveness;
+/// Declares each module `pub` with the `internals` feature (the crate's
+/// own tests, the benchmarks) and `pub(crate)` without it.
+macro_rules! internal_modules {
+    ($($(#[$attr:meta])* $name:ident;)*) => {
+        $(
+            $(#[$attr])*
+            #[cfg(feature = "internals")]
+            pub mod $name;
+            $(#[$attr])*
+            #[cfg(not(feature = "internals"))]
+            pub(crate) mod $name;
+        )*
+    };
+}
+
+internal_modules! {
+    context;
+    error;
+    inspect;
+    jobs;
+    keyspace;
+    liveness;
+    metrics;
+    node;
+    services;
+    stage;
+    store;
+    workers;
+}
+
+// By hand: a `macro_export`ed macro (`log_event!`) must not come from a
+// macro-expanded module.
+#[cfg(feature = "internals")]
 pub mod log;
-pub mod metrics;
-pub mod node;
-pub mod services;
-pub mod stage;
-pub mod store;
-pub mod workers;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod log;
 
 #[cfg(feature = "testkit")]
 pub mod conformance;
@@ -50,5 +108,30 @@ pub mod conformance_keyspace;
 #[cfg(feature = "testkit")]
 pub mod test_store;
 
-pub use error::Error;
+// ---- the facade -------------------------------------------------------
+
+// A node and its workers.
+pub use keyspace::Incarnation;
 pub use node::{MembershipWatch, Node, Registration, Settings, Stats};
+pub use services::membership::{MemberChange, MembershipUpdate, OnMembershipUpdate};
+pub use services::owner_events::{OnOwnerEvent, OwnerEvent};
+pub use workers::WorkerSpec;
+// The context and its stateless calls.
+pub use context::Context;
+pub use inspect::WorkerInfo;
+pub use jobs::Jobs;
+// Jobs.
+pub use jobs::{
+    AcceptReply, AcceptToken, AddManyError, Fence, GoneSignal, Job, JobEvent, JobHandle, JobOpts, JobService, JobSpec,
+    JobState, JobStats, JobSubscription, JobVs, Keep, MaxAttempts, NextFor, OnJobEvent, Retry, Schedule,
+};
+// Outcomes, the store's configuration and limits.
+pub use error::Error;
+pub use store::{StoreConfig, MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE};
+// Events (`log_event!`) and counters.
+pub use log::{set_process_sink, Event, Level, Logger, Sink, Value};
+pub use metrics::{SERVICES, STORE};
+pub use stage::mark as stage_mark;
+// What `log_event!` expands to.
+#[doc(hidden)]
+pub use log::__tracing;

@@ -28,12 +28,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::ops;
 use super::place::wall_ms;
-use super::receipt;
-use super::service::ServiceState;
 use super::wake::{Waiter, Woke};
+use crate::context::Context;
 use crate::log_event;
 use crate::services::{jittered, sleep_or_cancel};
-use crate::store::{run, StoreError};
+use crate::store::{receipt, run, StoreError};
 
 /// Jobs removed per transaction (FoundationDB's limits: a job's keys are
 /// a few hundred bytes plus its record's reads).
@@ -53,7 +52,7 @@ pub(crate) const WAKE_KEEP_S: u64 = 60;
 const MIN_GAP: Duration = Duration::from_millis(1000);
 
 /// The pruner's loop; supervised (`services/supervise.rs`).
-pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationToken) {
+pub(crate) async fn run_pruner(shared: Arc<Context>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     let mut receipts_cleared: Option<i64> = None;
     let mut waiter = Waiter::new(&shared.watch_limit);
