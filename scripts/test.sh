@@ -145,6 +145,8 @@ scripts/check-erlang.sh
 
 stage "the built NIF holds no test code (the core's testkit feature is off in it)"
 scripts/check-no-testkit.sh
+stage "the core's facade: at most 60 public items, and the NIF and the command line build on it alone"
+scripts/check-facade.sh
 
 stage "integration: a CouchDB-shaped tree built with rebar 2 (compile, generate, boot, eunit)"
 test/integration/couchdb_tree.sh
