@@ -370,9 +370,8 @@ start_register({Type, Id} = Key, Opts, Pid, From, St) ->
     end.
 
 %% Removes the registration. `unregister' (a `worker_unregister/1')
-%% releases its running jobs; `death' (its owner exited) fails them, as
-%% DESIGN.md has it: a clean shutdown never fails a job, a death spends
-%% the attempt.
+%% releases its running jobs; `death' (its owner exited) fails them: a
+%% clean shutdown never fails a job, a death spends the attempt.
 start_unregister(Key, Ref, Reg, How, Froms, St) ->
     ets:delete(?TAB, Ref),
     ets:delete(?TAB, Key),
