@@ -120,10 +120,11 @@ main(Opts0) ->
     put(nodes, Nodes),
     Self = self(),
     Producer = spawn_link(fun() -> Self ! {produced, produce(Opts, 1, 0)} end),
-    case maps:get(inject_stuck, Opts) of
-        true -> spawn_link(fun() -> hold_one(Opts) end);
-        false -> ok
-    end,
+    _ =
+        case maps:get(inject_stuck, Opts) of
+            true -> spawn_link(fun() -> hold_one(Opts) end);
+            false -> ok
+        end,
     Loop = loop(Opts#{dir => Dir, store => Store}, #{
         t0 => T0,
         next_kill => T0 + KillEvery * 1000,
