@@ -134,7 +134,7 @@ owner_dead_while_server_down_is_a_death(#{type := T}) ->
     ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
     {Owner, [_Job]} = owner_running(T, <<"w1">>, 1),
     Old = whereis(couch_workers_local),
-    ok = sys:suspend(couch_workers_sup),
+    ok = sys:suspend(couch_workers_handles_sup),
     try
         OldMon = erlang:monitor(process, Old),
         exit(Old, kill),
@@ -149,7 +149,7 @@ owner_dead_while_server_down_is_a_death(#{type := T}) ->
         %% Nobody has removed the worker: its job still runs.
         ?assertMatch({ok, #{state := running}}, couch_workers:job_get(T, <<"j1">>))
     after
-        ok = sys:resume(couch_workers_sup)
+        ok = sys:resume(couch_workers_handles_sup)
     end,
     wait_for(fun() -> is_pid(whereis(couch_workers_local)) andalso whereis(couch_workers_local) =/= Old end, 5000),
     Lost = wait_left(T, <<"j1">>),

@@ -285,8 +285,23 @@ pub async fn remove(
         Some(value) if held_by(&value, incarnation) => {
             Ok(remove_current(tx, ks, worker_type, id, jobs::Departure::Released).await?.is_some())
         }
-        _ => Ok(false),
+        None => {
+            write_absent(tx, ks, worker_type, id);
+            Ok(false)
+        }
+        Some(_) => Ok(false),
     }
+}
+
+/// A removal that finds no record (the worker was reaped) still writes
+/// the record's key, clearing nothing: a renewal that read the record
+/// absent and reinstates it must not commit after the removal answered.
+/// With this write the two conflict, whichever commits second, and the
+/// renewal's retry finds the registration ended (or the removal's finds
+/// it reinstated, and removes it). A transaction that writes nothing is
+/// never checked for conflicts on FoundationDB (tests/workers_unregister_race.rs).
+fn write_absent(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) {
+    tx.clear(&ks.health(worker_type, id));
 }
 
 /// As [`remove`], for a registration whose owner died (its pid exited):
@@ -305,7 +320,11 @@ pub async fn remove_dead(
         Some(value) if held_by(&value, incarnation) => {
             remove_current(tx, ks, worker_type, id, jobs::Departure::Lost).await
         }
-        _ => Ok(None),
+        None => {
+            write_absent(tx, ks, worker_type, id);
+            Ok(None)
+        }
+        Some(_) => Ok(None),
     }
 }
 

@@ -13,16 +13,23 @@
 //! commits without the accept: the requeue writes the record and the
 //! pending key with versionstamps, which the same transaction cannot read
 //! back (FoundationDB's `accessed_unreadable`), so the next job is taken
-//! in a transaction of its own, as `job_accept` with timeout 0 would.
+//! in a transaction of its own.
+//!
+//! That follow-up (also when the first transaction's round took nothing
+//! but jobs may be left: stale pending keys cleared, scheduled jobs due)
+//! is one accept round, never more: the caller waits for the finish's
+//! answer twice the API's call timeout (two transaction budgets and their
+//! commit graces fit in it, not more), and a committed finish must not
+//! reach it as a timeout. A job this round leaves is the worker's next
+//! accept's (tests/jobs_finish_accept_slow.rs).
 
 use std::sync::Arc;
 
-use super::commit::complete_handle_vs;
-use super::dispatcher::reclaim;
+use super::commit::{complete_handle_vs, run_committed};
+use super::dispatcher::{log_unrunnable, reclaim};
 use super::job::{Fence, JobHandle, JobState};
 use super::ops::{self, Take};
 use super::place::wall_ms;
-use super::take::accept_now;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keyspace::Incarnation;
@@ -97,11 +104,10 @@ pub(crate) async fn finish_accept(
         Ok((Ok(Some(round)), info)) => (round, info),
         Ok((Ok(None), _)) => {
             // The finish committed (requeued by its resubmission) and
-            // took nothing: take the next job as `job_accept` with
-            // timeout 0 would. An attempt whose commit was unknown took
-            // nothing either (it accepted nothing), so the token is
-            // free.
-            return Ok(accept_now(ctx, next.worker_type, next.worker, next.incarnation).await.ok());
+            // took nothing: take the next job in one round of its own.
+            // An attempt whose commit was unknown took nothing either
+            // (it accepted nothing), so the token is free.
+            return Ok(follow_up(ctx, next).await);
         }
         Ok((Err(e), _)) => return Err(e),
         Err(e) => {
@@ -120,16 +126,43 @@ pub(crate) async fn finish_accept(
         }
         // Jobs may be left that this round could not take (due
         // scheduled ones, a spent byte budget, stale keys cleared):
-        // the finish has committed; take one as `job_accept` with
-        // timeout 0 would.
-        Some(Take::NoJob) if due || round.more => {
-            match accept_now(ctx, next.worker_type, next.worker, next.incarnation).await {
-                Ok(handle) => Ok(Some(handle)),
-                // The finish committed: it is never answered as an error
-                // (a job the accept may have taken it gives back itself).
-                Err(_) => Ok(None),
-            }
-        }
+        // the finish has committed; one more round may take one.
+        Some(Take::NoJob) if due || round.more => Ok(follow_up(ctx, next).await),
         _ => Ok(None),
     }
+}
+
+/// The one accept round after a finish that committed without taking
+/// a job (see the module doc): one transaction run, no promotion, no
+/// further round. The finish committed, so nothing here is an error:
+/// `None` when no job was taken, and a job this round may have taken
+/// for nobody goes back to pending.
+async fn follow_up(ctx: &Arc<Context>, next: NextFor<'_>) -> Option<JobHandle> {
+    let ks = &ctx.ks;
+    let workers = [next.worker.to_vec()];
+    let incarnations = [next.incarnation];
+    let tokens = ops::new_tokens(1);
+    let (w, i, t) = (&workers[..], &incarnations[..], &tokens[..]);
+    let mut attempts = 0u32;
+    let outcome = run_committed(ctx.db.as_ref(), ctx.write, |tx| {
+        attempts += 1;
+        let acceptors = ops::Acceptors { workers: w, incarnations: i, tokens: t, recheck: attempts > 1 };
+        async move { ops::accept(&tx, ks, next.worker_type, acceptors).await }
+    })
+    .await;
+    let taken = match outcome {
+        Ok((round, info)) => {
+            log_unrunnable(ctx, next.worker_type, &round.unrunnable);
+            match round.takes.into_iter().next() {
+                Some(Take::Job(mut handle)) => complete_handle_vs(&mut handle, &info).map(|()| handle).ok(),
+                _ => return None,
+            }
+        }
+        Err(StoreError::Closed) => return None,
+        Err(_) => None,
+    };
+    if taken.is_none() {
+        reclaim(ctx, next.worker_type.to_vec(), vec![(next.worker.to_vec(), tokens[0])]);
+    }
+    taken
 }
