@@ -8,8 +8,8 @@
 # (parsing, name resolution, type and borrow checking, every rustc lint)
 # with clippy's lints added, so whatever `cargo check` rejects, clippy
 # rejects too, and -D warnings also fails on rustc's warnings. A `cargo
-# check` before it checked the same targets twice (bench/RESULTS.md,
-# "Session 11: CI time").
+# check` before it checked the same targets twice (docs/testing.md,
+# "What the build time was cut by").
 #
 # FoundationDB's client library (libfdb_c) is not needed: the
 # `foundationdb` crate generates its bindings with bindgen from headers it

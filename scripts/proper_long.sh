@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long run of the PropEr model test (issue 6, part 2): random
+# The long run of the PropEr model test: random
 # sequences of the whole public API, each call checked against the model
 # (test/couch_workers_prop_tests.erl says what is checked).
 #

@@ -3,7 +3,7 @@
 %%! -noshell
 %%
 %% Renders the status page with headless Chromium while a demo workload
-%% runs, to a PNG (scripts/status-shot.sh runs this; see the README).
+%% runs, to a PNG (scripts/status-shot.sh runs this; docs/status-page.png).
 %%
 %%   replicator: 3 workers (timeouts 3, 15 and 60 s: their heartbeat-age
 %%               bars differ), no jobs

@@ -48,6 +48,8 @@ stage_report() {
 }
 trap stage_report EXIT
 
+stage "docs: every relative link of the README and docs/ resolves"
+scripts/check-docs.sh
 stage "cargo test (core crate: store conformance, key space, liveness, jobs)"
 cargo test -p couch_workers_core
 stage "cargo test (command line: argument parsing), and the release build of it (bin/couch-workers, used by its EUnit suite) and of the NIF"
@@ -60,9 +62,9 @@ cargo test -p couch_workers_cli
 # NIF alone (rebar3 compile, below) resolves the same ones and finds it
 # built. The command line is the same program either way.
 cargo build --release --locked -p couch_workers_cli -p couch_workers_nif
-# (The binary is now one built without features: bin/couch-workers's
-# stamp of an earlier fdb build no longer holds.)
-rm -f "${CARGO_TARGET_DIR:-target}/release/couch-workers.features"
+# bin/couch-workers rebuilds a binary this build rewrote when it is asked
+# for other features (its stamp is then older than the binary):
+scripts/test-bin-wrapper.sh
 
 # The disk-fault tests (tests/faults_disk.rs: a full disk, store files
 # that turn immutable, a lost mount) mount a tmpfs and use chattr, so they
@@ -108,7 +110,7 @@ else
         --test jobs_failover --test jobs_finish_accept --test jobs_due --test jobs_wake \
         --test jobs_value_room --test jobs_departure_rules --test jobs_give_back \
         --test workers_heartbeat_service --test workers_owner_events --test workers_incarnation \
-        --test sim_value_sizes --test sim_membership_log --test reaper_wake
+        --test sim_value_sizes --test sim_membership_log --test reaper_wake --test workers_unregister_race
 
     # One at a time, so that the cluster is quiet (nothing else commits):
     # the case in which versions move in lumps.
@@ -144,6 +146,8 @@ scripts/check-erlang.sh
 
 stage "the built NIF holds no test code (the core's testkit feature is off in it)"
 scripts/check-no-testkit.sh
+stage "the core's facade: at most 60 public items, and the NIF and the command line build on it alone"
+scripts/check-facade.sh
 
 stage "the core's import rules: layers point one way, no circle (scripts/check-layers.py)"
 scripts/check-layers.py

@@ -1,6 +1,6 @@
 %% @doc couch_workers: workers, their membership, and a job queue, for
-%% CouchDB nodes that share one store. See DESIGN.md, "Erlang
-%% API", for the contract.
+%% CouchDB nodes that share one store. docs/api.md is the contract:
+%% every function, message, option and error.
 %%
 %% Every call that returns has finished its write: what it wrote is
 %% visible to every node. Bad shapes (a non-binary type or id, non-map

@@ -1,11 +1,14 @@
 %% @doc The couch_workers application.
 %%
-%% Start: the supervision tree first (so that the events process already
-%% forwards the Rust side's log events), then the node (the NIF opens the
-%% store and starts the reaper). Stop: the tree stops first, in reverse
-%% order, so `couch_workers_local' unregisters its workers while the node
-%% still runs; then `stop/1' stops the node (every heartbeat, watcher and
-%% the reaper end, the store closes) and waits for it.
+%% Start: the supervision tree, which starts the node inside it
+%% (`couch_workers_node', after the events process, so that the Rust
+%% side's log events are forwarded already; the NIF opens the store and
+%% starts the reaper). A node that cannot start fails the start with
+%% `{node_start_failed, Reason}'. Stop: the tree stops in reverse order,
+%% so `couch_workers_local' unregisters its workers while the node still
+%% runs, then `couch_workers_node' stops the node (every heartbeat,
+%% watcher and the reaper end, the store closes) and waits for it.
+%% `stop/1' only stops a node that a killed owner left behind.
 -module(couch_workers_app).
 
 -behaviour(application).
@@ -14,9 +17,6 @@
 -export([node_config/0, call_timeout/0, call/2, call_successor/2, call_answered/2]).
 
 -include_lib("kernel/include/logger.hrl").
-
-%% Beyond the store's own budget: how long app start/stop wait for the node.
--define(NODE_TIMEOUT_MS, 30000).
 
 -define(NIF_HINT,
     "the couch_workers NIF is not built: compile the application with "
@@ -33,17 +33,19 @@ start(_Type, _Args) ->
 
 start_tree() ->
     case couch_workers_sup:start_link() of
-        {ok, Sup} ->
-            case start_node() of
-                ok ->
-                    {ok, Sup};
-                {error, Reason} ->
-                    stop_sup(Sup),
-                    {error, {node_start_failed, Reason}}
-            end;
-        {error, _} = Error ->
-            Error
+        {ok, Sup} -> {ok, Sup};
+        {error, Reason} -> {error, start_failure(Reason)}
     end.
+
+%% The node's own reason, out of the supervisors' wrapping of it.
+start_failure(
+    {shutdown,
+        {failed_to_start_child, couch_workers_node_sup,
+            {shutdown, {failed_to_start_child, couch_workers_node, {shutdown, {node_start_failed, _} = Failed}}}}}
+) ->
+    Failed;
+start_failure(Reason) ->
+    Reason.
 
 -spec prep_stop(term()) -> term().
 prep_stop(State) ->
@@ -52,17 +54,9 @@ prep_stop(State) ->
 
 -spec stop(term()) -> ok.
 stop(_State) ->
-    Ref = make_ref(),
-    case couch_workers_nif:stop(Ref) of
-        ok ->
-            case couch_workers_nif:wait(Ref, ?NODE_TIMEOUT_MS) of
-                ok -> ?LOG_INFO(#{what => couch_workers_node_stopped});
-                Error -> ?LOG_ERROR(#{what => couch_workers_node_stop_failed, reason => Error})
-            end;
-        {error, Reason} ->
-            ?LOG_WARNING(#{what => couch_workers_node_not_running, reason => Reason})
-    end,
-    ok.
+    %% The tree stopped the node; one is left only when its owner was
+    %% killed and the supervisors gave up before a successor stopped it.
+    couch_workers_node:stop_unowned().
 
 %% @doc The map given to the NIF's `start/2', from the settings
 %% (`couch_workers_config': the app env, or CouchDB's ini files).
@@ -162,49 +156,6 @@ wait_answered(Server, Msg, ReqId, Waits) ->
         {error, {_Reason, _ServerRef}} ->
             %% It died before answering: its successor decides.
             call_answered(Server, Msg)
-    end.
-
-start_node() ->
-    case node_config() of
-        {ok, Config} ->
-            start_node(Config);
-        {error, Reason} ->
-            ?LOG_ERROR(#{what => couch_workers_node_start_failed, reason => Reason}),
-            {error, Reason}
-    end.
-
-start_node(Config) ->
-    case couch_workers_fdb_client:prepare(maps:get(store, Config, undefined)) of
-        ok ->
-            start_nif(Config);
-        {error, Reason} ->
-            ?LOG_ERROR(#{what => couch_workers_node_start_failed, reason => Reason, config => Config}),
-            {error, Reason}
-    end.
-
-start_nif(Config) ->
-    Ref = make_ref(),
-    case couch_workers_nif:start(Ref, Config) of
-        ok ->
-            case couch_workers_nif:wait(Ref, ?NODE_TIMEOUT_MS) of
-                ok ->
-                    ?LOG_INFO(#{what => couch_workers_node_started, config => Config}),
-                    ok;
-                {error, Reason} ->
-                    ?LOG_ERROR(#{what => couch_workers_node_start_failed, reason => Reason, config => Config}),
-                    {error, Reason}
-            end;
-        {error, Reason} ->
-            ?LOG_ERROR(#{what => couch_workers_node_start_failed, reason => Reason, config => Config}),
-            {error, Reason}
-    end.
-
-stop_sup(Sup) ->
-    MRef = erlang:monitor(process, Sup),
-    unlink(Sup),
-    exit(Sup, shutdown),
-    receive
-        {'DOWN', MRef, process, Sup, _} -> ok
     end.
 
 %% The NIF library is loaded by `couch_workers_nif''s on_load, which

@@ -16,6 +16,14 @@
 %% `{error, {server_down, _}}' and the handle in the late reply is garbage
 %% collected), and an end the NIF reported while no server was registered
 %% (that row is dropped when its subscriber unsubscribes or exits).
+%%
+%% A subscription belongs to the node it was made on (a new
+%% `couch_workers_node' owner is a new node). A stop of this server (the
+%% application stops, or its group restarts after the node's owner died)
+%% ends every subscription and tells each subscriber
+%% `{couch_workers_job_subscription_ended, Ref, stopped}', after which
+%% nothing of `Ref' comes; a restarted server that finds subscriptions of
+%% a node that is gone tells theirs the same.
 -module(couch_workers_jobs_subs).
 
 -behaviour(gen_server).
@@ -145,9 +153,16 @@ handle_info(Msg, St) ->
 terminate(Reason, _St) when
     Reason =:= shutdown; Reason =:= normal; is_tuple(Reason), element(1, Reason) =:= shutdown
 ->
-    %% A stop: every subscription ends, and nothing is left for a server
-    %% started after this one to take over.
-    [ok = couch_workers_nif:job_unsubscribe(Res) || {_, _, Res} <- ets:tab2list(?TAB)],
+    %% A stop: every subscription ends (its subscriber is told, after
+    %% the last delivery), and nothing is left for a server started after
+    %% this one to take over.
+    [
+        begin
+            ok = couch_workers_nif:job_unsubscribe(Res),
+            ended(Pid, SubRef)
+        end
+     || {SubRef, Pid, Res} <- ets:tab2list(?TAB)
+    ],
     true = ets:delete_all_objects(?TAB),
     ok;
 terminate(_Crash, _St) ->
@@ -160,6 +175,10 @@ terminate(_Crash, _St) ->
 %% Takes over the subscriptions a crashed predecessor left in the table:
 %% a subscriber that died meanwhile is reported `DOWN' at once.
 restore(St) ->
+    case couch_workers_node:claim(?TAB) of
+        current -> ok;
+        gone -> drop_node_gone()
+    end,
     Rows = ets:tab2list(?TAB),
     St1 = lists:foldl(fun({SubRef, Pid, _Res}, S) -> monitored(SubRef, Pid, S) end, St, Rows),
     case Rows of
@@ -167,6 +186,21 @@ restore(St) ->
         _ -> ?LOG_NOTICE(#{what => couch_workers_jobs_subs_restored, subscriptions => length(Rows)})
     end,
     St1.
+
+%% Subscriptions a crashed predecessor left of a node that is gone: their
+%% handles deliver nothing any more.
+drop_node_gone() ->
+    Rows = ets:tab2list(?TAB),
+    [ended(Pid, SubRef) || {SubRef, Pid, _Res} <- Rows],
+    true = ets:delete_all_objects(?TAB),
+    case Rows of
+        [] -> ok;
+        _ -> ?LOG_WARNING(#{what => couch_workers_jobs_subs_node_gone, subscriptions => length(Rows)})
+    end.
+
+ended(Pid, SubRef) ->
+    Pid ! {couch_workers_job_subscription_ended, SubRef, stopped},
+    ok.
 
 subscribed(From, SubRef, Pid, {ok, Res, Job}, St) ->
     gen_server:reply(From, {ok, SubRef, Job}),

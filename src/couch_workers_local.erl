@@ -23,6 +23,18 @@
 %% is garbage, which removes that worker, and `register_worker/4' asks the
 %% restarted server again; an unregister completes on the Rust side.
 %%
+%% A registration belongs to the node it was made on (`couch_workers_node'
+%% owns the node; a new owner is a new node). A stop of this server
+%% (`shutdown': the application stops, or `couch_workers_node_sup' restarts
+%% the group after the node's owner died) unregisters every worker (their
+%% running jobs are released) and then tells each owner
+%% `{couch_workers_worker_lost, Ref, stopped}': `Ref' is over, and a
+%% register makes a new registration. A restarted server that finds rows
+%% of a node that is gone (this server had crashed, and the node was
+%% restarted before it came back) tells their owners the same at once;
+%% their workers, which nothing heartbeats any more, are reaped after
+%% their timeout.
+%%
 %% Owners are told what only a heartbeat can find (`worker_notify/3' of
 %% the NIF sends it to them directly): `{couch_workers_worker_reaped,
 %% Ref}' when the worker was reaped while its owner lived (its node could
@@ -212,9 +224,9 @@ terminate(Reason, St) when
 ->
     %% Unregister every worker before the node stops, and wait for the
     %% writes (and for unregisters already in flight).
-    Regs = ets:select(?TAB, [{{'$1', '$2', '$3', '_', '$4', '_'}, [{is_reference, '$1'}], [{{'$1', '$2', '$3', '$4'}}]}]),
+    Regs = ets:select(?TAB, [{{'$1', '_', '_', '$2', '$3', '_'}, [{is_reference, '$1'}], [{{'$1', '$2', '$3'}}]}]),
     NifRefs = lists:foldl(
-        fun({_Ref, _Type, _Id, Reg}, Acc) ->
+        fun({_Ref, _Pid, Reg}, Acc) ->
             NifRef = make_ref(),
             case couch_workers_nif:worker_unregister(NifRef, Reg) of
                 ok -> [NifRef | Acc];
@@ -226,6 +238,8 @@ terminate(Reason, St) when
     ),
     Deadline = erlang:monotonic_time(millisecond) + ?TERMINATE_WAIT_MS,
     Left = wait_all(NifRefs, Deadline),
+    %% The registrations are over, without their owners' doing.
+    [lost(Pid, Ref) || {Ref, Pid, _Reg} <- Regs],
     %% Nothing left to restore: a server started after this one (a
     %% restart of this child alone) must not take these over.
     true = ets:delete_all_objects(?TAB),
@@ -243,8 +257,13 @@ terminate(_Crash, _St) ->
 
 %% ---- internal ------------------------------------------------------------
 
-%% Takes over the registrations a crashed predecessor left in the table.
+%% Takes over the registrations a crashed predecessor left in the table,
+%% when they were made on the running node.
 restore(St) ->
+    case couch_workers_node:claim(?TAB) of
+        current -> ok;
+        gone -> drop_node_gone()
+    end,
     Regs = ets:select(?TAB, [{{'$1', '_', '_', '_', '_', '_'}, [{is_reference, '$1'}], ['$_']}]),
     St1 = lists:foldl(
         fun({Ref, Type, Id, Pid, Reg, _OldMon}, S) ->
@@ -268,6 +287,22 @@ restore(St) ->
         _ -> ?LOG_NOTICE(#{what => couch_workers_local_restored, registrations => length(Regs)})
     end,
     St1.
+
+%% The rows a crashed predecessor left of a node that is gone: their
+%% handles are void (nothing heartbeats them, nothing can unregister them
+%% now), so their owners are told, and the rows dropped.
+drop_node_gone() ->
+    Regs = ets:select(?TAB, [{{'$1', '_', '_', '$2', '_', '_'}, [{is_reference, '$1'}], [{{'$1', '$2'}}]}]),
+    [lost(Pid, Ref) || {Ref, Pid} <- Regs],
+    true = ets:delete_all_objects(?TAB),
+    case Regs of
+        [] -> ok;
+        _ -> ?LOG_WARNING(#{what => couch_workers_local_node_gone, registrations => length(Regs)})
+    end.
+
+lost(Pid, Ref) ->
+    Pid ! {couch_workers_worker_lost, Ref, stopped},
+    ok.
 
 %% Owner events go to the owner itself; to this server, which forwards
 %% them, for an owner on another node.
@@ -335,9 +370,8 @@ start_register({Type, Id} = Key, Opts, Pid, From, St) ->
     end.
 
 %% Removes the registration. `unregister' (a `worker_unregister/1')
-%% releases its running jobs; `death' (its owner exited) fails them, as
-%% DESIGN.md has it: a clean shutdown never fails a job, a death spends
-%% the attempt.
+%% releases its running jobs; `death' (its owner exited) fails them: a
+%% clean shutdown never fails a job, a death spends the attempt.
 start_unregister(Key, Ref, Reg, How, Froms, St) ->
     ets:delete(?TAB, Ref),
     ets:delete(?TAB, Key),

@@ -1,7 +1,7 @@
 %% @doc Operations' reads: the worker types and workers of the whole
 %% cluster, read from the store (no subscription, no node-local cache), for
 %% `couch_workers:worker_types/0' and `workers/1' and the status page; and
-%% a job type's paused flag for the status page (DESIGN.md's API writes it,
+%% a job type's paused flag for the status page (the public API writes it,
 %% with `job_pause/1' and `job_resume/1', but has no call that reads it).
 %%
 %% Each call is one read-only transaction of snapshot reads on the Rust

@@ -3,8 +3,8 @@
 %% type the live workers (cluster-wide, from the store), per job type
 %% (`job_types/0') its exact counts by state (`job_counts/1'), its latest
 %% failures with their errors (`job_list/2' of state `failed'), whether
-%% it is paused (`couch_workers_ops:job_paused/1': DESIGN.md has no call
-%% that reads the flag) and this node's throughput history.
+%% it is paused (`couch_workers_ops:job_paused/1': the public API has no
+%% call that reads the flag) and this node's throughput history.
 %%
 %% A read that fails shows as `unknown' (the page says "n/a") rather than
 %% a guess.

@@ -1,15 +1,16 @@
 %% @doc The couch_workers supervisor.
 %%
 %% Order matters: the events process starts first and stops last, so that
-%% log events of the others are forwarded; `couch_workers_jobs_subs'
-%% stops first (its job subscriptions end), then `couch_workers_local',
-%% unregistering its workers while the node runs (the application stops
-%% the node after the tree, in `couch_workers_app:stop/1').
+%% log events of the others are forwarded (the node's too: it starts and
+%% stops inside the tree, in `couch_workers_node_sup', which also holds
+%% the servers of the node's handles); the status page starts last and
+%% stops first.
 %%
 %% The supervisor owns the ETS tables of `couch_workers_local',
 %% `couch_workers_global' and `couch_workers_jobs_subs'
 %% (`couch_workers_tables'): a crash of any of them keeps its tables, and
-%% its restart restores every registration and subscription from them.
+%% its restart restores every registration and subscription from them
+%% (or, when the node they were taken on is gone, tells their owners).
 -module(couch_workers_sup).
 
 -behaviour(supervisor).
@@ -29,11 +30,15 @@ init([]) ->
         %% Owns the metrics table (counted into by every other child).
         worker(couch_workers_metrics, 5000),
         worker(couch_workers_events, 5000),
-        worker(couch_workers_global, 5000),
-        %% Unregistering every worker takes a store transaction each.
-        worker(couch_workers_local, 30000),
-        %% Job subscriptions (stops first: its subscriptions end).
-        worker(couch_workers_jobs_subs, 5000),
+        %% The node, and the servers of its registrations and subscriptions.
+        #{
+            id => couch_workers_node_sup,
+            start => {couch_workers_node_sup, start_link, []},
+            restart => permanent,
+            shutdown => infinity,
+            type => supervisor,
+            modules => [couch_workers_node_sup]
+        },
         %% The status page (app env `http'; `ignore' when unset). Last:
         %% it reads through the others, and stops first.
         worker(couch_workers_http, 5000)

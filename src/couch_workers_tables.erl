@@ -13,6 +13,7 @@
 %% | `couch_workers_membership'     | `couch_workers_global'  | `{Type, VS, Workers}': the cached membership |
 %% | `couch_workers_membership_subs'| `couch_workers_global' (and its callback processes: the last VS they took) | `{Ref, Type, Pid, Module, SeenVS}' |
 %% | `couch_workers_jobs_subs'      | `couch_workers_jobs_subs' | `{SubRef, Pid, Handle}': a job subscription and its NIF handle (the row keeps the handle alive) |
+%% | `couch_workers_node_marks'     | the servers of the two tables above (`couch_workers_node:claim/1') | `{Table, Owner}': the node owner under which `Table''s handles were taken |
 -module(couch_workers_tables).
 
 -export([create/0]).
@@ -24,4 +25,5 @@ create() ->
     couch_workers_membership = ets:new(couch_workers_membership, Read),
     couch_workers_membership_subs = ets:new(couch_workers_membership_subs, [named_table, public, set]),
     couch_workers_jobs_subs = ets:new(couch_workers_jobs_subs, [named_table, public, set]),
+    couch_workers_node_marks = ets:new(couch_workers_node_marks, [named_table, public, set]),
     ok.

@@ -1,6 +1,6 @@
 %% @doc `job_accept(Ref, ...)' takes a job for the registration `Ref'
-%% names, never for another registration of the same worker id (issue 12
-%% item 5: waiters were keyed by worker id only). A caller still waiting
+%% names, never for another registration of the same worker id (waiters
+%% were once keyed by worker id only). A caller still waiting
 %% in `job_accept(Ref1, ...)' after `Ref1' is over gets `not_found' when a
 %% job arrives, and the job stays for the registration that holds the id
 %% now (`Ref2').

@@ -1,5 +1,5 @@
 %% @doc Maps of more than 128 keys built off the schedulers (found by
-%% issue 6's scheduler workload): a job info, a worker's options, or a
+%% the scheduler tests' workload): a job info, a worker's options, or a
 %% membership of more than 128 workers.
 %%
 %% The NIF builds its replies and deliveries in process-independent

@@ -141,8 +141,8 @@ the_node_config_carries_every_node_key() ->
         _ = file:del_dir_r(Dir)
     end.
 
-%% erlang/sys.config (what `rebar3 shell' starts with, and the README's
-%% sys.config example) sets documented keys only, to values the app takes.
+%% erlang/sys.config (what `rebar3 shell' starts with, and the example
+%% the README points to) sets documented keys only, to values the app takes.
 the_sys_config_example_holds_every_key() ->
     {ok, [Terms]} = file:consult(filename:join(examples_dir(), "sys.config")),
     Env = proplists:get_value(couch_workers, Terms),

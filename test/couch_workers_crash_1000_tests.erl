@@ -1,4 +1,4 @@
-%% @doc Crash of a node (issue 6, part 1): a peer `erl' node (a separate
+%% @doc Crash of a node: a peer `erl' node (a separate
 %% OS process on the same embedded store) holds 1,000 running jobs across
 %% four workers (health timeout 2 s); it is killed with `kill -9'. Checked
 %% by counting, not by sampling:

@@ -1,4 +1,4 @@
-%% @doc Isolation (issue 6, part 6), at the Erlang API.
+%% @doc Isolation, at the Erlang API.
 %%
 %% couch_workers_jobs_tests already shows that the same job id in another
 %% type is another job and that a worker does not take a pending job of

@@ -137,7 +137,7 @@ bad_timeouts(#{type := T}) ->
     %% A huge timeout is fine (capped): the job is there, taken at once.
     ?assertMatch({ok, #{id := <<"j1">>}}, couch_workers:job_accept(W, #{timeout => 1 bsl 70})),
     ok = couch_workers:job_remove(T, <<"j1">>),
-    %% So is `infinity' (DESIGN.md): it waits until a job comes.
+    %% So is `infinity' (the contract): it waits until a job comes.
     Self = self(),
     spawn_link(fun() -> Self ! {accepted, couch_workers:job_accept(W, #{timeout => infinity})} end),
     receive {accepted, Early} -> error({accepted_without_a_job, Early}) after 300 -> ok end,

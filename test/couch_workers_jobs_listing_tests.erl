@@ -1,9 +1,8 @@
-%% @doc Counting, listing, waiting, retention and pause (issue 13, items
-%% 4 to 7): `job_counts/1' exact through every transition, `job_types/0',
-%% `job_list/2' pages (also while others write), `job_wait/4', `keep' and
-%% the pruner (subscribers get `removed', counts stay exact),
-%% `job_pause/1' / `job_resume/1' on one node (two nodes:
-%% `couch_workers_jobs_multinode_tests'), and bad input on each.
+%% @doc Counting, listing, waiting, retention and pause: `job_counts/1' exact
+%% through every transition, `job_types/0', `job_list/2' pages (also while
+%% others write), `job_wait/4', `keep' and the pruner (subscribers get
+%% `removed', counts stay exact), `job_pause/1' / `job_resume/1' on one node
+%% (two nodes: `couch_workers_jobs_multinode_tests'), and bad input on each.
 %% couch_jobs' `check_get_jobs' and `subscribe_wait_multiple', ported.
 -module(couch_workers_jobs_listing_tests).
 

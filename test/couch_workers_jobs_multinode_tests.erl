@@ -112,7 +112,7 @@ kill_9_of_peer_sends_its_jobs_back_to_pending(#{peer := Peer, os_pid := OsPid, t
     [ok = couch_workers:job_unsubscribe(S) || {_, S} <- Subs],
     ok = couch_workers:worker_unregister(W).
 
-%% A death spends an attempt (DESIGN.md): a job that kills every node it
+%% A death spends an attempt (the contract): a job that kills every node it
 %% runs on ends `failed' with `worker_lost' instead of cycling forever.
 kill_9_spends_an_attempt_and_ends_in_worker_lost(#{peer := Peer, os_pid := OsPid, type := T}) ->
     TimeoutS = 2,

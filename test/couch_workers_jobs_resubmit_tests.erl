@@ -1,4 +1,4 @@
-%% @doc `job_resubmit/4' and `job_remove/3' (issue 13, item 3): couch_jobs'
+%% @doc `job_resubmit/4' and `job_remove/3': couch_jobs'
 %% add-on-existing, done right. At most one queued copy of a job id; a
 %% running job runs again after its run ends, with the resubmitted info;
 %% `if_vs' makes read-check-write sequences atomic; subscribers see the

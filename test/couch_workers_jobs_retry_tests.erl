@@ -1,4 +1,4 @@
-%% @doc Failure as a state (issue 13, item 2): `job_fail/3' stores the
+%% @doc Failure as a state: `job_fail/3' stores the
 %% error and retries with the default backoff (exponential in attempts,
 %% jittered, capped, from the app env) or the given `delay', and ends
 %% `failed' once attempts are spent or with `retry => false';

@@ -1,4 +1,4 @@
-%% @doc Scheduled jobs (issue 13, item 1): `delay' and `run_at', never
+%% @doc Scheduled jobs: `delay' and `run_at', never
 %% accepted early, on time within a bound, a past `run_at', an earlier add
 %% that re-arms the dispatcher's timer, many jobs due at one instant, and
 %% the validation of every new option of `job_add/4'. couch_jobs'

@@ -1,4 +1,4 @@
-%% @doc Resources do not leak (issue 6, part 5, the Erlang side).
+%% @doc Resources do not leak (the Erlang side).
 %%
 %% Cycles of every call that creates something live, then the live counts
 %% of `couch_workers:stats()' must be back at their starting values (after

@@ -1,4 +1,4 @@
-%% @doc The membership delta path (issue 5, M4).
+%% @doc The membership delta path (the benchmark's M4).
 %%
 %% After its first message, which holds the whole membership, a NIF
 %% watcher sends mostly only what changed, and couch_workers_global

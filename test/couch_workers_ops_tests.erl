@@ -68,7 +68,7 @@ a_killed_peers_workers_leave_worker_types(#{peer := Peer, type := T} = Ctx) ->
 get_workers_is_the_cache_workers_is_the_store() ->
     T = unique_type("ops_local"),
     W = couch_workers:worker_register(T, <<"a1">>, #{slots => 2}, self()),
-    %% DESIGN.md: get_workers/1 is the node-local cache of the
+    %% The contract: get_workers/1 is the node-local cache of the
     %% subscriptions, `not_found' while none covers the type, even for a
     %% worker registered here; workers/1 reads the store.
     ?assertEqual({error, not_found}, couch_workers:get_workers(T)),

@@ -1,4 +1,4 @@
-%% @doc An owner's exit is a death (DESIGN.md, `worker_register/4': "When
+%% @doc An owner's exit is a death (the contract, `worker_register/4': "When
 %% `Pid' exits, the worker is removed, as a death: its running jobs
 %% fail"): each job it ran fails with `#{<<"reason">> => <<"worker_lost">>}'
 %% and spends the attempt its accept counted, back to `pending' while
@@ -14,7 +14,7 @@
 
 -import(couch_workers_test_util, [unique_type/1, wait_for/2]).
 
-%% A pattern: the error holds at least this (DESIGN.md).
+%% A pattern: the error holds at least this (the contract).
 -define(LOST, #{<<"reason">> := <<"worker_lost">>}).
 
 owner_exit_test_() ->
@@ -51,7 +51,7 @@ owner_crash_fails_running_job(#{type := T}) ->
     ?assertMatch({ok, #{state := finished, attempts := 2}}, couch_workers:job_get(T, <<"j1">>)),
     ok = couch_workers:worker_unregister(W).
 
-%% DESIGN.md names no exit reason that is not a death: a process that
+%% The contract names no exit reason that is not a death: a process that
 %% returns (`normal') without unregistering is gone all the same.
 owner_normal_exit_is_a_death(#{type := T}) ->
     ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
@@ -134,7 +134,7 @@ owner_dead_while_server_down_is_a_death(#{type := T}) ->
     ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
     {Owner, [_Job]} = owner_running(T, <<"w1">>, 1),
     Old = whereis(couch_workers_local),
-    ok = sys:suspend(couch_workers_sup),
+    ok = sys:suspend(couch_workers_handles_sup),
     try
         OldMon = erlang:monitor(process, Old),
         exit(Old, kill),
@@ -149,7 +149,7 @@ owner_dead_while_server_down_is_a_death(#{type := T}) ->
         %% Nobody has removed the worker: its job still runs.
         ?assertMatch({ok, #{state := running}}, couch_workers:job_get(T, <<"j1">>))
     after
-        ok = sys:resume(couch_workers_sup)
+        ok = sys:resume(couch_workers_handles_sup)
     end,
     wait_for(fun() -> is_pid(whereis(couch_workers_local)) andalso whereis(couch_workers_local) =/= Old end, 5000),
     Lost = wait_left(T, <<"j1">>),

@@ -1,4 +1,4 @@
-%% @doc Owners are told (issue 12 item 5): a registration that a later
+%% @doc Owners are told: a registration that a later
 %% registration of the same `(Type, Id)' on another node replaced is over,
 %% and its owner gets `{couch_workers_worker_lost, Ref, superseded}' (at
 %% its next heartbeat, within about a third of its timeout). Its `Ref' is

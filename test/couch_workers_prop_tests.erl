@@ -1,4 +1,4 @@
-%% @doc Random operations against a model (issue 6, part 2): PropEr
+%% @doc Random operations against a model: PropEr
 %% stateful tests of the whole public API.
 %%
 %% Each sequence draws calls of register, unregister, owner exits (kill
@@ -26,8 +26,8 @@
 %%   crash and restart hides anywhere).
 %%
 %% The model is exact because every call is deterministic: accepts use
-%% timeout 0; an unregister returns after its write (DESIGN.md: "every
-%% call that returns has finished its write"); after an owner exits, the
+%% timeout 0; an unregister returns after its write (the contract:
+%% "every call that returns has finished its write"); after an owner exits, the
 %% harness waits for its `DOWN', then until `couch_workers_local' has
 %% taken each of its workers out (its own `DOWN' came: the exit is a
 %% death, which fails the running jobs, where an unregister releases

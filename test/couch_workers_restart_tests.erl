@@ -1,5 +1,5 @@
 %% @doc A crash of the app's own servers drops no registration and no
-%% subscription (issue 12 item 5): `couch_workers_local' and
+%% subscription: `couch_workers_local' and
 %% `couch_workers_global' keep their state in tables the supervisor owns,
 %% and their restarts restore it. Killed with `exit(Pid, kill)' (no
 %% terminate/2) and crashed with an abnormal terminate: the registrations
@@ -119,9 +119,9 @@ local_server_stopped_by_its_supervisor_leaves_nothing_to_restore(_) ->
     wait_membership(S, fun(W) -> maps:is_key(<<"w1">>, W) end, 5000),
     %% A deliberate stop unregisters its workers: a restart must not bring
     %% back their (removed) registrations.
-    ok = supervisor:terminate_child(couch_workers_sup, couch_workers_local),
+    ok = supervisor:terminate_child(couch_workers_handles_sup, couch_workers_local),
     wait_membership(S, fun(W) -> W =:= #{} end, 5000),
-    {ok, _} = supervisor:restart_child(couch_workers_sup, couch_workers_local),
+    {ok, _} = supervisor:restart_child(couch_workers_handles_sup, couch_workers_local),
     ?assertEqual(error, couch_workers_local:lookup(R)),
     ?assertEqual(0, ets:info(couch_workers_local, size)),
     R2 = couch_workers:worker_register(T, <<"w1">>, #{}, self()),

@@ -1,6 +1,6 @@
-%% @doc The schedulers stay free (issue 6, part 4; issue 12, items 6 and
-%% 7): no NIF call of couch_workers holds a normal scheduler for 1 ms or
-%% more, with any argument or result up to the store's limits.
+%% @doc The schedulers stay free: no NIF call of couch_workers holds a normal
+%% scheduler for 1 ms or more, with any argument or result up to the store's
+%% limits.
 %%
 %% What is measured. Every NIF that runs on a normal scheduler is called
 %% directly, many times, with each shape of term (`terms/1'), and each
@@ -53,22 +53,22 @@
 %% Proven to fail: with the normal-scheduler term budget of the NIF
 %% crate's `json.rs' disabled (`NORMAL_MAX_NODES' unbounded, so the NIFs
 %% that take a job's info or a worker's options convert 100 KB on the
-%% calling scheduler, as before issue 6), the `size_limit' case fails
-%% both measurements (session 6: 18 NIF/shape pairs, medians 1.4-4.3 ms;
-%% again with the run-queue wait taken out, session 11: 28 pairs, medians
-%% up to 5.9 ms on a slower machine).
+%% calling scheduler, as the first NIFs did), the `size_limit' case fails
+%% both measurements (1 Dec 2026: 18 NIF/shape pairs, medians 1.4-4.3 ms;
+%% again with the run-queue wait taken out, 2 Dec 2026 at 2093cf4: 28
+%% pairs, medians up to 5.9 ms on a slower machine).
 %%
-%% Why the wait is taken out (session 11): timed by wall time alone, NIFs
-%% that only check a reference and hand the request to the runtime
-%% (`ops_worker_types/1', `job_accept/4' with a small info) took 1-4 ms in
-%% up to 14 of 21 calls, most often right after a call with a big reply,
-%% and failed a CI run twice in a row with a median of 2.1 and 1.1 ms. The
-%% run-queue wait showed what it was: the OS preempting the scheduler
-%% thread (on 2 cores, for the runtime thread that builds the big reply,
-%% the VM's other spinning schedulers or whatever else runs), not the
-%% NIF's work; with it taken out, no such call reached 1 ms.
+%% Why the wait is taken out (since 2093cf4, 2 Dec 2026): timed by wall time
+%% alone, NIFs that only check a reference and hand the request to the
+%% runtime (`ops_worker_types/1', `job_accept/4' with a small info) took 1-4
+%% ms in up to 14 of 21 calls, most often right after a call with a big
+%% reply, and failed a CI run twice in a row with a median of 2.1 and 1.1 ms.
+%% The run-queue wait showed what it was: the OS preempting the scheduler
+%% thread (on 2 cores, for the runtime thread that builds the big reply, the
+%% VM's other spinning schedulers or whatever else runs), not the NIF's work;
+%% with it taken out, no such call reached 1 ms.
 %%
-%% What issue 12 saw (`job_subscribe/5' up to 3.5 ms, `job_accept/4'
+%% What an earlier run saw (`job_subscribe/5' up to 3.5 ms, `job_accept/4'
 %% 3.9 ms, `job_get/3' 1.8 ms, `job_remove/3' 1.2 ms) was not work of
 %% those NIFs (they check two binaries and hand the request to the
 %% runtime: 2-15 µs), but the runtime thread they wake preempting the

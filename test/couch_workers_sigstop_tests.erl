@@ -1,4 +1,4 @@
-%% @doc A node that stops without dying (issue 12 item 7): node B, a real
+%% @doc A node that stops without dying: node B, a real
 %% `erl' peer on the same store, is frozen with `kill -STOP' (a long GC
 %% pause, a VM swapped out, a stopped container) and thawed with
 %% `kill -CONT'. Node A (this VM) runs the reaper that judges B's worker.

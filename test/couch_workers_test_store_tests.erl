@@ -1,7 +1,7 @@
-%% @doc Which store the EUnit suites run on (issue 14, "rebar3 eunit with
-%% FDB"): FoundationDB when FDB_CLUSTER_FILE is set, each app start under
-%% its own test directory; the embedded store otherwise, with one loud
-%% line saying the FoundationDB run is skipped.
+%% @doc Which store the EUnit suites run on: FoundationDB when
+%% FDB_CLUSTER_FILE is set, each app start under its own test directory; the
+%% embedded store otherwise, with one loud line saying the FoundationDB run
+%% is skipped.
 -module(couch_workers_test_store_tests).
 
 -include_lib("eunit/include/eunit.hrl").

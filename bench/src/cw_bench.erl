@@ -347,7 +347,7 @@ m4_core(#{sizes := Sizes, changes := K, tmp := Tmp}) ->
     _ = file:del_dir_r(Dir),
     example_lines(Out, <<"M4core">>).
 
-%% H1 (issue 16): store commits and heartbeat transactions per second with
+%% H1: store commits and heartbeat transactions per second with
 %% many workers on two nodes, by the Rust example cw_heartbeats (two store
 %% handles on one directory; no NIF call counts the store's commits).
 h1(#{workers := N, seconds := Secs, tmp := Tmp}) ->

@@ -1,4 +1,4 @@
-%% @doc Issue 16's cross-node workload, run in a benchmark child VM (see
+%% @doc The cross-node workload, run in a benchmark child VM (see
 %% cw_bench_wl): J3x, a job added on node B (a second `erl' OS process on
 %% the same store directory) while a worker waits in job_accept on node A.
 %% Also the B side of it (called through peer:call/5).

@@ -7,7 +7,7 @@
 %% This module is the child VM's entry, the app on a fresh store, peers
 %% and the helpers the workloads share; the workloads are one module per
 %% family: `cw_bench_wl_jobs' (J*), `cw_bench_wl_members' (M*),
-%% `cw_bench_wl_idle' (I1), `cw_bench_scale' (issue 16's J3x).
+%% `cw_bench_wl_idle' (I1), `cw_bench_scale' (J3x, across nodes).
 %%
 %% Clocks: latencies within one VM use erlang:monotonic_time/1. Latencies
 %% across two VMs on one host (M2) use os:system_time(microsecond), the

@@ -1,4 +1,4 @@
-%% @doc The soak run of issue 6 (part 7); scripts/soak.sh runs it.
+%% @doc The soak run; scripts/soak.sh runs it.
 %%
 %% A controller VM (the producer and the checker; never killed) and three
 %% worker nodes (separate `erl' OS processes) share one embedded store.
@@ -26,6 +26,23 @@
 %%   registered it again; a killed node's workers are registered anew by
 %%   its restart, never reinstated), plus `worker_superseded' (a live
 %%   registration replaced): must be 0.
+%%
+%% Stuck jobs: a job `running' under a live worker that is not running it
+%% (an accept whose answer no worker got, a give-back that never
+%% happened): must be 0. Such a job is finished in the end all the same
+%% when its worker's node is killed (the restart's registration fails it
+%% over), so it is looked for while the run goes: every `stuck_look'
+%% seconds the controller lists the running jobs and the registered
+%% workers. A job seen running with the same `vs' under the same worker,
+%% registered at every look, for `stuck_after' seconds or more is a
+%% suspect; it is stuck unless that worker's own log shows it held that
+%% accept (a line for the job and attempt: finished, `not_owner' or a
+%% failed finish; a finish retried through a store stall can take long).
+%% After the drain, a job still running under a registered worker is
+%% stuck (the producer is done: no worker holds a job that long).
+%% `inject_stuck' (the check's own test) makes one: a worker of the
+%% controller takes a job and holds it, doing nothing, for `stuck_after'
+%% plus three looks, then unregisters (the job runs again, and finishes).
 %%
 %% What is observable. Each worker appends `Id Node Incarnation Slot
 %% Attempt' to its own file (O_APPEND, one file per worker process and
@@ -70,6 +87,9 @@ main(Opts0) ->
             max_pending => 20000,
             timeout => 3,
             drain_timeout => 120,
+            stuck_look => 5,
+            stuck_after => 30,
+            inject_stuck => false,
             stall_every => 60,
             stall_for => undefined,
             dir => "/tmp/cw_soak"
@@ -100,6 +120,11 @@ main(Opts0) ->
     put(nodes, Nodes),
     Self = self(),
     Producer = spawn_link(fun() -> Self ! {produced, produce(Opts, 1, 0)} end),
+    _ =
+        case maps:get(inject_stuck, Opts) of
+            true -> spawn_link(fun() -> hold_one(Opts) end);
+            false -> ok
+        end,
     Loop = loop(Opts#{dir => Dir, store => Store}, #{
         t0 => T0,
         next_kill => T0 + KillEvery * 1000,
@@ -108,25 +133,31 @@ main(Opts0) ->
         produced => undefined,
         last_report => T0,
         next_stall => next_stall(T0, StallEvery),
-        stalls => 0
+        stalls => 0,
+        next_look => T0 + maps:get(stuck_look, Opts) * 1000,
+        seen => #{},
+        suspects => #{}
     }),
     _ = Producer,
     #{kills := Kills, stalls := Stalls, produced := {Added, AddErrors}} = Loop,
     out("soak: all ~b jobs added (~b add retries), none pending; ~b kills, ~b stalls; no more of either; draining", [
         Added, AddErrors, Kills, Stalls
     ]),
-    Drain = drain(N, now_ms() + maps:get(drain_timeout, Opts) * 1000),
+    {Drain, #{suspects := Suspects}} = drain(N, now_ms() + maps:get(drain_timeout, Opts) * 1000, Opts, Loop),
+    %% Before the nodes stop (their unregisters release what they hold).
+    StuckAtEnd = running_under_live_workers(),
     stop_nodes(Dir),
-    Report = check(N, Added, Logs),
+    Report = check(N, Added, Logs, Suspects, StuckAtEnd),
     LiveReaped = count_in_outputs(Dir, [<<"worker_reinstated">>, <<"worker_superseded">>]),
     Elapsed = (now_ms() - T0) / 1000,
-    #{finished := Finished, lost := Lost, twice := Twice} = Report,
+    #{finished := Finished, lost := Lost, twice := Twice, stuck := Stuck} = Report,
     out(
         "~nsoak: done in ~.1f s (~b jobs/s)~n"
         "  jobs added:          ~b~n"
         "  jobs finished:       ~b~n"
         "  lost:                ~b~n"
         "  finished twice:      ~b~n"
+        "  stuck:               ~b (running under a live worker that is not running it: ~b seen during the run, ~b at the end)~n"
         "  kills (kill -9):     ~b, each followed by a restart~n"
         "  store stalls:        ~b (write lock held by another process for ~.1f s each)~n"
         "  live workers reaped: ~b (worker_reinstated/worker_superseded on nodes that were not killed)~n"
@@ -134,6 +165,7 @@ main(Opts0) ->
         "  finished but unlogged (kill between the finish's commit and its log line): ~b~n"
         "  finish ok logged with another writer than the stored result's: ~b~n"
         "  job_finish not_owner (a handle refused after failover): ~b~n"
+        "  stuck suspects held by their worker all along (its log has the accept): ~b~n"
         "  drain: ~p",
         [
             Elapsed,
@@ -142,6 +174,9 @@ main(Opts0) ->
             Finished,
             Lost,
             Twice,
+            Stuck,
+            maps:get(stuck_run, Report),
+            length(StuckAtEnd),
             Kills,
             Stalls,
             maps:get(stall_for, Opts),
@@ -150,6 +185,7 @@ main(Opts0) ->
             maps:get(unlogged, Report),
             maps:get(wrong_writer, Report),
             maps:get(not_owner, Report),
+            maps:get(suspects_held, Report),
             Drain
         ]
     ),
@@ -161,9 +197,13 @@ main(Opts0) ->
         [] -> ok;
         TIds -> out("  finished twice ids (first 20): ~p", [lists:sublist(TIds, 20)])
     end,
+    case maps:get(stuck_jobs, Report) of
+        [] -> ok;
+        SIds -> out("  stuck jobs (first 20: {id, attempt, worker, s seen running}): ~p", [lists:sublist(SIds, 20)])
+    end,
     _ = application:stop(couch_workers),
     halt(
-        case Lost =:= 0 andalso Twice =:= 0 andalso Added =:= N andalso LiveReaped =:= 0 of
+        case Lost =:= 0 andalso Twice =:= 0 andalso Stuck =:= 0 andalso Added =:= N andalso LiveReaped =:= 0 of
             true -> 0;
             false -> 1
         end
@@ -194,10 +234,15 @@ loop_wait(Opts, St) ->
                 true -> kill_and_restart(Opts, St);
                 false -> St
             end,
-        St15 =
+        St14 =
             case Now >= maps:get(next_stall, St1) of
                 true -> stall(Opts, St1);
                 false -> St1
+            end,
+        St15 =
+            case Now >= maps:get(next_look, St14) of
+                true -> look(Opts, St14);
+                false -> St14
             end,
         St2 =
             case Now - maps:get(last_report, St15) >= 5000 of
@@ -224,6 +269,84 @@ kill_and_restart(#{dir := Dir, nodes := NNodes, kill_every := KillEvery} = Opts,
     %% On the schedule (a restart takes a second or two of it).
     Next = max(now_ms() + 1000, maps:get(next_kill, St) + KillEvery * 1000),
     St#{kills => K + 1, victim => V rem NNodes + 1, next_kill => Next}.
+
+%% One look for stuck jobs: the running jobs and the registered workers.
+%% `seen' keeps, for each job running under a registered worker, its
+%% `{Id, VS}' and since when it was seen so, as long as every look sees it
+%% so; one seen so for `stuck_after' seconds becomes a suspect. A look that
+%% fails (a store stall) changes nothing.
+look(#{stuck_look := Every, stuck_after := After}, #{seen := Seen, suspects := Suspects} = St) ->
+    Now = now_ms(),
+    Next = St#{next_look => Now + Every * 1000},
+    case {running_jobs(), live_workers()} of
+        {{ok, Running}, {ok, Live}} ->
+            %% (A change of the job changes its vs: a new entry.)
+            Seen2 = maps:from_list([
+                {{Id, VS}, maps:get({Id, VS}, Seen, {Now, W, A})}
+             || {Id, W, VS, A} <- Running, maps:is_key(W, Live)
+            ]),
+            Suspects1 = maps:fold(
+                fun({Id, _VS}, {First, W, A}, Acc) when Now - First >= After * 1000 ->
+                        maps:put({Id, A}, {W, (Now - First) div 1000}, Acc);
+                    (_, _, Acc) ->
+                        Acc
+                end,
+                Suspects,
+                Seen2
+            ),
+            Next#{seen => Seen2, suspects => Suspects1};
+        _ ->
+            Next
+    end.
+
+%% The injected stuck job (inject_stuck).
+hold_one(#{stuck_after := After, stuck_look := Every, timeout := Timeout}) ->
+    Ref = couch_workers:worker_register(?TYPE, <<"probe">>, #{timeout => Timeout}, self()),
+    true = is_reference(Ref),
+    {ok, #{id := Id}} = take_one(Ref),
+    out("soak: injected a stuck job: ~s, held without being run by worker probe", [Id]),
+    timer:sleep((After + 3 * Every) * 1000),
+    ok = couch_workers:worker_unregister(Ref).
+
+take_one(Ref) ->
+    case couch_workers:job_accept(Ref, #{timeout => 5000}) of
+        {ok, _} = Taken -> Taken;
+        {error, _} -> take_one(Ref)
+    end.
+
+%% [{Id, Worker, VS, Attempts}] of every running job.
+running_jobs() ->
+    running_jobs(undefined, []).
+
+running_jobs(Cont, Acc) ->
+    case couch_workers:job_list(?TYPE, #{states => [running], limit => 1000, cont => Cont}) of
+        {ok, Jobs, Next} ->
+            Acc1 = [{Id, W, VS, A} || #{id := Id, worker := W, vs := VS, attempts := A} <- Jobs] ++ Acc,
+            case Next of
+                done -> {ok, Acc1};
+                _ -> running_jobs(Next, Acc1)
+            end;
+        {error, _} = Error ->
+            Error
+    end.
+
+%% The worker ids registered now (read from the store), as a set.
+live_workers() ->
+    case couch_workers:workers(?TYPE) of
+        Workers when is_list(Workers) -> {ok, maps:from_list([{Id, true} || #{id := Id} <- Workers])};
+        {error, _} = Error -> Error
+    end.
+
+%% After the drain: [{Id, Attempt, Worker, 0}] of the jobs running under a
+%% registered worker (none may be: no worker holds a job that long).
+running_under_live_workers() ->
+    case {running_jobs(), live_workers()} of
+        {{ok, Running}, {ok, Live}} ->
+            [{Id, A, W, 0} || {Id, W, _VS, A} <- Running, maps:is_key(W, Live)];
+        Failed ->
+            out("soak: the stuck check after the drain could not read the store: ~p", [Failed]),
+            [{read_failed, 0, <<>>, 0}]
+    end.
 
 %% A store stall: another OS process holds the write lock for stall_for
 %% seconds; a helper process waits for it and reports {stall_done, Output}.
@@ -310,20 +433,25 @@ job_id(I) ->
     iolist_to_binary(io_lib:format("j~9..0b", [I])).
 
 %% Waits until every job is finished (re-reading only those that are
-%% not), or the deadline.
-drain(N, Deadline) ->
+%% not), or the deadline; the looks for stuck jobs go on meanwhile.
+drain(N, Deadline, Opts, St) ->
     T0 = now_ms(),
-    Left = drain_loop(lists:seq(1, N), Deadline),
-    #{unfinished => length(Left), ms => now_ms() - T0}.
+    {Left, St1} = drain_loop(lists:seq(1, N), Deadline, Opts, St),
+    {#{unfinished => length(Left), ms => now_ms() - T0}, St1}.
 
-drain_loop(Ids, Deadline) ->
+drain_loop(Ids, Deadline, Opts, St) ->
     Left = pmap_filter(fun(I) -> state(job_id(I)) =/= finished end, Ids),
+    St1 =
+        case now_ms() >= maps:get(next_look, St) of
+            true -> look(Opts, St);
+            false -> St
+        end,
     case Left =:= [] orelse now_ms() > Deadline of
         true ->
-            Left;
+            {Left, St1};
         false ->
             timer:sleep(1000),
-            drain_loop(Left, Deadline)
+            drain_loop(Left, Deadline, Opts, St1)
     end.
 
 state(Id) ->
@@ -334,7 +462,7 @@ state(Id) ->
     end.
 
 %% Reads every job and every finish log; counts.
-check(N, Added, Logs) ->
+check(N, Added, Logs, Suspects, StuckAtEnd) ->
     Jobs = ets:new(jobs, [set, public]),
     pmap_each(
         fun(I) ->
@@ -350,7 +478,14 @@ check(N, Added, Logs) ->
         lists:seq(1, N)
     ),
     Finishes = ets:new(finishes, [bag, public]),
-    NotOwner = read_logs(Logs, Finishes),
+    Held = ets:new(held, [set, public]),
+    NotOwner = read_logs(Logs, Finishes, Held),
+    %% A suspect is stuck unless its worker's log shows that accept held.
+    StuckRun = lists:sort([
+        {Id, A, W, Secs}
+     || {{Id, A}, {W, Secs}} <- maps:to_list(Suspects), not ets:member(Held, {Id, A})
+    ]),
+    StuckJobs = lists:usort(StuckRun ++ StuckAtEnd),
     Finished = ets:select_count(Jobs, [{{'_', {finished, '_', '_'}}, [], [true]}]),
     LostIds = lists:sort([Id || {Id, {S, _, _}} <- ets:tab2list(Jobs), S =/= finished]),
     Reruns = ets:select_count(Jobs, [{{'_', {'_', '$1', '_'}}, [{'>', '$1', 1}], [true]}]),
@@ -380,6 +515,10 @@ check(N, Added, Logs) ->
         lost_ids => LostIds,
         twice => length(TwiceIds) + Wrong,
         twice_ids => lists:sort(TwiceIds),
+        stuck => length(lists:usort([Id || {Id, _, _, _} <- StuckJobs])),
+        stuck_jobs => StuckJobs,
+        stuck_run => length(StuckRun),
+        suspects_held => map_size(Suspects) - length(StuckRun),
         reruns => Reruns,
         unlogged => Unlogged,
         wrong_writer => Wrong,
@@ -390,9 +529,11 @@ writer(#{<<"node">> := Node, <<"inc">> := Inc, <<"slot">> := Slot}) -> {Node, In
 writer(_) -> unknown.
 
 %% Every finish log line `Id Node Inc Slot Attempt' into Finishes as
-%% {Id, {Node, Inc, Slot}}; a torn last line (a kill mid-write) is
-%% skipped. Returns the count of `not_owner' lines.
-read_logs(Logs, Finishes) ->
+%% {Id, {Node, Inc, Slot}}; every line (those, and `not_owner Id Node Slot
+%% Attempt', `failed Id Node Slot Attempt') into Held as {{Id, Attempt}}:
+%% that accept was held by a worker. A torn last line (a kill mid-write)
+%% is skipped. Returns the count of `not_owner' lines.
+read_logs(Logs, Finishes, Held) ->
     {ok, Files} = file:list_dir(Logs),
     lists:foldl(
         fun(F, NotOwner) ->
@@ -400,11 +541,16 @@ read_logs(Logs, Finishes) ->
             lists:foldl(
                 fun(Line, Acc) ->
                     case binary:split(Line, <<" ">>, [global]) of
-                        [Id, Node, Inc, Slot, _Attempt] ->
+                        [Id, Node, Inc, Slot, Attempt] ->
                             ets:insert(Finishes, {Id, {Node, binary_to_integer(Inc), binary_to_integer(Slot)}}),
+                            ets:insert(Held, {{Id, binary_to_integer(Attempt)}}),
                             Acc;
-                        [<<"not_owner">>, _Id] ->
+                        [<<"not_owner">>, Id, _Node, _Slot, Attempt] ->
+                            ets:insert(Held, {{Id, binary_to_integer(Attempt)}}),
                             Acc + 1;
+                        [<<"failed">>, Id, _Node, _Slot, Attempt] ->
+                            ets:insert(Held, {{Id, binary_to_integer(Attempt)}}),
+                            Acc;
                         _ ->
                             Acc
                     end

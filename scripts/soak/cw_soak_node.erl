@@ -182,7 +182,8 @@ finish(#{id := Id, attempts := A} = H, Fd, {Node, Inc, Slot} = Me, Tries) ->
         ok ->
             ok = file:write(Fd, [Id, $\s, Node, $\s, integer_to_binary(Inc), $\s, integer_to_binary(Slot), $\s, integer_to_binary(A), $\n]);
         {error, not_owner} ->
-            ok = file:write(Fd, [<<"not_owner ">>, Id, $\n]);
+            ok = file:write(Fd, [<<"not_owner ">>, Id, $\s, Node, $\s, integer_to_binary(Slot), $\s, integer_to_binary(A), $\n]);
         {error, _} ->
-            ok
+            %% Held and given up: the stuck check counts this accept as run.
+            ok = file:write(Fd, [<<"failed ">>, Id, $\s, Node, $\s, integer_to_binary(Slot), $\s, integer_to_binary(A), $\n])
     end.

@@ -1,18 +1,15 @@
 //! `couch-workers`: the operators' command line (docs/api.md, "Operations").
 //!
-//! It opens the store itself, as a node does, and needs no node to run.
-//! It is safe beside running nodes: reads are snapshot reads in read-only
-//! transactions (they conflict with nobody), and it runs no reaper, no
-//! heartbeat and no dispatcher. Its only writes are the actions asked
-//! for (`cancel`, `remove`, `retry`, `pause`, `resume`), each one
-//! ordinary transaction of the job service, the same that a node's
+//! It opens the store itself (the core's `Context`), needs no node, and
+//! starts no task: no reaper, no heartbeat, no dispatcher, no sweeper, no
+//! pruner (a test below counts the context's spawns). It is safe beside
+//! running nodes: reads are snapshot reads in read-only transactions (they
+//! conflict with nobody). Its only writes are the actions asked for
+//! (`cancel`, `remove`, `retry`, `pause`, `resume`), each one ordinary
+//! transaction of the stateless job API (`Jobs`), the same that a node's
 //! `job_cancel/2`, `job_remove/2`, `job_resubmit/4`, `job_pause/1` and
 //! `job_resume/1` run, so running nodes see them as they see each other's
-//! (a pause stops their acceptors, a resume wakes them). The service also
-//! runs its orphan sweeper and pruner while the command runs (the tasks
-//! every node runs: they only finish the failover of workers removed with
-//! more running jobs than one transaction may move, and remove ended jobs
-//! past their `keep`).
+//! (a pause stops their acceptors, a resume wakes them).
 //!
 //! Tables for people, one JSON object per line with `--json`; exit status
 //! 0 on success, 1 with a one-line reason on stderr otherwise.
@@ -23,14 +20,7 @@ mod output;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use couch_workers_core::inspect;
-use couch_workers_core::jobs::{ops, JobOpts, JobService, JobState};
-use couch_workers_core::keyspace::Keyspace;
-use couch_workers_core::log::{Discard, Logger};
-use couch_workers_core::store::embedded::EmbeddedOptions;
-use couch_workers_core::store::{self, run, Db, StoreConfig, TxOptions};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use couch_workers_core::{Context, Error, JobOpts, JobState, Jobs, StoreConfig};
 
 use args::{Command, Options, Page, Store};
 use output::Out;
@@ -73,7 +63,7 @@ fn show(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-async fn open(store: &Store) -> Result<Db, String> {
+async fn open(store: &Store) -> Result<Arc<Context>, String> {
     let config = match store {
         Store::Embedded(dir) => {
             // Opening would create an empty store: a mistyped path must be
@@ -82,7 +72,7 @@ async fn open(store: &Store) -> Result<Db, String> {
             if !file.is_file() {
                 return Err(format!("no store at {} (no couch_workers.sqlite there)", dir.display()));
             }
-            StoreConfig::Embedded(EmbeddedOptions::new(dir))
+            StoreConfig::embedded(dir)
         }
         Store::Fdb(cluster_file) => {
             if !cluster_file.is_file() {
@@ -98,37 +88,34 @@ async fn open(store: &Store) -> Result<Db, String> {
             StoreConfig::FdbTest { cluster_file: cluster_file.clone(), name: name.clone(), owner: false }
         }
     };
-    store::open(&config).await.map_err(|e| format!("cannot open the store: {e}"))
+    Context::open(&config).await.map_err(|e| format!("cannot open the store: {e}"))
 }
 
-async fn read<T, F, Fut>(db: &Db, f: F) -> Result<T, String>
-where
-    F: FnMut(store::Tx) -> Fut,
-    Fut: std::future::Future<Output = Result<T, store::StoreError>>,
-{
-    run(db.as_ref(), TxOptions::read(), f).await.map_err(|e| format!("store error: {e}"))
+/// A store error as the command line reports it.
+fn store_error(e: Error) -> String {
+    format!("store error: {e}")
 }
 
 async fn execute(opts: &Options, out: &mut Out) -> Result<(), String> {
-    let db = open(&opts.store).await?;
-    let ks = Keyspace::new(&db.prefix());
-    let result = command(&opts.command, &db, &ks, out).await;
-    db.close();
+    let ctx = open(&opts.store).await?;
+    let result = command(&opts.command, &ctx, out).await;
+    ctx.close();
     result
 }
 
-async fn command(cmd: &Command, db: &Db, ks: &Keyspace, out: &mut Out) -> Result<(), String> {
+async fn command(cmd: &Command, ctx: &Arc<Context>, out: &mut Out) -> Result<(), String> {
+    let jobs_api = Jobs::new(ctx.clone());
     match cmd {
-        Command::Status => status(db, ks, out).await,
+        Command::Status => status(ctx, &jobs_api, out).await,
         Command::Workers(only) => {
             let types = match only {
                 Some(t) => vec![t.clone()],
-                None => read(db, |tx| async move { inspect::worker_types(&tx, ks).await }).await?,
+                None => ctx.worker_types().await.map_err(store_error)?,
             };
             out.workers_header();
             for t in &types {
                 let t = t.as_slice();
-                let ws = read(db, |tx| async move { inspect::workers(&tx, ks, t).await }).await?;
+                let ws = ctx.workers(t).await.map_err(store_error)?;
                 if ws.is_empty() && only.is_some() {
                     return Err(format!("no registered workers of type {:?}", show(t)));
                 }
@@ -138,29 +125,29 @@ async fn command(cmd: &Command, db: &Db, ks: &Keyspace, out: &mut Out) -> Result
             }
             Ok(())
         }
-        Command::Jobs { job_type, states, limit, page } => jobs(db, ks, out, job_type, states, *limit, page).await,
+        Command::Jobs { job_type, states, limit, page } => jobs(&jobs_api, out, job_type, states, *limit, page).await,
         Command::Job(t, id) => {
-            let service = job_service(db, ks);
+            let service = &jobs_api;
             let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
             out.jobs_header();
             out.job(&job);
             Ok(())
         }
         Command::Cancel(t, id) => {
-            let service = job_service(db, ks);
+            let service = &jobs_api;
             service.cancel(t, id).await.map_err(|e| job_error(&e, t, id))?;
             let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
             out.done("canceled", &job);
             Ok(())
         }
         Command::Remove(t, id) => {
-            let service = job_service(db, ks);
+            let service = &jobs_api;
             service.remove(t, id).await.map_err(|e| job_error(&e, t, id))?;
             out.removed(t, id);
             Ok(())
         }
         Command::Retry(t, id) => {
-            let service = job_service(db, ks);
+            let service = &jobs_api;
             let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
             if job.state != JobState::Failed {
                 return Err(format!(
@@ -189,15 +176,13 @@ async fn command(cmd: &Command, db: &Db, ks: &Keyspace, out: &mut Out) -> Result
         }
         Command::Pause(t) | Command::Resume(t) => {
             let pause = matches!(cmd, Command::Pause(_));
-            let paused = read_paused(db, ks, t).await?;
+            let paused = ctx.job_paused(t).await.map_err(store_error)?;
             // A type nobody knows is most likely a typo: refuse it.
-            if !paused && total_jobs(db, ks, t).await? == 0 {
-                let ts = t.as_slice();
-                if read(db, |tx| async move { inspect::workers(&tx, ks, ts).await }).await?.is_empty() {
-                    return Err(format!("no jobs or workers of type {:?}", show(t)));
-                }
+            if !paused && total_jobs(&jobs_api, t).await? == 0 && ctx.workers(t).await.map_err(store_error)?.is_empty()
+            {
+                return Err(format!("no jobs or workers of type {:?}", show(t)));
             }
-            job_service(db, ks).set_paused(t, pause).await.map_err(|e| match e.name() {
+            jobs_api.set_paused(t, pause).await.map_err(|e| match e.name() {
                 "key_too_large" => "the type is over the key limit".to_string(),
                 _ => format!("store error: {e}"),
             })?;
@@ -210,15 +195,7 @@ async fn command(cmd: &Command, db: &Db, ks: &Keyspace, out: &mut Out) -> Result
 /// The `jobs` command: one page, or every page (`--all`), each page one
 /// read transaction (as `job_list/2` pages: a job that does not change
 /// meanwhile is printed once, and none is skipped).
-async fn jobs(
-    db: &Db,
-    ks: &Keyspace,
-    out: &mut Out,
-    t: &[u8],
-    states: &[String],
-    limit: usize,
-    page: &Page,
-) -> Result<(), String> {
+async fn jobs(api: &Jobs, out: &mut Out, t: &[u8], states: &[String], limit: usize, page: &Page) -> Result<(), String> {
     // Through each state's index: a page costs its own jobs, not the
     // type's jobs in other states.
     let states: Vec<JobState> = states.iter().filter_map(|s| JobState::from_name(s.as_bytes())).collect();
@@ -231,9 +208,9 @@ async fn jobs(
     let mut first = true;
     loop {
         let from = after.as_deref();
-        let (jobs, cont) = read(db, |tx| async move { ops::list(&tx, ks, t, only, limit, from).await }).await?;
+        let (jobs, cont) = api.list(t, only, limit, from).await.map_err(store_error)?;
         // Only a first page can tell that the type has no jobs at all.
-        if first && from.is_none() && jobs.is_empty() && cont.is_none() && total_jobs(db, ks, t).await? == 0 {
+        if first && from.is_none() && jobs.is_empty() && cont.is_none() && total_jobs(api, t).await? == 0 {
             return Err(format!("no jobs of type {:?}", show(t)));
         }
         first = false;
@@ -252,15 +229,11 @@ async fn jobs(
 }
 
 /// Every job of the type, in any state (its counters).
-async fn total_jobs(db: &Db, ks: &Keyspace, t: &[u8]) -> Result<u64, String> {
-    Ok(read(db, |tx| async move { ops::counts(&tx, ks, t).await }).await?.iter().sum())
+async fn total_jobs(api: &Jobs, t: &[u8]) -> Result<u64, String> {
+    Ok(api.counts(t).await.map_err(store_error)?.iter().map(|(_, n)| n).sum())
 }
 
-async fn read_paused(db: &Db, ks: &Keyspace, t: &[u8]) -> Result<bool, String> {
-    read(db, |tx| async move { inspect::job_paused(&tx, ks, t).await }).await
-}
-
-fn job_error(e: &couch_workers_core::Error, t: &[u8], id: &[u8]) -> String {
+fn job_error(e: &Error, t: &[u8], id: &[u8]) -> String {
     match e.name() {
         "not_found" => format!("no job {:?} of type {:?}", show(id), show(t)),
         "key_too_large" => "the type or id is over the key limit".into(),
@@ -268,36 +241,46 @@ fn job_error(e: &couch_workers_core::Error, t: &[u8], id: &[u8]) -> String {
     }
 }
 
-/// The job service on this store, for `job`, `cancel` and `remove`.
-fn job_service(db: &Db, ks: &Keyspace) -> JobService {
-    let tx = TxOptions::default();
-    JobService::start(
-        db.clone(),
-        ks.clone(),
-        Logger::new(Arc::new(Discard)),
-        tx,
-        tx,
-        CancellationToken::new(),
-        TaskTracker::new(),
-        tokio::runtime::Handle::current(),
-    )
-}
-
-async fn status(db: &Db, ks: &Keyspace, out: &mut Out) -> Result<(), String> {
-    let types = read(db, |tx| async move { inspect::worker_types(&tx, ks).await }).await?;
+async fn status(ctx: &Context, api: &Jobs, out: &mut Out) -> Result<(), String> {
+    let types = ctx.worker_types().await.map_err(store_error)?;
     out.status_workers_header();
     for t in &types {
-        let t = t.as_slice();
-        let ws = read(db, |tx| async move { inspect::workers(&tx, ks, t).await }).await?;
+        let ws = ctx.workers(t).await.map_err(store_error)?;
         out.status_workers(t, &ws);
     }
-    let job_types = read(db, |tx| async move { ops::job_types(&tx, ks).await }).await?;
+    let job_types = api.job_types().await.map_err(store_error)?;
     out.status_jobs_header();
     for t in &job_types {
-        let t = t.as_slice();
-        let counts = read(db, |tx| async move { ops::counts(&tx, ks, t).await }).await?;
-        let paused = read_paused(db, ks, t).await?;
+        let counts = api.counts(t).await.map_err(store_error)?;
+        let paused = ctx.job_paused(t).await.map_err(store_error)?;
         out.status_jobs(t, &counts, paused);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cancel` writes the cancellation and starts no task: the command
+    /// line runs no services. (Before the context, it started the job
+    /// service, whose sweeper, pruner and promoter were 3 tasks alive
+    /// after the command.)
+    #[test]
+    fn cancel_starts_no_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let ctx = Context::open(&StoreConfig::embedded(dir.path())).await.unwrap();
+            Jobs::new(ctx.clone()).add(b"t", b"j", b"{}", 0).await.unwrap();
+            let before = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+            let mut out = Out::new(true);
+            command(&Command::Cancel(b"t".to_vec(), b"j".to_vec()), &ctx, &mut out).await.unwrap();
+            assert_eq!(Jobs::new(ctx.clone()).get(b"t", b"j").await.unwrap().state, JobState::Canceled);
+            assert_eq!(ctx.spawned(), 0, "tasks spawned through the context");
+            let alive = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+            assert_eq!(alive, before, "tasks alive after cancel");
+            ctx.close();
+        });
+    }
 }

@@ -2,8 +2,7 @@
 //! object per line (`--json`) for scripts. Ids and types are bytes; they
 //! are shown as UTF-8, with the bytes that are not replaced by U+FFFD.
 
-use couch_workers_core::inspect::WorkerInfo;
-use couch_workers_core::jobs::{Job, JobState};
+use couch_workers_core::{Job, JobState, WorkerInfo};
 use serde_json::{json, Value};
 
 pub struct Out {
@@ -145,10 +144,10 @@ impl Out {
     }
 
     /// `counts` in [`JobState::ALL`]'s order.
-    pub fn status_jobs(&mut self, t: &[u8], counts: &[u64; 6], paused: bool) {
+    pub fn status_jobs(&mut self, t: &[u8], counts: &[(JobState, u64); 6], paused: bool) {
         let mut value = json!({"job_type": text(t)});
         let mut cells = vec![text(t)];
-        for (state, n) in JobState::ALL.iter().zip(counts) {
+        for (state, n) in counts {
             value[state.name()] = json!(n);
             cells.push(n.to_string());
         }

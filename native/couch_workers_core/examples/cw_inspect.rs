@@ -77,12 +77,12 @@ async fn main() {
     let mut t_ms = Vec::with_capacity(runs);
     for _ in 0..runs {
         let t0 = Instant::now();
-        let ws = node.workers(b"big").await.expect("workers");
+        let ws = node.context().workers(b"big").await.expect("workers");
         w_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
         assert_eq!(ws.len(), n);
         assert_eq!(ws.iter().map(|w| w.running).sum::<u64>(), running as u64);
         let t0 = Instant::now();
-        let ts = node.worker_types().await.expect("types");
+        let ts = node.context().worker_types().await.expect("types");
         t_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
         assert_eq!(ts.len(), types + 1);
     }

@@ -124,33 +124,28 @@ pub async fn job_paused(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<bool,
     Ok(tx.get(&ks.paused(job_type), true).await?.is_some())
 }
 
-impl crate::Node {
+impl crate::context::Context {
     /// [`worker_types`] in a read-only transaction of this node's store.
     pub async fn worker_types(&self) -> Result<Vec<Vec<u8>>, crate::Error> {
-        let ks = self.keyspace();
-        Ok(crate::store::run(self.db().as_ref(), self.read_options(), |tx| async move { worker_types(&tx, ks).await })
-            .await?)
+        let ks = &self.ks;
+        Ok(crate::store::run(self.db.as_ref(), self.read, |tx| async move { worker_types(&tx, ks).await }).await?)
     }
 
     /// [`workers`] of `worker_type` in a read-only transaction of this
-    /// node's store; `key_too_large` for a type no key can hold.
+    /// context's store; `key_too_large` for a type no key can hold.
     pub async fn workers(&self, worker_type: &[u8]) -> Result<Vec<WorkerInfo>, crate::Error> {
-        let ks = self.keyspace();
+        let ks = &self.ks;
         crate::error::check_key(&ks.member(worker_type, b""))?;
-        Ok(crate::store::run(self.db().as_ref(), self.read_options(), |tx| async move {
-            workers(&tx, ks, worker_type).await
-        })
-        .await?)
+        Ok(crate::store::run(self.db.as_ref(), self.read, |tx| async move { workers(&tx, ks, worker_type).await })
+            .await?)
     }
 
     /// [`job_paused`] in a read-only transaction of this node's store;
     /// `key_too_large` for a type no key can hold.
     pub async fn job_paused(&self, job_type: &[u8]) -> Result<bool, crate::Error> {
-        let ks = self.keyspace();
+        let ks = &self.ks;
         crate::error::check_key(&ks.paused(job_type))?;
-        Ok(crate::store::run(self.db().as_ref(), self.read_options(), |tx| async move {
-            job_paused(&tx, ks, job_type).await
-        })
-        .await?)
+        Ok(crate::store::run(self.db.as_ref(), self.read, |tx| async move { job_paused(&tx, ks, job_type).await })
+            .await?)
     }
 }

@@ -55,7 +55,8 @@ use tracing_subscriber::layer::{Context, Layer};
 
 use crate::metrics::STORE;
 
-// The macros below expand to `$crate::log::__tracing::...`, so a crate
+// The macros below expand to `$crate::__tracing::...` (re-exported by
+// lib.rs), so a crate
 // that logs through them (the NIF) needs no `tracing` dependency of its own.
 #[doc(hidden)]
 pub use tracing as __tracing;
@@ -153,11 +154,11 @@ macro_rules! log_event {
 #[macro_export]
 macro_rules! __log_event {
     ($log:expr, $level:ident, $notice:literal, $what:literal $(, $($field:tt)+)?) => {
-        $crate::log::__tracing::event!(
+        $crate::__tracing::event!(
             name: $what,
             target: "couch_workers",
-            $crate::log::__tracing::Level::$level,
-            node = $crate::log::Logger::node(&$log),
+            $crate::__tracing::Level::$level,
+            node = $crate::Logger::node(&$log),
             notice = $notice
             $(, $($field)+)?
         )

@@ -1,6 +1,7 @@
 //! A node: one open store and the background services of one Erlang VM.
 //!
-//! `Node::start` opens the store and starts the reaper; registrations and
+//! `Node::start` opens the store, makes the node's [`Context`] and starts
+//! the node's daemons (heartbeat, reaper, the job service's); registrations and
 //! membership watches are handles whose drop stops their task (and, for a
 //! registration, removes the worker), so that nothing outlives its owner.
 //! `Node::stop` cancels every task at once and closes the store.
@@ -11,23 +12,22 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
+use crate::context::Context;
 use crate::error::Error;
-use crate::jobs::receipt::{self, Receipt};
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Logger, Sink};
 use crate::log_event;
-use crate::roster;
 use crate::services::heartbeat::{HeartbeatService, Heartbeats};
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
+use crate::roster;
 use crate::services::{wall_clock_s, TaskCounts};
-use crate::store::{self, run, run_attempts, Db, StoreConfig, StoreError, Tx, TxOptions};
-use crate::tasks::supervise::{ServiceKind, Supervisor};
-use crate::tasks::watch_limit::WatchLimit;
+use crate::tasks::supervise::ServiceKind;
 use crate::tasks::Live;
+use crate::store::receipt::{self, run_retry_safe};
+use crate::store::{self, run, Db, StoreConfig, StoreError, Tx, TxOptions};
 use crate::workers::{self, WorkerSpec};
 
 /// Tunables, all with defaults an operator need not touch.
@@ -62,24 +62,15 @@ pub struct Stats {
 }
 
 pub struct Node {
-    db: Db,
-    ks: Keyspace,
-    settings: Settings,
-    log: Logger,
-    runtime: Handle,
-    /// Parent of every task's token: `stop` cancels them all.
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
+    /// The store, key space, logger, cancellation and task spawning every
+    /// service of the node shares; `stop` cancels its token.
+    ctx: Arc<Context>,
     counts: Arc<TaskCounts>,
     /// The job queue (its dispatchers, job watchers and orphan sweeper
-    /// stop with `shutdown`).
+    /// stop with the context's token).
     jobs: crate::jobs::JobService,
-    /// The store handle's watch-limit episode, shared by the watchers.
-    watch_limit: Arc<WatchLimit>,
     /// The registrations the heartbeat service renews.
     heartbeats: Arc<Heartbeats>,
-    /// Restarts the node's long-lived tasks (shared with the job service).
-    supervisor: Arc<Supervisor>,
 }
 
 impl Node {
@@ -87,80 +78,53 @@ impl Node {
     pub async fn start(config: &StoreConfig, settings: Settings, sink: Arc<dyn Sink>) -> Result<Arc<Node>, Error> {
         let db = store::open(config).await?;
         let node = Node::with_db(db, settings, sink);
-        log_event!(node.log, Notice, "store_opened", store = node.db.kind(), durability = %node.db.durability());
+        let db = &node.ctx.db;
+        log_event!(node.ctx.log, Notice, "store_opened", store = db.kind(), durability = %db.durability());
         Ok(node)
     }
 
     /// A node on an already open store (tests, benchmarks). Its events go
     /// to `sink`.
     pub fn with_db(db: Db, settings: Settings, sink: Arc<dyn Sink>) -> Arc<Node> {
-        let log = Logger::new(sink);
-        let ks = Keyspace::new(&db.prefix());
-        let (shutdown, tasks) = (CancellationToken::new(), TaskTracker::new());
         let tx = TxOptions { writes: true, timeout: settings.tx_timeout, retry_limit: settings.tx_retry_limit };
-        let jobs = crate::jobs::JobService::start(
-            db.clone(),
-            ks.clone(),
-            log.clone(),
-            tx,
-            tx,
-            shutdown.child_token(),
-            tasks.clone(),
-            Handle::current(),
-        );
-        let watch_limit = jobs.watch_limit();
-        let supervisor = jobs.supervisor();
+        let ctx = Context::new(db, Logger::new(sink), tx);
+        let jobs = crate::jobs::JobService::start(&ctx);
         let node = Arc::new(Node {
-            db,
-            ks,
-            settings,
-            log,
-            runtime: Handle::current(),
-            shutdown,
-            tasks,
+            ctx: ctx.clone(),
             counts: Arc::new(TaskCounts::default()),
             jobs,
-            watch_limit,
             heartbeats: Arc::new(Heartbeats::default()),
-            supervisor,
         });
-        let cancel = node.shutdown.child_token();
-        let service = HeartbeatService {
-            db: node.db.clone(),
-            ks: node.ks.clone(),
-            log: node.log.clone(),
-            cancel: cancel.clone(),
-            tx_options: node.write_options(),
-            heartbeats: node.heartbeats.clone(),
-        };
+        let cancel = ctx.cancel.child_token();
+        let service =
+            HeartbeatService { ctx: ctx.clone(), cancel: cancel.clone(), heartbeats: node.heartbeats.clone() };
         // Failing: every registration's owner is told (its worker may be
         // reaped).
         let heartbeats = node.heartbeats.clone();
         let on_failing = Box::new(move || heartbeats.tell_failing());
-        node.spawn(node.supervisor.supervise(
+        ctx.spawn_supervised(
             ServiceKind::Heartbeat,
             Vec::new(),
             cancel,
+            None,
             move || service.clone().run(),
             Some(on_failing),
-        ));
-        let cancel = node.shutdown.child_token();
+        );
+        let cancel = ctx.cancel.child_token();
         let reaper = Reaper {
-            db: node.db.clone(),
-            ks: node.ks.clone(),
-            log: node.log.clone(),
+            ctx: ctx.clone(),
             cancel: cancel.clone(),
             max_interval: settings.reaper_max_interval,
-            tx_options: node.write_options(),
             own: node.heartbeats.clone(),
         };
-        let live = Live::new(&node.counts.reapers);
-        let supervised =
-            node.supervisor.supervise(ServiceKind::Reaper, Vec::new(), cancel, move || reaper.clone().run(), None);
-        node.spawn(async move {
-            let _live = live;
-            supervised.await
-        });
+        ctx.spawn_supervised(
+            ServiceKind::Reaper,
+            Vec::new(),
+            cancel,
+            Some(&node.counts.reapers),
+            move || reaper.clone().run(),
+            None,
+        );
         node
     }
 
@@ -168,38 +132,41 @@ impl Node {
     /// (a running one at once): the restart tests' hook.
     #[cfg(feature = "testkit")]
     pub fn inject_panic(&self, kind: ServiceKind, times: u32) {
-        self.supervisor.inject_panic(kind, times);
+        self.ctx.supervisor.inject_panic(kind, times);
     }
 
     /// Stops every task, waits for them, and closes the store.
     pub async fn stop(&self) {
-        self.shutdown.cancel();
-        self.tasks.close();
-        self.tasks.wait().await;
+        self.ctx.stop_tasks().await;
         // A registration added while `stop` began has no service left.
         self.heartbeats.clear();
-        self.db.close();
-        log_event!(self.log, Notice, "store_closed", store = self.db.kind());
+        self.ctx.db.close();
+        log_event!(self.ctx.log, Notice, "store_closed", store = self.ctx.db.kind());
     }
 
     pub fn is_stopped(&self) -> bool {
-        self.shutdown.is_cancelled()
+        self.ctx.is_closed()
+    }
+
+    /// The node's context (the stateless calls run on it).
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
     }
 
     pub fn db(&self) -> &Db {
-        &self.db
+        &self.ctx.db
     }
 
     pub fn keyspace(&self) -> &Keyspace {
-        &self.ks
+        &self.ctx.ks
     }
 
     pub fn logger(&self) -> &Logger {
-        &self.log
+        &self.ctx.log
     }
 
     pub fn runtime(&self) -> &Handle {
-        &self.runtime
+        self.ctx.runtime()
     }
 
     /// The job queue.
@@ -222,11 +189,11 @@ impl Node {
     }
 
     pub fn read_options(&self) -> TxOptions {
-        TxOptions { writes: false, timeout: self.settings.tx_timeout, retry_limit: self.settings.tx_retry_limit }
+        self.ctx.read
     }
 
     pub fn write_options(&self) -> TxOptions {
-        TxOptions { writes: true, ..self.read_options() }
+        self.ctx.write
     }
 
     /// Spawns a task that stops with the node.
@@ -234,7 +201,7 @@ impl Node {
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        self.tasks.spawn_on(task, &self.runtime);
+        self.ctx.spawn(task);
     }
 
     // ---- workers --------------------------------------------------------
@@ -247,9 +214,9 @@ impl Node {
         if self.is_stopped() {
             return Err(Error::Store(store::StoreError::Closed));
         }
-        spec.validate(&self.ks)?;
+        spec.validate(&self.ctx.ks)?;
         let incarnation = workers::new_incarnation();
-        let ks = &self.ks;
+        let ks = &self.ctx.ks;
         let (s, inc) = (&spec, &incarnation);
         let written = Instant::now();
         let replaced = self
@@ -266,7 +233,7 @@ impl Node {
             return Err(Error::Store(store::StoreError::Closed));
         }
         let spec = Arc::new(spec);
-        let cancel = self.shutdown.child_token();
+        let cancel = self.ctx.cancel.child_token();
         let events = Arc::new(OwnerEvents::default());
         let live = Live::new(&self.counts.heartbeats);
         self.heartbeats.add(spec.clone(), incarnation, cancel.clone(), events.clone(), written, live);
@@ -320,7 +287,7 @@ impl Node {
         incarnation: &Incarnation,
         died: bool,
     ) -> Result<(), Error> {
-        let ks = &self.ks;
+        let ks = &self.ctx.ks;
         if died {
             let failed_over = self
                 .run_failing_over(|tx| async move { roster::remove_dead(&tx, ks, worker_type, id, incarnation).await })
@@ -328,7 +295,7 @@ impl Node {
             self.log_requeued(worker_type, id, failed_over, "owner_exit");
         } else {
             // Released, not failed over: an unregister is no death.
-            run(self.db.as_ref(), self.write_options(), |tx| async move {
+            run(self.ctx.db.as_ref(), self.write_options(), |tx| async move {
                 roster::remove(&tx, ks, worker_type, id, incarnation).await
             })
             .await?;
@@ -340,29 +307,19 @@ impl Node {
     /// moved `n` jobs; `None`: it wrote nothing) and returns `n`, also when
     /// its commit landed but was answered `commit_unknown_result`: the
     /// attempt after it finds the write's receipt, with the count, where
-    /// it would find only the write's effect (see `jobs::receipt`).
-    async fn run_failing_over<F, Fut>(&self, mut body: F) -> Result<usize, StoreError>
+    /// it would find only the write's effect (see `store::receipt`).
+    async fn run_failing_over<F, Fut>(&self, body: F) -> Result<usize, StoreError>
     where
-        F: FnMut(Tx) -> Fut,
+        F: Fn(Tx) -> Fut,
         Fut: std::future::Future<Output = Result<Option<usize>, StoreError>>,
     {
-        let receipt = self.db.commits_may_be_unknown().then(|| Receipt::new(&self.ks));
-        let receipt = receipt.as_ref();
-        let (moved, _) = run_attempts(self.db.as_ref(), self.write_options(), |tx, attempt| {
-            // Not polled when the receipt says the write landed.
-            let work = body(tx.clone());
-            async move {
-                if let Some(r) = receipt.filter(|_| attempt.may_have_committed) {
-                    if let Some(outcome) = r.landed(&tx).await? {
-                        return Ok(receipt::parse_count(&outcome));
-                    }
-                }
-                let moved = work.await?;
-                if let (Some(r), Some(n)) = (receipt, moved) {
-                    r.write(&tx, &receipt::count_outcome(n));
-                }
-                Ok(moved.unwrap_or(0))
+        let body = &body;
+        let (moved, _) = run_retry_safe(self.ctx.db.as_ref(), self.ctx.write, &self.ctx.ks, |tx, landed| async move {
+            if let Some(outcome) = landed {
+                return Ok((receipt::parse_count(&outcome), None));
             }
+            let moved = body(tx).await?;
+            Ok((moved.unwrap_or(0), moved.map(receipt::count_outcome)))
         })
         .await?;
         Ok(moved)
@@ -376,7 +333,7 @@ impl Node {
     fn log_requeued(&self, worker_type: &[u8], id: &[u8], jobs: usize, reason: &str) {
         if jobs > 0 {
             log_event!(
-                self.log,
+                self.ctx.log,
                 Notice,
                 "worker_jobs_requeued",
                 "type" = worker_type,
@@ -407,33 +364,25 @@ impl Node {
         if self.is_stopped() {
             return Err(Error::Store(store::StoreError::Closed));
         }
-        crate::error::check_key(&self.ks.membership_vs(&worker_type))?;
-        let cancel = self.shutdown.child_token();
+        crate::error::check_key(&self.ctx.ks.membership_vs(&worker_type))?;
+        let cancel = self.ctx.cancel.child_token();
         let label = worker_type.clone();
         let watcher = MembershipWatcher {
-            db: self.db.clone(),
-            ks: self.ks.clone(),
+            ctx: self.ctx.clone(),
             worker_type,
             on_update: Arc::new(on_update),
             known: Default::default(),
-            log: self.log.clone(),
             cancel: cancel.clone(),
-            tx_options: self.read_options(),
-            watch_limit: self.watch_limit.clone(),
         };
-        let live = Live::new(&self.counts.watchers);
         // Failing: logged (a membership delivery has no ended notice).
-        let supervised = self.supervisor.supervise(
+        self.ctx.spawn_supervised(
             ServiceKind::Membership,
             label,
             cancel.clone(),
+            Some(&self.counts.watchers),
             move || watcher.clone().run(),
             None,
         );
-        self.spawn(async move {
-            let _live = live;
-            supervised.await
-        });
         Ok(MembershipWatch { cancel })
     }
 }
@@ -510,7 +459,7 @@ impl Drop for Registration {
         node.spawn(async move {
             if let Err(e) = n.remove_worker(&spec.worker_type, &spec.id, &incarnation, false).await {
                 log_event!(
-                    n.log,
+                    n.ctx.log,
                     Warning,
                     "worker_remove_failed",
                     "type" = spec.worker_type.as_slice(),

@@ -133,7 +133,11 @@ pub async fn remove(
         Some(value) if workers::held_by(&value, incarnation) => {
             Ok(remove_current(tx, ks, worker_type, id, Departure::Released).await?.is_some())
         }
-        _ => Ok(false),
+        None => {
+            workers::write_absent(tx, ks, worker_type, id);
+            Ok(false)
+        }
+        Some(_) => Ok(false),
     }
 }
 
@@ -153,7 +157,11 @@ pub async fn remove_dead(
         Some(value) if workers::held_by(&value, incarnation) => {
             remove_current(tx, ks, worker_type, id, Departure::Lost).await
         }
-        _ => Ok(None),
+        None => {
+            workers::write_absent(tx, ks, worker_type, id);
+            Ok(None)
+        }
+        Some(_) => Ok(None),
     }
 }
 

@@ -217,6 +217,17 @@ pub(crate) async fn clear_registration(
     Ok(true)
 }
 
+/// A removal that finds no record (the worker was reaped) still writes
+/// the record's key, clearing nothing: a renewal that read the record
+/// absent and reinstates it must not commit after the removal answered.
+/// With this write the two conflict, whichever commits second, and the
+/// renewal's retry finds the registration ended (or the removal's finds
+/// it reinstated, and removes it). A transaction that writes nothing is
+/// never checked for conflicts on FoundationDB (tests/workers_unregister_race.rs).
+pub(crate) fn write_absent(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) {
+    tx.clear(&ks.health(worker_type, id));
+}
+
 /// Reads the membership of `worker_type`.
 pub async fn read_membership(tx: &Tx, ks: &Keyspace, worker_type: &[u8]) -> Result<Membership, StoreError> {
     let vs = read_membership_vs(tx, ks, worker_type).await?;

@@ -27,8 +27,8 @@ async fn another_nodes_workers_are_seen_with_options_timeout_age_and_running_job
     let _h1 = accept_now(b.jobs(), b"indexer", b"b-1").await;
     let _h2 = accept_now(b.jobs(), b"indexer", b"b-1").await;
 
-    assert_eq!(a.worker_types().await.unwrap(), vec![b"indexer".to_vec(), b"replicator".to_vec()]);
-    let ws = a.workers(b"indexer").await.unwrap();
+    assert_eq!(a.context().worker_types().await.unwrap(), vec![b"indexer".to_vec(), b"replicator".to_vec()]);
+    let ws = a.context().workers(b"indexer").await.unwrap();
     assert_eq!(ws.len(), 2);
     assert_eq!((ws[0].id.as_slice(), ws[0].options_json.as_slice()), (&b"b-1"[..], &br#"{"slots":4}"#[..]));
     assert_eq!((ws[0].timeout_s, ws[0].running), (Some(7), 2));
@@ -39,20 +39,22 @@ async fn another_nodes_workers_are_seen_with_options_timeout_age_and_running_job
     }
     // The age is read on the store's versions: 20 s of them pass at once.
     a_store.jump_versions(Duration::from_secs(20));
-    let aged = a.workers(b"indexer").await.unwrap();
+    let aged = a.context().workers(b"indexer").await.unwrap();
     assert!(aged.iter().all(|w| w.heartbeat_age_ms.unwrap() >= 20_000), "{aged:?}");
 
     // A type whose last worker left is no longer listed; its workers are [].
     b.unregister_worker(&w1).await.unwrap();
-    let ws = a.workers(b"indexer").await.unwrap();
+    let ws = a.context().workers(b"indexer").await.unwrap();
     assert_eq!(ws.iter().map(|w| w.id.clone()).collect::<Vec<_>>(), vec![b"b-2".to_vec()]);
     drop(_r);
     assert!(
-        eventually(Duration::from_secs(5), || async { a.worker_types().await.unwrap() == vec![b"indexer".to_vec()] })
-            .await
+        eventually(Duration::from_secs(5), || async {
+            a.context().worker_types().await.unwrap() == vec![b"indexer".to_vec()]
+        })
+        .await
     );
-    assert!(a.workers(b"replicator").await.unwrap().is_empty());
-    assert!(a.workers(b"never-registered").await.unwrap().is_empty());
+    assert!(a.context().workers(b"replicator").await.unwrap().is_empty());
+    assert!(a.context().workers(b"never-registered").await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -65,9 +67,9 @@ async fn types_named_like_subspaces_and_prefixes_of_each_other_are_kept_apart() 
         regs.push(a.register_worker(spec_with(t, b"1", b"{}", 15)).await.unwrap());
     }
     let expected: Vec<Vec<u8>> = [&b"active"[..], b"jobs", b"w", b"w\0x", b"wx"].iter().map(|t| t.to_vec()).collect();
-    assert_eq!(a.worker_types().await.unwrap(), expected);
+    assert_eq!(a.context().worker_types().await.unwrap(), expected);
     for t in &expected {
-        assert_eq!(a.workers(t).await.unwrap().len(), 1, "{t:?}");
+        assert_eq!(a.context().workers(t).await.unwrap().len(), 1, "{t:?}");
     }
 }
 
@@ -80,7 +82,7 @@ async fn more_workers_than_a_page_are_all_read() {
     for i in 0..n {
         regs.push(a.register_worker(spec_with(b"big", format!("{i:05}").as_bytes(), b"{}", 600)).await.unwrap());
     }
-    let ws = a.workers(b"big").await.unwrap();
+    let ws = a.context().workers(b"big").await.unwrap();
     assert_eq!(ws.len(), n);
     assert!(ws.windows(2).all(|p| p[0].id < p[1].id));
     assert!(ws.iter().all(|w| w.timeout_s == Some(600)));
@@ -90,7 +92,7 @@ async fn more_workers_than_a_page_are_all_read() {
 async fn a_type_over_the_key_limit_is_key_too_large() {
     let c = Cluster::new();
     let a = c.node();
-    let e = a.workers(&vec![b'x'; 10_001]).await.unwrap_err();
+    let e = a.context().workers(&vec![b'x'; 10_001]).await.unwrap_err();
     assert_eq!(e.name(), "key_too_large");
 }
 
@@ -98,11 +100,11 @@ async fn a_type_over_the_key_limit_is_key_too_large() {
 async fn another_nodes_pause_and_resume_are_seen() {
     let c = Cluster::new();
     let (a, b) = (c.node(), c.node());
-    assert!(!a.job_paused(b"t").await.unwrap(), "never paused");
+    assert!(!a.context().job_paused(b"t").await.unwrap(), "never paused");
     b.jobs().set_paused(b"t", true).await.unwrap();
-    assert!(a.job_paused(b"t").await.unwrap());
-    assert!(!a.job_paused(b"t\0").await.unwrap(), "a type that only starts like it");
+    assert!(a.context().job_paused(b"t").await.unwrap());
+    assert!(!a.context().job_paused(b"t\0").await.unwrap(), "a type that only starts like it");
     b.jobs().set_paused(b"t", false).await.unwrap();
-    assert!(!a.job_paused(b"t").await.unwrap());
-    assert_eq!(a.job_paused(&vec![b'x'; 10_001]).await.unwrap_err().name(), "key_too_large");
+    assert!(!a.context().job_paused(b"t").await.unwrap());
+    assert_eq!(a.context().job_paused(&vec![b'x'; 10_001]).await.unwrap_err().name(), "key_too_large");
 }

@@ -156,7 +156,7 @@ async fn update_answers_for_its_own_landed_commit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receipts_older_than_their_keep_are_cleared_in_one_range() {
-    use couch_workers_core::jobs::receipt::{clear_old, minute_now, KEEP_MINUTES};
+    use couch_workers_core::store::receipt::{clear_old, minute_now, KEEP_MINUTES};
     use couch_workers_core::store::{run, RangeRequest, TxOptions};
     let q = quiet(6, false).await;
     let ks = q.node.keyspace().clone();

@@ -11,7 +11,7 @@
 //!
 //! The fault mix includes `commit_unknown_result` both ways (5% of
 //! transactions, half of them after a commit that happened): every job
-//! operation answers for its own landed write (receipts, `jobs::receipt`),
+//! operation answers for its own landed write (receipts, `store::receipt`),
 //! and an accept whose outcome stays unknown gives its job back.
 //! Recoveries also make commits answer `commit_unknown_result`, after
 //! commits that did not happen.

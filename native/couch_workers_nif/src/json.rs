@@ -50,7 +50,7 @@
 //! **binary** keys, strings binaries, numbers integers or floats,
 //! true/false/null atoms, arrays lists.
 
-use couch_workers_core::store::MAX_VALUE_SIZE;
+use couch_workers_core::MAX_VALUE_SIZE;
 use rustler::{Atom, Binary, Encoder, Env, Error, NifResult, Term, TermType};
 use serde_json::{Map, Number, Value};
 

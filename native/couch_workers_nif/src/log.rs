@@ -13,8 +13,8 @@
 
 use std::sync::{Arc, Once, RwLock};
 
-use couch_workers_core::log::{self as core_log, Event, Level, Logger, Sink, Value};
 use couch_workers_core::log_event;
+use couch_workers_core::{set_process_sink, Event, Level, Logger, Sink, Value};
 use rustler::{Encoder, Env, LocalPid, OwnedEnv, Term};
 
 use crate::atoms;
@@ -89,7 +89,7 @@ fn level_name(level: Level) -> &'static str {
 pub fn install() {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
-        core_log::set_process_sink(Some(sink()));
+        set_process_sink(Some(sink()));
         std::panic::set_hook(Box::new(|info| {
             let message = crate::reply::panic_message(info.payload());
             let location = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();

@@ -31,10 +31,10 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Mutex;
 
-use couch_workers_core::log::Logger;
 use couch_workers_core::log_event;
-use couch_workers_core::services::membership::{MemberChange, MembershipUpdate, OnMembershipUpdate};
+use couch_workers_core::Logger;
 use couch_workers_core::MembershipWatch;
+use couch_workers_core::{MemberChange, MembershipUpdate, OnMembershipUpdate};
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 
 use crate::atoms;
@@ -81,7 +81,7 @@ impl Notifier {
             Some(changes) => self.encode_delta(env, update, changes),
             None => self.encode_whole(env, update),
         });
-        couch_workers_core::stage::mark("membership_sent");
+        couch_workers_core::stage_mark("membership_sent");
         sender.in_step = sent.is_ok();
     }
 

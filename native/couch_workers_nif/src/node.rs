@@ -17,11 +17,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use couch_workers_core::log::Logger;
 use couch_workers_core::log_event;
-use couch_workers_core::store::embedded::{EmbeddedOptions, SAFETY_LOOK};
-use couch_workers_core::store::StoreConfig;
-use couch_workers_core::{Node, Settings};
+use couch_workers_core::Logger;
+use couch_workers_core::{Node, Settings, StoreConfig};
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, Term};
 
 use crate::atoms;
@@ -50,14 +48,11 @@ fn decode_config<'a>(env: Env<'a>, term: Term<'a>) -> Result<Config, Term<'a>> {
     if !term.is_map() {
         return Err(badconfig(env, atoms::store()));
     }
-    let safety_look_ms = positive(term, atoms::embedded_safety_look_ms(), SAFETY_LOOK.as_millis() as u64)
-        .filter(|ms| *ms <= MAX_SAFETY_LOOK_MS)
-        .ok_or_else(|| badconfig(env, atoms::embedded_safety_look_ms()))?;
-    let embedded = |dir: PathBuf| {
-        let mut opts = EmbeddedOptions::new(dir);
-        opts.safety_look = Duration::from_millis(safety_look_ms);
-        StoreConfig::Embedded(opts)
-    };
+    let safety_look_ms =
+        positive(term, atoms::embedded_safety_look_ms(), StoreConfig::EMBEDDED_SAFETY_LOOK.as_millis() as u64)
+            .filter(|ms| *ms <= MAX_SAFETY_LOOK_MS)
+            .ok_or_else(|| badconfig(env, atoms::embedded_safety_look_ms()))?;
+    let embedded = |dir: PathBuf| StoreConfig::embedded_with_safety_look(dir, Duration::from_millis(safety_look_ms));
     let store = match term.map_get(atoms::store()) {
         Err(_) => embedded(PathBuf::from("couch_workers_data")),
         Ok(t) => match t.decode::<(rustler::Atom, Term)>() {

@@ -12,8 +12,8 @@
 //! only loads six atomics (the last two: the supervisor's restarts,
 //! `services_restarted` and `services_failing`).
 
-use couch_workers_core::inspect::WorkerInfo;
-use couch_workers_core::metrics::{SERVICES, STORE};
+use couch_workers_core::WorkerInfo;
+use couch_workers_core::{SERVICES, STORE};
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
 use crate::atoms;
@@ -57,7 +57,7 @@ fn ops_worker_types<'a>(env: Env<'a>, reference: Term<'a>) -> NifResult<Term<'a>
     };
     let rt = node.runtime().clone();
     reply::spawn(&rt, Replier::new(env, reference), async move {
-        let answer: reply::Answer = match node.worker_types().await {
+        let answer: reply::Answer = match node.context().worker_types().await {
             Ok(types) => Box::new(move |env| {
                 let list: Vec<Term> = types.iter().map(|t| binary(env, t)).collect();
                 (atoms::ok(), list).encode(env)
@@ -81,7 +81,7 @@ fn ops_workers<'a>(env: Env<'a>, reference: Term<'a>, worker_type: Term<'a>) -> 
     };
     let rt = node.runtime().clone();
     reply::spawn(&rt, Replier::new(env, reference), async move {
-        let answer: reply::Answer = match node.workers(&worker_type).await {
+        let answer: reply::Answer = match node.context().workers(&worker_type).await {
             Ok(workers) => Box::new(move |env| {
                 let list: Vec<Term> = workers.iter().map(|w| worker_term(env, w)).collect();
                 (atoms::ok(), list).encode(env)
@@ -105,7 +105,7 @@ fn ops_job_paused<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) -> 
     };
     let rt = node.runtime().clone();
     reply::spawn(&rt, Replier::new(env, reference), async move {
-        let answer: reply::Answer = match node.job_paused(&job_type).await {
+        let answer: reply::Answer = match node.context().job_paused(&job_type).await {
             Ok(paused) => Box::new(move |env| (atoms::ok(), paused).encode(env)),
             Err(e) => reply::error(e.name()),
         };

@@ -98,7 +98,7 @@ impl Replier {
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
             self.env.send_and_clear(&self.pid, |env| (reference.load(env), answer(env)).encode(env))
         }));
-        couch_workers_core::stage::mark("reply_sent");
+        couch_workers_core::stage_mark("reply_sent");
         match result {
             Ok(sent) => sent.is_ok(),
             Err(payload) => {

@@ -31,12 +31,12 @@
 
 use std::sync::{Arc, Weak};
 
-use couch_workers_core::keyspace::Incarnation;
-use couch_workers_core::log::Logger;
 use couch_workers_core::log_event;
-use couch_workers_core::services::owner_events::{OnOwnerEvent, OwnerEvent};
-use couch_workers_core::workers::WorkerSpec;
+use couch_workers_core::Incarnation;
+use couch_workers_core::Logger;
+use couch_workers_core::WorkerSpec;
 use couch_workers_core::{Node, Registration};
+use couch_workers_core::{OnOwnerEvent, OwnerEvent};
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 use serde_json::Value;
 

@@ -157,14 +157,20 @@ pub async fn workers_remove_clears_member_and_health_once(s: &dyn StoreFactory) 
     assert_eq!(m.workers, vec![(b"w2".to_vec(), w2.options_json.clone())], "the other worker stays");
     assert!(health(&a.db, T, b"w2").await.is_some());
 
+    // A remove that finds no record stores nothing: it only writes the
+    // record's key (clearing nothing), so that a renewal that read it
+    // absent conflicts with it (tests/workers_unregister_race.rs).
     let (again, info) = remove(&a.db, T, b"w1").await;
     assert!(!again, "a second remove finds nothing");
-    assert_eq!(info, CommitInfo { version: None, versionstamp: None }, "and writes nothing");
+    assert_eq!(info.versionstamp, None, "and bumps no versionstamp");
+    assert_eq!(raw_get(&a.db, &ks.health(T, b"w1")).await, None);
+    assert_eq!(raw_get(&a.db, &ks.member(T, b"w1")).await, None);
     assert_eq!(membership(&b.db, T).await.vs, removed_vs);
 
     let (never, info) = remove(&b.db, b"other", b"w1").await;
     assert!(!never);
-    assert_eq!(info.version, None);
+    assert_eq!(info.versionstamp, None);
+    assert_eq!(raw_get(&a.db, &ks.health(b"other", b"w1")).await, None);
     assert_eq!(membership(&b.db, b"other").await.vs, [0; 10]);
 }
 

@@ -4,46 +4,34 @@
 
 use std::future::Future;
 
-use super::receipt::{self, Receipt};
 use crate::keyspace::Keyspace;
+use crate::store::receipt::{self, run_retry_safe};
 pub(crate) use crate::store::run_with_info as run_committed;
-use crate::store::{run_attempts, CommitInfo, Database, StoreError, Tx, TxOptions};
+use crate::store::{CommitInfo, Database, StoreError, Tx, TxOptions};
 
 /// Runs a job write whose answer is `Ok(())` or an expected error, so
-/// that it answers for its own commit: the write sets its receipt in its
-/// transaction, and an attempt after one that may have committed answers
-/// `Ok(())` if that receipt is there (see [`receipt`]). An expected error
-/// wrote nothing, so it sets no receipt and is decided afresh. On a store
-/// whose commits are never unknown, no receipt is written.
+/// that it answers for its own commit (`store::receipt`): the write sets
+/// its receipt in its transaction, and an attempt after one that may have
+/// committed answers `Ok(())` if that receipt is there. An expected error
+/// wrote nothing, so it sets no receipt and is decided afresh.
 pub(crate) async fn run_once<E, F, Fut>(
     db: &dyn Database,
     opts: TxOptions,
     ks: &Keyspace,
-    mut body: F,
+    body: F,
 ) -> Result<Result<(), E>, StoreError>
 where
-    F: FnMut(Tx) -> Fut,
+    F: Fn(Tx) -> Fut,
     Fut: Future<Output = Result<Result<(), E>, StoreError>>,
 {
-    // No receipt where every commit's outcome is known (the retry never
-    // runs on top of a landed commit).
-    let receipt = db.commits_may_be_unknown().then(|| Receipt::new(ks));
-    let receipt = receipt.as_ref();
-    let (outcome, _) = run_attempts(db, opts, |tx, attempt| {
-        // Not polled when the receipt says the write landed.
-        let work = body(tx.clone());
-        async move {
-            if let Some(receipt) = receipt.filter(|_| attempt.may_have_committed) {
-                if receipt.landed(&tx).await?.is_some() {
-                    return Ok(Ok(()));
-                }
-            }
-            let outcome = work.await?;
-            if let Some(receipt) = receipt.filter(|_| outcome.is_ok()) {
-                receipt.write(&tx, receipt::DONE);
-            }
-            Ok(outcome)
+    let body = &body;
+    let (outcome, _) = run_retry_safe(db, opts, ks, |tx, landed| async move {
+        if landed.is_some() {
+            return Ok((Ok(()), None));
         }
+        let outcome = body(tx).await?;
+        let done = outcome.is_ok().then(|| receipt::DONE.to_vec());
+        Ok((outcome, done))
     })
     .await?;
     Ok(outcome)

@@ -66,7 +66,7 @@
 //! releases the job: back to pending exactly as on failover, in its own
 //! transaction, if that accept still holds it. A release the store fails
 //! (a stall) is retried with backoff until it lands, in a task of its own
-//! (`ServiceState::release`): the job
+//! (`dispatcher::release`): the job
 //! would otherwise stay running for a live worker that never got it.
 
 use std::collections::{HashMap, VecDeque};
@@ -82,7 +82,8 @@ use super::commit::{complete_handle_vs, run_committed};
 use super::job::{AcceptToken, Fence, JobHandle};
 use super::ops::{self, Take};
 use super::place::wall_ms;
-use super::service::{Live, ServiceState};
+use super::promoter::promote;
+use crate::context::Context;
 use crate::error::Error;
 use crate::keyspace::Incarnation;
 use crate::log::TARGET;
@@ -90,7 +91,7 @@ use crate::log_event;
 use crate::store::{run, StoreError, Watch};
 use crate::tasks::supervise::ServiceKind;
 use crate::tasks::watch_limit::is_too_many_watches;
-use crate::tasks::{jittered, sleep_or_cancel};
+use crate::tasks::{jittered, sleep_or_cancel, Live};
 use tracing::Instrument;
 
 /// Most waiters served by one accept round (one transaction).
@@ -213,9 +214,12 @@ impl AcceptReply for FutureReply {
     }
 }
 
-/// An [`AcceptReply`] from a closure that returns whether it delivered.
+/// An [`AcceptReply`] from a closure that returns whether it delivered
+/// (tests' acceptors).
+#[cfg(feature = "internals")]
 pub struct ReplyFn<F>(pub F);
 
+#[cfg(feature = "internals")]
 impl<F> AcceptReply for ReplyFn<F>
 where
     F: FnOnce(Result<JobHandle, Error>) -> bool + Send + 'static,
@@ -247,6 +251,8 @@ pub(crate) struct Dispatchers {
     next_id: AtomicU64,
     /// Waiters queued or held by dispatchers (stats).
     pub waiting: Arc<AtomicU64>,
+    /// Dispatchers running (stats).
+    pub live: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 struct Entry {
@@ -256,7 +262,7 @@ struct Entry {
 
 impl Dispatchers {
     /// Hands `waiter` to the type's dispatcher, starting one if none runs.
-    pub fn submit(&self, shared: &Arc<ServiceState>, job_type: &[u8], waiter: Waiter) {
+    pub fn submit(self: &Arc<Self>, shared: &Arc<Context>, job_type: &[u8], waiter: Waiter) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let waiter = match map.get(job_type) {
             Some(entry) => match entry.sender.send(waiter) {
@@ -278,33 +284,41 @@ impl Dispatchers {
         let home = Arc::new(Mutex::new(Some(Parked { receiver, waiters: VecDeque::new() })));
         let cancel = shared.cancel.child_token();
         let gone = Arc::new(Notify::new());
-        let (s, t, c) = (shared.clone(), job_type.to_vec(), cancel.clone());
-        shared.spawn_supervised(ServiceKind::Dispatcher, job_type.to_vec(), cancel, None, move || {
-            let parked = home.lock().unwrap_or_else(|e| e.into_inner()).take();
-            let dispatcher = parked.map(|parked| Dispatcher {
-                shared: s.clone(),
-                job_type: t.clone(),
-                id,
-                receiver: parked.receiver,
-                cancel: c.clone(),
-                waiters: parked.waiters,
-                next_due: None,
-                paused: false,
-                gone: gone.clone(),
-                home: home.clone(),
-                in_round: Vec::new(),
-                round_tokens: Vec::new(),
-                ended: false,
-            });
-            let cancel = c.clone();
-            async move {
-                match dispatcher {
-                    Some(d) => d.run().await,
-                    // Nothing parked: nothing to serve.
-                    None => cancel.cancel(),
+        let (s, t, c, registry) = (shared.clone(), job_type.to_vec(), cancel.clone(), self.clone());
+        shared.spawn_supervised(
+            ServiceKind::Dispatcher,
+            job_type.to_vec(),
+            cancel,
+            None,
+            move || {
+                let parked = home.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let dispatcher = parked.map(|parked| Dispatcher {
+                    shared: s.clone(),
+                    registry: registry.clone(),
+                    job_type: t.clone(),
+                    id,
+                    receiver: parked.receiver,
+                    cancel: c.clone(),
+                    waiters: parked.waiters,
+                    next_due: None,
+                    paused: false,
+                    gone: gone.clone(),
+                    home: home.clone(),
+                    in_round: Vec::new(),
+                    round_tokens: Vec::new(),
+                    ended: false,
+                });
+                let cancel = c.clone();
+                async move {
+                    match dispatcher {
+                        Some(d) => d.run().await,
+                        // Nothing parked: nothing to serve.
+                        None => cancel.cancel(),
+                    }
                 }
-            }
-        });
+            },
+            None,
+        );
     }
 }
 
@@ -331,7 +345,9 @@ async fn wait_armed(watch: &mut Option<Watch>) -> Result<(), StoreError> {
 }
 
 struct Dispatcher {
-    shared: Arc<ServiceState>,
+    shared: Arc<Context>,
+    /// The node's dispatchers, this one among them.
+    registry: Arc<Dispatchers>,
     job_type: Vec<u8>,
     id: u64,
     receiver: mpsc::UnboundedReceiver<Waiter>,
@@ -365,7 +381,7 @@ impl Drop for Dispatcher {
         // order; what the round in flight may have taken goes back.
         let tokens = std::mem::take(&mut self.round_tokens);
         if !tokens.is_empty() {
-            self.shared.reclaim(self.job_type.clone(), tokens);
+            reclaim(&self.shared, self.job_type.clone(), tokens);
         }
         let mut waiters: VecDeque<Waiter> = std::mem::take(&mut self.in_round).into();
         waiters.extend(self.waiters.drain(..));
@@ -396,7 +412,7 @@ impl Dispatcher {
     }
 
     async fn serve(&mut self) {
-        let _live = Live::new(&self.shared.counts.dispatchers);
+        let _live = Live::new(&self.registry.live);
         let mut watch: Option<Watch> = None;
         let mut need_round = true;
         let mut failures: u32 = 0;
@@ -569,13 +585,13 @@ impl Dispatcher {
             }
             kept.push_back(w);
         }
-        self.shared.dispatchers.waiting.fetch_sub((before - kept.len()) as u64, Ordering::Relaxed);
+        self.registry.waiting.fetch_sub((before - kept.len()) as u64, Ordering::Relaxed);
         self.waiters = kept;
     }
 
     /// Answers every waiter `store_closed` (the node stops).
     fn close(&mut self) {
-        let mut map = self.shared.dispatchers.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.registry.map.lock().unwrap_or_else(|e| e.into_inner());
         if map.get(&self.job_type).is_some_and(|e| e.id == self.id) {
             map.remove(&self.job_type);
         }
@@ -588,13 +604,13 @@ impl Dispatcher {
         for w in self.waiters.drain(..) {
             let _ = w.reply.deliver(Err(Error::Store(StoreError::Closed)));
         }
-        self.shared.dispatchers.waiting.fetch_sub(n, Ordering::Relaxed);
+        self.registry.waiting.fetch_sub(n, Ordering::Relaxed);
     }
 
     /// Leaves if no waiter arrived meanwhile (decided under the registry
     /// lock, which every sender holds while sending).
     fn try_exit(&mut self) -> bool {
-        let mut map = self.shared.dispatchers.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.registry.map.lock().unwrap_or_else(|e| e.into_inner());
         match self.receiver.try_recv() {
             Ok(w) => {
                 drop(map);
@@ -651,7 +667,7 @@ impl Dispatcher {
                 // back to pending. The batch waits on, in front, and the
                 // next round draws new tokens.
                 if !matches!(e, StoreError::Closed) {
-                    shared.reclaim(job_type.clone(), workers.into_iter().zip(tokens).collect());
+                    reclaim(shared, job_type.clone(), workers.into_iter().zip(tokens).collect());
                 }
                 for w in batch.into_iter().rev() {
                     self.waiters.push_front(w);
@@ -663,7 +679,7 @@ impl Dispatcher {
         // pending jobs only because it was full: the waiters behind it are
         // due a round now, since no watch fires for jobs already pending.
         let batch_drained = !round.takes.iter().any(|t| matches!(t, Take::NoJob));
-        self.shared.log_unrunnable(job_type, &round.unrunnable);
+        log_unrunnable(&self.shared, job_type, &round.unrunnable);
         self.next_due = round.next_due;
         self.paused = round.paused;
         let again = round.more || (rest > 0 && batch_drained);
@@ -685,18 +701,18 @@ impl Dispatcher {
                             // values); give the job back rather than hand
                             // out a handle without a valid vs.
                             let _ = waiter.reply.deliver(Err(Error::Store(e)));
-                            self.shared.release(handle).await;
+                            release(&self.shared, handle).await;
                             continue;
                         }
                     }
                     let fallback = handle.clone();
                     if !waiter.reply.deliver(Ok(handle)) {
-                        self.shared.release(fallback).await;
+                        release(&self.shared, fallback).await;
                     }
                 }
             }
         }
-        self.shared.dispatchers.waiting.fetch_sub(answered, Ordering::Relaxed);
+        self.registry.waiting.fetch_sub(answered, Ordering::Relaxed);
         for w in left.into_iter().rev() {
             self.waiters.push_front(w);
         }
@@ -705,7 +721,7 @@ impl Dispatcher {
             // took (more than the waiters, or stale keys) move to pending,
             // so that counts and later accepts find them there, and the
             // timer is re-armed for what is left.
-            self.next_due = self.shared.promote(&self.job_type).await?;
+            self.next_due = promote(&self.shared, &self.job_type).await?;
         }
         let Some(seen) = seen else { return Ok((again, None)) };
         // The watch for the waiters left, armed now in a read-only
@@ -723,111 +739,128 @@ impl Dispatcher {
     }
 }
 
-impl ServiceState {
-    /// An accept round failed after an attempt that may have committed:
-    /// gives back, in a task of its own, the jobs it may have taken under
-    /// `taken`'s tokens (nobody holds those handles), retrying with
-    /// backoff until it succeeds or the node stops ([`ops::reclaim`]).
-    /// Its own task: the caller answers at once, and the store that made
-    /// the round fail may need a while to recover.
-    pub(crate) fn reclaim(self: &Arc<Self>, job_type: Vec<u8>, taken: Vec<(Vec<u8>, AcceptToken)>) {
-        if taken.is_empty() || self.cancel.is_cancelled() {
-            return;
-        }
-        let shared = self.clone();
-        self.spawn(async move {
-            let ks = &shared.ks;
-            let (t, j) = (&taken, &job_type);
-            for failures in 0u32.. {
-                let given = run(shared.db.as_ref(), shared.write, |tx| async move { ops::reclaim(&tx, ks, j, t).await }).await;
-                match given {
-                    Ok(n) => {
-                        if n > 0 {
-                            log_event!(shared.log, Info, "job_accept_reclaimed", "type" = j.as_slice(), count = n);
-                        }
+/// An accept round failed after an attempt that may have committed:
+/// gives back, in a task of its own, the jobs it may have taken under
+/// `taken`'s tokens (nobody holds those handles), retrying with
+/// backoff until it succeeds or the node stops ([`ops::reclaim`]).
+/// Its own task: the caller answers at once, and the store that made
+/// the round fail may need a while to recover.
+pub(crate) fn reclaim(ctx: &Arc<Context>, job_type: Vec<u8>, taken: Vec<(Vec<u8>, AcceptToken)>) {
+    if taken.is_empty() || ctx.cancel.is_cancelled() {
+        return;
+    }
+    let shared = ctx.clone();
+    ctx.spawn(async move {
+        let ks = &shared.ks;
+        let (t, j) = (&taken, &job_type);
+        for failures in 0u32.. {
+            let given =
+                run(shared.db.as_ref(), shared.write, |tx| async move { ops::reclaim(&tx, ks, j, t).await }).await;
+            match given {
+                Ok(n) => {
+                    if n > 0 {
+                        log_event!(shared.log, Info, "job_accept_reclaimed", "type" = j.as_slice(), count = n);
+                    }
+                    return;
+                }
+                Err(e) => {
+                    log_event!(shared.log, Warning, "job_accept_reclaim_failed", "type" = j.as_slice(), reason = %e);
+                    if matches!(e, StoreError::Closed)
+                        || !sleep_or_cancel(
+                            jittered(Duration::from_millis(50u64 << failures.min(6)), 0.5),
+                            &shared.cancel,
+                        )
+                        .await
+                    {
                         return;
                     }
-                    Err(e) => {
-                        log_event!(shared.log, Warning, "job_accept_reclaim_failed", "type" = j.as_slice(), reason = %e);
-                        if matches!(e, StoreError::Closed)
-                            || !sleep_or_cancel(jittered(Duration::from_millis(50u64 << failures.min(6)), 0.5), &shared.cancel).await
-                        {
-                            return;
-                        }
-                    }
                 }
             }
-        });
-    }
-
-    /// Gives back a job whose delivery failed (see the module comment).
-    /// The first try runs here; if the store fails it (a stall longer
-    /// than the call's budget, say), the give-back is retried with
-    /// backoff in a task of its own until it lands: left undone, the job
-    /// would stay running for a live worker that never heard of it, and
-    /// no failover would ever end it. Each failure is logged; a give-back
-    /// the node's stop cuts short is logged as abandoned (the job then
-    /// stays with its worker until the worker leaves).
-    pub(crate) async fn release(self: &Arc<Self>, handle: JobHandle) {
-        let fence = handle.fence();
-        if self.give_back_once(&fence, 1).await {
-            return;
         }
-        let shared = self.clone();
-        self.spawn(async move {
-            for failures in 1u32.. {
-                let pause = jittered(Duration::from_millis(50u64 << failures.min(6)), 0.5);
-                if !sleep_or_cancel(pause, &shared.cancel).await {
-                    let (t, id, worker) = (fence.job_type.as_slice(), fence.job_id.as_slice(), fence.worker.as_slice());
-                    log_event!(
-                        shared.log,
-                        Error,
-                        "job_release_abandoned",
-                        "type" = t,
-                        id = id,
-                        worker = worker,
-                        reason = "node_stopped",
-                        failures = failures
-                    );
-                    return;
-                }
-                if shared.give_back_once(&fence, failures + 1).await {
-                    return;
-                }
-            }
-        });
-    }
+    });
+}
 
-    /// One transaction of [`Self::release`]: true once the give-back is
-    /// settled (done, or nothing left to give back: the accept no longer
-    /// holds the job, or the store is closed), false if it must be tried
-    /// again.
-    async fn give_back_once(&self, fence: &Fence, attempt: u32) -> bool {
-        let ks = &self.ks;
-        let released =
-            run(self.db.as_ref(), self.write, |tx| async move { ops::give_back(&tx, ks, fence).await }).await;
-        let (t, id, worker) = (fence.job_type.as_slice(), fence.job_id.as_slice(), fence.worker.as_slice());
-        match released {
-            Ok(true) => {
-                log_event!(self.log, Info, "job_released", "type" = t, id = id, worker = worker);
-                true
-            }
-            Ok(false) => true,
-            Err(e) => {
-                let closed = matches!(e, StoreError::Closed);
+/// Gives back a job whose delivery failed (see the module comment).
+/// The first try runs here; if the store fails it (a stall longer
+/// than the call's budget, say), the give-back is retried with
+/// backoff in a task of its own until it lands: left undone, the job
+/// would stay running for a live worker that never heard of it, and
+/// no failover would ever end it. Each failure is logged; a give-back
+/// the node's stop cuts short is logged as abandoned (the job then
+/// stays with its worker until the worker leaves).
+pub(crate) async fn release(ctx: &Arc<Context>, handle: JobHandle) {
+    let fence = handle.fence();
+    if give_back_once(ctx, &fence, 1).await {
+        return;
+    }
+    let shared = ctx.clone();
+    ctx.spawn(async move {
+        for failures in 1u32.. {
+            let pause = jittered(Duration::from_millis(50u64 << failures.min(6)), 0.5);
+            if !sleep_or_cancel(pause, &shared.cancel).await {
+                let (t, id, worker) = (fence.job_type.as_slice(), fence.job_id.as_slice(), fence.worker.as_slice());
                 log_event!(
-                    self.log,
-                    Warning,
-                    "job_release_failed",
+                    shared.log,
+                    Error,
+                    "job_release_abandoned",
                     "type" = t,
                     id = id,
                     worker = worker,
-                    reason = %e,
-                    failures = attempt,
-                    retry = !closed
+                    reason = "node_stopped",
+                    failures = failures
                 );
-                closed
+                return;
+            }
+            if give_back_once(&shared, &fence, failures + 1).await {
+                return;
             }
         }
+    });
+}
+
+/// One transaction of [`release`]: true once the give-back is
+/// settled (done, or nothing left to give back: the accept no longer
+/// holds the job, or the store is closed), false if it must be tried
+/// again.
+async fn give_back_once(ctx: &Context, fence: &Fence, attempt: u32) -> bool {
+    let ks = &ctx.ks;
+    let released = run(ctx.db.as_ref(), ctx.write, |tx| async move { ops::give_back(&tx, ks, fence).await }).await;
+    let (t, id, worker) = (fence.job_type.as_slice(), fence.job_id.as_slice(), fence.worker.as_slice());
+    match released {
+        Ok(true) => {
+            log_event!(ctx.log, Info, "job_released", "type" = t, id = id, worker = worker);
+            true
+        }
+        Ok(false) => true,
+        Err(e) => {
+            let closed = matches!(e, StoreError::Closed);
+            log_event!(
+                ctx.log,
+                Warning,
+                "job_release_failed",
+                "type" = t,
+                id = id,
+                worker = worker,
+                reason = %e,
+                failures = attempt,
+                retry = !closed
+            );
+            closed
+        }
+    }
+}
+
+/// Logs each job an accept round failed because no worker can hold it
+/// (`ops::accept`): the one word of it besides its error.
+pub(crate) fn log_unrunnable(ctx: &Context, job_type: &[u8], ids: &[Vec<u8>]) {
+    for id in ids {
+        log_event!(
+            ctx.log,
+            Error,
+            "job_failed_unrunnable",
+            "type" = job_type,
+            id = id.as_slice(),
+            reason = "value_too_large"
+        );
     }
 }

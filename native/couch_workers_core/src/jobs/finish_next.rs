@@ -13,18 +13,27 @@
 //! commits without the accept: the requeue writes the record and the
 //! pending key with versionstamps, which the same transaction cannot read
 //! back (FoundationDB's `accessed_unreadable`), so the next job is taken
-//! in a transaction of its own, as `job_accept` with timeout 0 would.
+//! in a transaction of its own.
+//!
+//! That follow-up (also when the first transaction's round took nothing
+//! but jobs may be left: stale pending keys cleared, scheduled jobs due)
+//! is one accept round, never more: the caller waits for the finish's
+//! answer twice the API's call timeout (two transaction budgets and their
+//! commit graces fit in it, not more), and a committed finish must not
+//! reach it as a timeout. A job this round leaves is the worker's next
+//! accept's (tests/jobs_finish_accept_slow.rs).
 
 use std::sync::Arc;
 
-use super::commit::complete_handle_vs;
+use super::commit::{complete_handle_vs, run_committed};
+use super::dispatcher::{log_unrunnable, reclaim};
 use super::job::{Fence, JobHandle, JobState};
 use super::ops::{self, Take};
 use super::place::wall_ms;
-use super::receipt::{self, Receipt};
-use super::service::ServiceState;
+use crate::context::Context;
 use crate::error::Error;
 use crate::keyspace::Incarnation;
+use crate::store::receipt::{self, RetrySafe};
 use crate::store::{run_attempts, StoreError};
 
 /// The worker an accept is for: its type, its id and, if given, the
@@ -36,45 +45,43 @@ pub struct NextFor<'a> {
     pub incarnation: Option<Incarnation>,
 }
 
-impl ServiceState {
-    /// Finishes the job `fence` holds and, in the same transaction, takes
-    /// the next pending job for `next`. `Ok(None)`: the finish committed
-    /// and no job was taken (none pending, the type paused, or the
-    /// registration no longer holds the id). An error of the finish
-    /// (`NotOwner`, `NotFound`, ...) wrote nothing and took nothing.
-    pub(crate) async fn finish_accept(
-        self: &Arc<Self>,
-        fence: &Fence,
-        result: &[u8],
-        next: NextFor<'_>,
-    ) -> Result<Option<JobHandle>, Error> {
-        let ks = &self.ks;
-        let db = self.db.as_ref();
-        let receipt = db.commits_may_be_unknown().then(|| Receipt::new(ks));
-        let receipt = receipt.as_ref();
-        let workers = [next.worker.to_vec()];
-        let incarnations = [next.incarnation];
-        // Drawn outside the retry loop: every attempt takes under the same
-        // token, so a retry can find what an earlier one took.
-        let tokens = ops::new_tokens(1);
-        let (w, i, t) = (&workers[..], &incarnations[..], &tokens[..]);
-        let mut attempts = 0u32;
-        let outcome = run_attempts(db, self.write, |tx, attempt| {
-            attempts += 1;
-            let recheck = attempts > 1;
-            async move {
-                let landed = match receipt.filter(|_| attempt.may_have_committed) {
-                    Some(r) => r.landed(&tx).await?.is_some(),
-                    None => false,
-                };
-                if !landed {
+/// Finishes the job `fence` holds and, in the same transaction, takes
+/// the next pending job for `next`. `Ok(None)`: the finish committed
+/// and no job was taken (none pending, the type paused, or the
+/// registration no longer holds the id). An error of the finish
+/// (`NotOwner`, `NotFound`, ...) wrote nothing and took nothing.
+pub(crate) async fn finish_accept(
+    ctx: &Arc<Context>,
+    fence: &Fence,
+    result: &[u8],
+    next: NextFor<'_>,
+) -> Result<Option<JobHandle>, Error> {
+    let ks = &ctx.ks;
+    let db = ctx.db.as_ref();
+    let safe = RetrySafe::new(db, ks);
+    let safe = &safe;
+    let workers = [next.worker.to_vec()];
+    let incarnations = [next.incarnation];
+    // Drawn outside the retry loop: every attempt takes under the same
+    // token, so a retry can find what an earlier one took.
+    let tokens = ops::new_tokens(1);
+    let (w, i, tk) = (&workers[..], &incarnations[..], &tokens[..]);
+    let mut attempts = 0u32;
+    let outcome = run_attempts(db, ctx.write, |tx, attempt| {
+        attempts += 1;
+        let recheck = attempts > 1;
+        // The finish sets the receipt; an attempt after its landed
+        // write only accepts.
+        let t = tx.clone();
+        async move {
+            safe.attempt(&t, attempt, move |landed| async move {
+                let mut finished = None;
+                if landed.is_none() {
                     let job = match ops::finish(&tx, ks, fence, result).await? {
                         Ok(job) => job,
-                        Err(e) => return Ok(Err(e)),
+                        Err(e) => return Ok((Err(e), None)),
                     };
-                    if let Some(r) = receipt {
-                        r.write(&tx, receipt::DONE);
-                    }
+                    finished = Some(receipt::DONE.to_vec());
                     // A resubmission made while the job ran queued it
                     // again: its record and pending key are now written
                     // with versionstamps, which this transaction may not
@@ -83,52 +90,79 @@ impl ServiceState {
                     // record). The finish commits alone; the accept
                     // follows it in its own transaction.
                     if matches!(job.state, JobState::Pending | JobState::Scheduled) {
-                        return Ok(Ok(None));
+                        return Ok((Ok(None), finished));
                     }
                 }
-                let acceptors = ops::Acceptors { workers: w, incarnations: i, tokens: t, recheck };
-                Ok(Ok(Some(ops::accept(&tx, ks, next.worker_type, acceptors).await?)))
-            }
-        })
-        .await;
-        let (round, info) = match outcome {
-            Ok((Ok(Some(round)), info)) => (round, info),
-            Ok((Ok(None), _)) => {
-                // The finish committed (requeued by its resubmission) and
-                // took nothing: take the next job as `job_accept` with
-                // timeout 0 would. An attempt whose commit was unknown took
-                // nothing either (it accepted nothing), so the token is
-                // free.
-                return Ok(self.accept_now(next.worker_type, next.worker, next.incarnation).await.ok());
-            }
-            Ok((Err(e), _)) => return Err(e),
-            Err(e) => {
-                // An attempt may have taken a job that nobody will hold.
-                if !matches!(e, StoreError::Closed) {
-                    self.reclaim(next.worker_type.to_vec(), vec![(next.worker.to_vec(), tokens[0])]);
-                }
-                return Err(e.into());
-            }
-        };
-        let due = round.next_due.is_some_and(|t| t <= wall_ms()) && !round.paused;
-        match round.takes.into_iter().next() {
-            Some(Take::Job(mut handle)) => {
-                complete_handle_vs(&mut handle, &info)?;
-                Ok(Some(handle))
-            }
-            // Jobs may be left that this round could not take (due
-            // scheduled ones, a spent byte budget, stale keys cleared):
-            // the finish has committed; take one as `job_accept` with
-            // timeout 0 would.
-            Some(Take::NoJob) if due || round.more => {
-                match self.accept_now(next.worker_type, next.worker, next.incarnation).await {
-                    Ok(handle) => Ok(Some(handle)),
-                    // The finish committed: it is never answered as an error
-                    // (a job the accept may have taken it gives back itself).
-                    Err(_) => Ok(None),
-                }
-            }
-            _ => Ok(None),
+                let acceptors = ops::Acceptors { workers: w, incarnations: i, tokens: tk, recheck };
+                Ok((Ok(Some(ops::accept(&tx, ks, next.worker_type, acceptors).await?)), finished))
+            })
+            .await
         }
+    })
+    .await;
+    let (round, info) = match outcome {
+        Ok((Ok(Some(round)), info)) => (round, info),
+        Ok((Ok(None), _)) => {
+            // The finish committed (requeued by its resubmission) and
+            // took nothing: take the next job in one round of its own.
+            // An attempt whose commit was unknown took nothing either
+            // (it accepted nothing), so the token is free.
+            return Ok(follow_up(ctx, next).await);
+        }
+        Ok((Err(e), _)) => return Err(e),
+        Err(e) => {
+            // An attempt may have taken a job that nobody will hold.
+            if !matches!(e, StoreError::Closed) {
+                reclaim(ctx, next.worker_type.to_vec(), vec![(next.worker.to_vec(), tokens[0])]);
+            }
+            return Err(e.into());
+        }
+    };
+    let due = round.next_due.is_some_and(|t| t <= wall_ms()) && !round.paused;
+    match round.takes.into_iter().next() {
+        Some(Take::Job(mut handle)) => {
+            complete_handle_vs(&mut handle, &info)?;
+            Ok(Some(handle))
+        }
+        // Jobs may be left that this round could not take (due
+        // scheduled ones, a spent byte budget, stale keys cleared):
+        // the finish has committed; one more round may take one.
+        Some(Take::NoJob) if due || round.more => Ok(follow_up(ctx, next).await),
+        _ => Ok(None),
     }
+}
+
+/// The one accept round after a finish that committed without taking
+/// a job (see the module doc): one transaction run, no promotion, no
+/// further round. The finish committed, so nothing here is an error:
+/// `None` when no job was taken, and a job this round may have taken
+/// for nobody goes back to pending.
+async fn follow_up(ctx: &Arc<Context>, next: NextFor<'_>) -> Option<JobHandle> {
+    let ks = &ctx.ks;
+    let workers = [next.worker.to_vec()];
+    let incarnations = [next.incarnation];
+    let tokens = ops::new_tokens(1);
+    let (w, i, t) = (&workers[..], &incarnations[..], &tokens[..]);
+    let mut attempts = 0u32;
+    let outcome = run_committed(ctx.db.as_ref(), ctx.write, |tx| {
+        attempts += 1;
+        let acceptors = ops::Acceptors { workers: w, incarnations: i, tokens: t, recheck: attempts > 1 };
+        async move { ops::accept(&tx, ks, next.worker_type, acceptors).await }
+    })
+    .await;
+    let taken = match outcome {
+        Ok((round, info)) => {
+            log_unrunnable(ctx, next.worker_type, &round.unrunnable);
+            match round.takes.into_iter().next() {
+                Some(Take::Job(mut handle)) => complete_handle_vs(&mut handle, &info).map(|()| handle).ok(),
+                _ => return None,
+            }
+        }
+        Err(StoreError::Closed) => return None,
+        Err(_) => None,
+    };
+    if taken.is_none() {
+        reclaim(ctx, next.worker_type.to_vec(), vec![(next.worker.to_vec(), tokens[0])]);
+    }
+    taken
 }

@@ -45,8 +45,18 @@
 //! * `pruner.rs`: removes ended jobs past their `keep`;
 //! * `wake.rs`: the promoter's and the pruner's wait (a deadline or a
 //!   watched key's change);
-//! * [`service`]: the node-level API the NIF calls.
+//! * `take.rs`: one accept now (timeout 0), no dispatcher;
+//! * `api.rs`: [`Jobs`], the stateless job API on a context (every call
+//!   that needs no running task; the command line's);
+//! * [`service`]: [`JobService`], the node's: [`Jobs`] plus accept and
+//!   subscribe, and the daemons only a node starts.
+//!
+//! Dependencies run down this list's reverse: `service` uses `api`,
+//! `finish_next`, `take`, `subscription`, `dispatcher`, `promoter`,
+//! `pruner`, `sweeper`; none of those uses `service`. Each task takes the
+//! node's [`crate::context::Context`] and its own registry.
 
+mod api;
 mod commit;
 pub mod dispatcher;
 mod finish_next;
@@ -55,21 +65,28 @@ pub mod ops;
 pub(crate) mod place;
 mod promoter;
 mod pruner;
-pub mod receipt;
 pub mod record;
 pub mod service;
 pub mod subscription;
 mod sweeper;
+mod take;
 mod wake;
 
-pub use dispatcher::{AcceptReply, GoneSignal, ReplyFn};
+pub use api::Jobs;
+pub use dispatcher::{AcceptReply, GoneSignal};
+#[cfg(feature = "internals")]
+pub use dispatcher::ReplyFn;
 pub use finish_next::NextFor;
 pub use job::{
     AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts,
-    NewJob, Schedule,
+    Schedule,
 };
-pub use ops::{Departure, Retry, RunEnd};
+// What only tests build jobs and clocks with.
+#[cfg(feature = "internals")]
+pub use job::NewJob;
+#[cfg(feature = "internals")]
 pub use place::wall_ms;
+pub use ops::{Departure, Retry};
 pub use service::{JobService, JobStats};
 pub use subscription::{JobSubscription, OnJobEvent};
 

@@ -27,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::ops;
 use super::place::wall_ms;
-use super::service::ServiceState;
 use super::wake::{WatchedSleep, Woke};
+use crate::context::Context;
 use crate::log_event;
 use crate::store::{run, StoreError, Watch};
 use crate::tasks::{jittered, sleep_or_cancel};
@@ -37,7 +37,7 @@ use crate::tasks::{jittered, sleep_or_cancel};
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
 /// The promoter's loop; supervised (`tasks/supervise.rs`).
-pub(crate) async fn run_promoter(shared: Arc<ServiceState>, cancel: CancellationToken) {
+pub(crate) async fn run_promoter(shared: Arc<Context>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     let mut watched = WatchedSleep::new(&shared.watch_limit);
     loop {
@@ -73,7 +73,7 @@ pub(crate) async fn run_promoter(shared: Arc<ServiceState>, cancel: Cancellation
 
 /// One pass: promotes what is due; returns the earliest `run_at` left and
 /// a watch on `scheduled_vs` armed at the pass's first read.
-async fn pass(shared: &ServiceState) -> Result<(Option<u64>, Watch), StoreError> {
+async fn pass(shared: &Context) -> Result<(Option<u64>, Watch), StoreError> {
     let ks = &shared.ks;
     // A read first: most passes find nothing due and write nothing. The
     // watch is armed at the same read version as the reads: a schedule
@@ -92,11 +92,30 @@ async fn pass(shared: &ServiceState) -> Result<(Option<u64>, Watch), StoreError>
     let now = wall_ms();
     let mut next: Option<u64> = None;
     for (job_type, at) in earliest {
-        let left = if at <= now { shared.promote(&job_type).await? } else { Some(at) };
+        let left = if at <= now { promote(shared, &job_type).await? } else { Some(at) };
         next = match (next, left) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
     }
     Ok((next, watch))
+}
+
+/// Most scheduled jobs one transaction moves to pending.
+const PROMOTE_BATCH: usize = 500;
+
+/// Moves the type's due scheduled jobs to pending (bounded batches), by
+/// this node's wall clock. Returns the earliest `run_at` left.
+pub(crate) async fn promote(ctx: &Context, job_type: &[u8]) -> Result<Option<u64>, StoreError> {
+    let ks = &ctx.ks;
+    loop {
+        let now = wall_ms();
+        let (moved, next) = run(ctx.db.as_ref(), ctx.write, |tx| async move {
+            ops::promote_due(&tx, ks, job_type, now, PROMOTE_BATCH).await
+        })
+        .await?;
+        if moved < PROMOTE_BATCH || next.is_some_and(|t| t > now) {
+            return Ok(next);
+        }
+    }
 }

@@ -28,11 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::ops;
 use super::place::{wall_ms, WAKE_KEEP_S};
-use super::receipt;
-use super::service::ServiceState;
 use super::wake::{WatchedSleep, Woke};
+use crate::context::Context;
 use crate::log_event;
-use crate::store::{run, StoreError};
+use crate::store::{receipt, run, StoreError};
 use crate::tasks::{jittered, sleep_or_cancel};
 
 /// Jobs removed per transaction (FoundationDB's limits: a job's keys are
@@ -49,7 +48,7 @@ const MAX_SLEEP: Duration = Duration::from_secs(WAKE_KEEP_S / 2);
 const MIN_GAP: Duration = Duration::from_millis(1000);
 
 /// The pruner's loop; supervised (`tasks/supervise.rs`).
-pub(crate) async fn run_pruner(shared: Arc<ServiceState>, cancel: CancellationToken) {
+pub(crate) async fn run_pruner(shared: Arc<Context>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     let mut receipts_cleared: Option<i64> = None;
     let mut watched = WatchedSleep::new(&shared.watch_limit);

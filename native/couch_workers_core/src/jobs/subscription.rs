@@ -30,11 +30,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::job::{Job, JobEvent, JobVs};
 use super::ops;
-use super::service::{Live, ServiceState};
+use crate::context::Context;
 use crate::error::Error;
 use crate::log_event;
 use crate::store::{run, StoreError, Watch};
-use crate::tasks::sleep_or_cancel;
+use crate::tasks::{sleep_or_cancel, Live};
 use crate::tasks::supervise::ServiceKind;
 use crate::tasks::watch_limit::is_too_many_watches;
 
@@ -49,6 +49,8 @@ type JobKey = (Vec<u8>, Vec<u8>);
 pub(crate) struct Watchers {
     map: Mutex<HashMap<JobKey, Arc<JobWatcher>>>,
     next_sub: std::sync::atomic::AtomicU64,
+    /// Watcher tasks running (stats).
+    pub live: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 pub(crate) struct JobWatcher {
@@ -72,7 +74,7 @@ struct Subscriber {
 /// A live subscription; dropping it (or [`JobSubscription::cancel`])
 /// ends it.
 pub struct JobSubscription {
-    shared: Weak<ServiceState>,
+    watchers: Weak<Watchers>,
     watcher: Arc<JobWatcher>,
     id: u64,
 }
@@ -80,8 +82,8 @@ pub struct JobSubscription {
 impl JobSubscription {
     /// Ends the subscription: no callback of it runs after this returns.
     pub fn cancel(&self) {
-        if let Some(shared) = self.shared.upgrade() {
-            shared.watchers.unsubscribe(&self.watcher, self.id);
+        if let Some(watchers) = self.watchers.upgrade() {
+            watchers.unsubscribe(&self.watcher, self.id);
         } else {
             // The service is gone; its watchers with it.
             self.watcher.lock().subscribers.remove(&self.id);
@@ -109,7 +111,12 @@ impl Watchers {
     /// Subscribes to a job read as `current`; returns the job the
     /// subscriber starts from (`current`, or a newer one the watcher has)
     /// and its subscription.
-    pub fn subscribe(&self, shared: &Arc<ServiceState>, current: Job, on_event: OnJobEvent) -> (Job, JobSubscription) {
+    pub fn subscribe(
+        self: &Arc<Self>,
+        shared: &Arc<Context>,
+        current: Job,
+        on_event: OnJobEvent,
+    ) -> (Job, JobSubscription) {
         let key = (current.job_type.clone(), current.id.clone());
         let id = self.next_sub.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut map = self.lock();
@@ -122,7 +129,7 @@ impl Watchers {
                     state: Mutex::new(WatcherState::default()),
                 });
                 map.insert(key, watcher.clone());
-                let (weak, w) = (Arc::downgrade(shared), watcher.clone());
+                let (home, w) = (Home { ctx: Arc::downgrade(shared), watchers: Arc::downgrade(self) }, watcher.clone());
                 // Failing: logged (a subscriber's only ending is `Removed`,
                 // which would be false).
                 shared.spawn_supervised(
@@ -130,7 +137,8 @@ impl Watchers {
                     watcher.key.0.clone(),
                     watcher.cancel.clone(),
                     None,
-                    move || watch_job(weak.clone(), w.clone()),
+                    move || watch_job(home.clone(), w.clone()),
+                    None,
                 );
                 watcher
             }
@@ -143,7 +151,7 @@ impl Watchers {
         state.subscribers.insert(id, Subscriber { seen: start.vs, on_event });
         drop(state);
         drop(map);
-        (start, JobSubscription { shared: Arc::downgrade(shared), watcher, id })
+        (start, JobSubscription { watchers: Arc::downgrade(self), watcher, id })
     }
 
     fn unsubscribe(&self, watcher: &Arc<JobWatcher>, id: u64) {
@@ -161,20 +169,27 @@ impl Watchers {
 /// The watcher task of one job; supervised (`tasks/supervise.rs`): a
 /// restart reads the job again, and each subscriber's `seen` keeps it from
 /// a change twice. Every way it ends for good cancels its token.
-async fn watch_job(shared: Weak<ServiceState>, watcher: Arc<JobWatcher>) {
-    watch_job_loop(shared, &watcher).await;
+async fn watch_job(home: Home, watcher: Arc<JobWatcher>) {
+    watch_job_loop(home, &watcher).await;
     // Returned (not a panic, which the supervisor restarts): for good.
     watcher.cancel.cancel();
 }
 
-async fn watch_job_loop(shared: Weak<ServiceState>, watcher: &Arc<JobWatcher>) {
-    let Some(live) = shared.upgrade().map(|s| Live::new(&s.counts.job_watchers)) else { return };
+/// What a watcher task holds of its node, weakly: it keeps neither alive.
+#[derive(Clone)]
+struct Home {
+    ctx: Weak<Context>,
+    watchers: Weak<Watchers>,
+}
+
+async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
+    let Some(live) = home.watchers.upgrade().map(|w| Live::new(&w.live)) else { return };
     let _live = live;
     let mut failures: u32 = 0;
     // Consecutive watches refused at the handle's limit.
     let mut at_limit: u32 = 0;
     loop {
-        let Some(s) = shared.upgrade() else { return };
+        let Some(s) = home.ctx.upgrade() else { return };
         let (job_type, id) = (watcher.key.0.as_slice(), watcher.key.1.as_slice());
         let ks = &s.ks;
         let read = run(s.db.as_ref(), s.read, |tx| async move {
@@ -202,8 +217,10 @@ async fn watch_job_loop(shared: Weak<ServiceState>, watcher: &Arc<JobWatcher>) {
             Ok((None, _)) => {
                 // Removed: tell everyone, and leave (under the map lock, so
                 // a new subscriber starts a new watcher).
-                let mut map = s.watchers.lock();
-                if map.get(&watcher.key).is_some_and(|w| Arc::ptr_eq(w, watcher)) {
+                let watchers = home.watchers.upgrade();
+                let mut map = watchers.as_ref().map(|w| w.lock());
+                if let Some(map) = map.as_mut().filter(|m| m.get(&watcher.key).is_some_and(|w| Arc::ptr_eq(w, watcher)))
+                {
                     map.remove(&watcher.key);
                 }
                 let mut state = watcher.lock();
@@ -265,7 +282,7 @@ async fn watch_job_loop(shared: Weak<ServiceState>, watcher: &Arc<JobWatcher>) {
 
 /// Reads the current job for `subscribe`: `not_found` if it does not
 /// exist.
-pub(crate) async fn read_current(shared: &ServiceState, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {
+pub(crate) async fn read_current(shared: &Context, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {
     ops::check_job_key(&shared.ks, job_type, id)?;
     let ks = &shared.ks;
     run(shared.db.as_ref(), shared.read, |tx| async move { ops::get(&tx, ks, job_type, id).await })

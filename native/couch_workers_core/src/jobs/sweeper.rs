@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ops::{self, SweepCursor, SweepStep};
-use super::service::ServiceState;
+use crate::context::Context;
 use crate::log_event;
 use crate::store::{run, StoreError};
 use crate::tasks::watch_limit::is_too_many_watches;
@@ -29,7 +29,7 @@ const PERIOD: Duration = Duration::from_secs(10);
 /// The sweeper's loop; supervised (`tasks/supervise.rs`), its live
 /// count held by the supervisor from the moment it is spawned (a `stats()`
 /// right after start sees it).
-pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: CancellationToken) {
+pub(crate) async fn run_sweeper(shared: std::sync::Arc<Context>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     // Consecutive watches refused at the handle's limit.
     let mut at_limit: u32 = 0;
@@ -110,7 +110,7 @@ pub(crate) async fn run_sweeper(shared: std::sync::Arc<ServiceState>, cancel: Ca
 
 /// Works one marker off; returns how many jobs moved.
 async fn sweep_one(
-    shared: &ServiceState,
+    shared: &Context,
     cancel: &CancellationToken,
     worker_type: &[u8],
     worker: &[u8],

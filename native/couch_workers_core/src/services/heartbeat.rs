@@ -37,12 +37,13 @@ use tracing::Instrument;
 
 use super::owner_events::{OwnerEvent, OwnerEvents};
 use super::wall_clock_s;
-use crate::jobs::receipt::Receipt;
+use crate::context::Context;
 use crate::keyspace::{Incarnation, Keyspace};
-use crate::log::{Logger, TARGET};
+use crate::log::TARGET;
 use crate::log_event;
+use crate::store::receipt::run_retry_safe;
+use crate::store::StoreError;
 use crate::roster::{self, Beat};
-use crate::store::{run_attempts, Db, StoreError, TxOptions};
 use crate::tasks::{jittered, Live};
 use crate::workers::{Heartbeat, WorkerSpec};
 
@@ -246,11 +247,8 @@ fn may_be_one_workers(e: &StoreError) -> bool {
 
 #[derive(Clone)]
 pub(crate) struct HeartbeatService {
-    pub db: Db,
-    pub ks: Keyspace,
-    pub log: Logger,
+    pub ctx: Arc<Context>,
     pub cancel: CancellationToken,
-    pub tx_options: TxOptions,
     pub heartbeats: Arc<Heartbeats>,
 }
 
@@ -274,7 +272,7 @@ impl HeartbeatService {
             }
             let open = self.heartbeats.take_open(Instant::now());
             let mut committed = false;
-            for chunk in chunks(open, &self.ks) {
+            for chunk in chunks(open, &self.ctx.ks) {
                 let done = tokio::select! {
                     _ = self.cancel.cancelled() => None,
                     c = self.renew_chunk(chunk) => Some(c),
@@ -338,20 +336,15 @@ impl HeartbeatService {
     /// but was answered `commit_unknown_result`: the retry finds the
     /// worker registered by that very write (`Renewed`). So an attempt
     /// that reinstates writes a receipt naming the registrations it
-    /// reinstated (`jobs::receipt`; only on stores whose commits may be
+    /// reinstated (`store::receipt`; only on stores whose commits may be
     /// unknown, and only then: a plain renewal writes none), and a retry
     /// after an unknown commit reads it and answers those as reinstated.
     async fn renew(&self, chunk: &[Due]) -> Result<Vec<Option<Heartbeat>>, StoreError> {
         self.heartbeats.transactions.fetch_add(1, Ordering::Relaxed);
-        let ks = &self.ks;
-        let receipt = self.db.commits_may_be_unknown().then(|| Receipt::new(ks));
-        let receipt = receipt.as_ref();
-        run_attempts(self.db.as_ref(), self.tx_options, |tx, attempt| async move {
+        let ks = &self.ctx.ks;
+        run_retry_safe(self.ctx.db.as_ref(), self.ctx.write, ks, |tx, landed| async move {
             tx.spare_own_watches(&ks.health_vs());
-            let landed = match receipt.filter(|_| attempt.may_have_committed) {
-                Some(r) => r.landed(&tx).await?.map(|v| parse_indices(&v)).unwrap_or_default(),
-                None => Vec::new(),
-            };
+            let landed = landed.map(|v| parse_indices(&v)).unwrap_or_default();
             let beats: Vec<Beat<'_>> =
                 chunk.iter().map(|d| Beat { spec: &d.spec, incarnation: &d.incarnation }).collect();
             let mut outcomes =
@@ -366,10 +359,9 @@ impl HeartbeatService {
                     _ => {}
                 }
             }
-            if let Some(r) = receipt.filter(|_| reinstated.len() > landed.len()) {
-                r.write(&tx, &encode_indices(&reinstated));
-            }
-            Ok(outcomes)
+            // A receipt only when this attempt reinstated more.
+            let receipt = (reinstated.len() > landed.len()).then(|| encode_indices(&reinstated));
+            Ok((outcomes, receipt))
         })
         .instrument(tracing::debug_span!(target: TARGET, "heartbeat", workers = chunk.len()))
         .await
@@ -409,14 +401,14 @@ impl HeartbeatService {
         }
         for (spec, failures) in recovered {
             let (t, id) = (spec.worker_type.as_slice(), spec.id.as_slice());
-            log_event!(self.log, Notice, "heartbeat_recovered", "type" = t, id = id, failures = failures);
+            log_event!(self.ctx.log, Notice, "heartbeat_recovered", "type" = t, id = id, failures = failures);
         }
         // Outside the lock: a listener may call back into the node.
         for (sink, event, spec) in events {
             let (t, id) = (spec.worker_type.as_slice(), spec.id.as_slice());
             match event {
-                OwnerEvent::Reaped => log_event!(self.log, Warning, "worker_reinstated", "type" = t, id = id),
-                OwnerEvent::Superseded => log_event!(self.log, Warning, "worker_superseded", "type" = t, id = id),
+                OwnerEvent::Reaped => log_event!(self.ctx.log, Warning, "worker_reinstated", "type" = t, id = id),
+                OwnerEvent::Superseded => log_event!(self.ctx.log, Warning, "worker_superseded", "type" = t, id = id),
                 OwnerEvent::HeartbeatFailing => {}
             }
             sink.emit(event);
@@ -442,7 +434,7 @@ impl HeartbeatService {
         }
         for (spec, failures) in failed {
             let (t, id) = (spec.worker_type.as_slice(), spec.id.as_slice());
-            log_event!(self.log, Warning, "heartbeat_failed", "type" = t, id = id, reason = %e, failures = failures);
+            log_event!(self.ctx.log, Warning, "heartbeat_failed", "type" = t, id = id, reason = %e, failures = failures);
         }
     }
 }

@@ -26,12 +26,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::keyspace::Keyspace;
-use crate::log::Logger;
+use crate::context::Context;
 use crate::log_event;
-use crate::store::{run, Db, StoreError, Tx, TxOptions, Versionstamp, Watch};
+use crate::store::{run, StoreError, Tx, Versionstamp, Watch};
 use crate::tasks::sleep_or_cancel;
-use crate::tasks::watch_limit::{is_too_many_watches, WatchLimit};
+use crate::tasks::watch_limit::is_too_many_watches;
 use crate::workers::{self, Membership};
 
 /// Called with every new membership, as an owned copy; must not block.
@@ -72,19 +71,14 @@ impl MembershipUpdate<'_> {
 
 #[derive(Clone)]
 pub(crate) struct MembershipWatcher {
-    pub db: Db,
-    pub ks: Keyspace,
+    pub ctx: Arc<Context>,
     pub worker_type: Vec<u8>,
     pub on_update: Arc<OnMembershipUpdate>,
     /// What the watcher delivered, kept over restarts (`supervise.rs`), so
     /// that a restarted watcher goes on from it: no delivery repeats one
     /// before it.
     pub known: Arc<Mutex<Option<Known>>>,
-    pub log: Logger,
     pub cancel: CancellationToken,
-    pub tx_options: TxOptions,
-    /// The node's watch-limit episode (`too_many_watches`).
-    pub watch_limit: Arc<WatchLimit>,
 }
 
 /// What the watcher knows: the membership as of `vs`.
@@ -126,7 +120,7 @@ impl MembershipWatcher {
                 Ok((read, watch)) => {
                     if failures > 0 {
                         log_event!(
-                            self.log,
+                            self.ctx.log,
                             Notice,
                             "membership_watch_recovered",
                             "type" = self.worker_type.as_slice()
@@ -138,7 +132,7 @@ impl MembershipWatcher {
                 }
                 Err(e) => {
                     failures += 1;
-                    log_event!(self.log, Warning, "membership_read_failed", "type" = self.worker_type.as_slice(), reason = %e);
+                    log_event!(self.ctx.log, Warning, "membership_read_failed", "type" = self.worker_type.as_slice(), reason = %e);
                     let backoff = Duration::from_millis(50u64 << failures.min(5));
                     if !sleep_or_cancel(backoff, &self.cancel).await {
                         return;
@@ -153,7 +147,7 @@ impl MembershipWatcher {
                         crate::stage::mark("membership_woken");
                         if at_limit > 0 {
                             at_limit = 0;
-                            self.watch_limit.cleared();
+                            self.ctx.watch_limit.cleared();
                         }
                     }
                     Err(_) if self.cancel.is_cancelled() => return,
@@ -161,9 +155,9 @@ impl MembershipWatcher {
                         // The handle's limit: back off, growing, and let
                         // the node log the episode once (watch_limit.rs).
                         at_limit += 1;
-                        let pause = self.watch_limit.reached(at_limit);
+                        let pause = self.ctx.watch_limit.reached(at_limit);
                         let delay_ms = pause.as_millis() as u64;
-                        log_event!(self.log, Debug, "membership_watch_deferred", "type" = self.worker_type.as_slice(), delay_ms = delay_ms);
+                        log_event!(self.ctx.log, Debug, "membership_watch_deferred", "type" = self.worker_type.as_slice(), delay_ms = delay_ms);
                         if !sleep_or_cancel(pause, &self.cancel).await {
                             return;
                         }
@@ -171,7 +165,7 @@ impl MembershipWatcher {
                     Err(e) => {
                         // A store hiccup: read again after a pause rather
                         // than spin.
-                        log_event!(self.log, Warning, "membership_watch_failed", "type" = self.worker_type.as_slice(), reason = %e);
+                        log_event!(self.ctx.log, Warning, "membership_watch_failed", "type" = self.worker_type.as_slice(), reason = %e);
                         if !sleep_or_cancel(Duration::from_millis(100), &self.cancel).await {
                             return;
                         }
@@ -189,9 +183,9 @@ impl MembershipWatcher {
     /// One transaction: the changes since `known` (or everything), and a
     /// watch on the type's `vs` armed at the same read version.
     async fn read(&self, since: Option<Versionstamp>) -> Result<(Read, Watch), StoreError> {
-        let ks = &self.ks;
+        let ks = &self.ctx.ks;
         let worker_type = &self.worker_type;
-        run(self.db.as_ref(), self.tx_options, |tx: Tx| async move {
+        run(self.ctx.db.as_ref(), self.ctx.read, |tx: Tx| async move {
             let read = match since {
                 Some(vs) => {
                     let changes = workers::read_membership_changes(&tx, ks, worker_type, &vs).await?;

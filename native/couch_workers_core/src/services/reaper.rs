@@ -52,13 +52,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::heartbeat::Heartbeats;
-use crate::jobs::receipt::{self, Receipt};
-use crate::keyspace::{Keyspace, WorkerKey};
+use crate::context::Context;
+use crate::keyspace::WorkerKey;
 use crate::liveness::{Look, Observer, Restart, Verdict, WorkerId};
-use crate::log::{Logger, TARGET};
+use crate::log::TARGET;
 use crate::log_event;
+use crate::store::receipt::{self, RetrySafe};
+use crate::store::{run_attempts, Attempt, RangeRequest, StoreError, Tx, TxOptions, Watch};
 use crate::roster;
-use crate::store::{run_attempts, Attempt, Db, RangeRequest, StoreError, Tx, TxOptions, Watch};
 use crate::tasks::jittered;
 
 /// Health records read per scan transaction.
@@ -73,12 +74,9 @@ const WAKE_MARGIN: Duration = Duration::from_millis(20);
 
 #[derive(Clone)]
 pub(crate) struct Reaper {
-    pub db: Db,
-    pub ks: Keyspace,
-    pub log: Logger,
+    pub ctx: Arc<Context>,
     pub cancel: CancellationToken,
     pub max_interval: Duration,
-    pub tx_options: TxOptions,
     /// This node's heartbeats: `transactions()` counts their renewals.
     pub own: Arc<Heartbeats>,
 }
@@ -125,7 +123,7 @@ impl Reaper {
                     // A failed transaction of its own: what it saw may
                     // span a stretch where the store took no writes.
                     observer.restart();
-                    log_event!(self.log, Warning, "reaper_scan_failed", reason = %e);
+                    log_event!(self.ctx.log, Warning, "reaper_scan_failed", reason = %e);
                     None
                 }
             };
@@ -184,7 +182,7 @@ impl Reaper {
         // Where the store spares this handle's watches for the node's own
         // renewals, the heartbeat service tells of them in-process; the
         // watch, which they did not fire, stays armed.
-        let spared = self.db.spares_own_watches();
+        let spared = self.ctx.db.spares_own_watches();
         let renewed = async {
             if spared {
                 self.own.renewed.notified().await
@@ -225,11 +223,11 @@ impl Reaper {
     /// `changed` if it holds none.
     async fn pass(&self, observer: &mut Observer, changed: &mut Option<Watch>) -> Result<Option<Duration>, StoreError> {
         let writable = self.tx(observer, true);
-        let (pulse, health_vs) = (&self.ks.reaper_pulse(), &self.ks.health_vs());
+        let (pulse, health_vs) = (&self.ctx.ks.reaper_pulse(), &self.ctx.ks.health_vs());
         // Where versions follow time (the embedded store), the empty write
         // transaction alone shows the store writable (it takes SQLite's
         // write lock), and a write would only wake every node's watcher.
-        let add_pulse = !self.db.versions_follow_time();
+        let add_pulse = !self.ctx.db.versions_follow_time();
         let arm = changed.is_none();
         let span = tracing::debug_span!(target: TARGET, "reaper_pass", armed = arm);
         async {
@@ -263,7 +261,7 @@ impl Reaper {
     /// Options of a reaper transaction: cut off at the stall bound, since
     /// a longer one restarts the observation anyway.
     fn tx(&self, observer: &Observer, writes: bool) -> TxOptions {
-        TxOptions { writes, timeout: self.tx_options.timeout.min(observer.stall_bound()), ..self.tx_options }
+        TxOptions { writes, timeout: self.ctx.write.timeout.min(observer.stall_bound()), ..self.ctx.write }
     }
 
     /// Runs `f` (which returns its value and the transaction's read
@@ -274,7 +272,7 @@ impl Reaper {
         Fut: Future<Output = Result<(T, u64), StoreError>>,
     {
         let started = Instant::now();
-        let ((value, read_version), commit) = run_attempts(self.db.as_ref(), opts, f).await?;
+        let ((value, read_version), commit) = run_attempts(self.ctx.db.as_ref(), opts, f).await?;
         // A transaction that committed shows the observer its commit
         // version: FoundationDB's read version is the last commit's, which
         // on an otherwise idle cluster is the previous pass's pulse, one
@@ -298,7 +296,13 @@ impl Reaper {
 
     fn note_restart(&self, why: Restart, bound: Duration) {
         let bound_ms = i64::try_from(bound.as_millis()).unwrap_or(i64::MAX);
-        log_event!(self.log, Notice, "reaper_observation_restarted", reason = why.name(), stall_bound_ms = bound_ms);
+        log_event!(
+            self.ctx.log,
+            Notice,
+            "reaper_observation_restarted",
+            reason = why.name(),
+            stall_bound_ms = bound_ms
+        );
     }
 
     /// Reaps one suspect if its record is still the one observed. Returns
@@ -306,32 +310,34 @@ impl Reaper {
     async fn reap(&self, observer: &mut Observer, suspect: &Suspect) -> Result<bool, StoreError> {
         let Some(since) = observer.last_finished() else { return Ok(false) };
         let bound = observer.stall_bound();
-        let (ks, s) = (&self.ks, suspect);
+        let (ks, s) = (&self.ctx.ks, suspect);
         let (worker_type, id) = (&s.worker.0, &s.worker.1);
         let opts = self.tx(observer, true);
         // A reap answered `commit_unknown_result` that landed finds the
         // worker gone when it runs again: its receipt says it was this
-        // reap, and how many jobs it failed over (see `jobs::receipt`).
-        let receipt = self.db.commits_may_be_unknown().then(|| Receipt::new(ks));
-        let receipt = receipt.as_ref();
+        // reap, and how many jobs it failed over (see `store::receipt`).
+        let safe = RetrySafe::new(self.ctx.db.as_ref(), ks);
+        let safe = &safe;
         let reaped = self
             .look(observer, opts, |tx, attempt| async move {
                 let read_version = tx.read_version().await?;
-                if let Some(r) = receipt.filter(|_| attempt.may_have_committed) {
-                    if let Some(outcome) = r.landed(&tx).await? {
-                        return Ok((Some(receipt::parse_count(&outcome)), read_version));
-                    }
-                }
-                // Waiting for the store (another process's write lock) or
-                // being held up since the last look is a stall: the store
-                // may not have taken the worker's heartbeats meanwhile.
-                if since.elapsed() > bound {
-                    return Err(StoreError::TimedOut);
-                }
-                let reaped = roster::reap_with_jobs(&tx, ks, worker_type, id, &s.record).await?;
-                if let (Some(r), Some(jobs)) = (receipt, reaped) {
-                    r.write(&tx, &receipt::count_outcome(jobs));
-                }
+                let t = tx.clone();
+                let reaped = safe
+                    .attempt(&t, attempt, |landed| async move {
+                        if let Some(outcome) = landed {
+                            return Ok((Some(receipt::parse_count(&outcome)), None));
+                        }
+                        // Waiting for the store (another process's write
+                        // lock) or being held up since the last look is a
+                        // stall: the store may not have taken the worker's
+                        // heartbeats meanwhile.
+                        if since.elapsed() > bound {
+                            return Err(StoreError::TimedOut);
+                        }
+                        let reaped = roster::reap_with_jobs(&tx, ks, worker_type, id, &s.record).await?;
+                        Ok((reaped, reaped.map(receipt::count_outcome)))
+                    })
+                    .await?;
                 Ok((reaped, read_version))
             })
             .instrument(
@@ -344,7 +350,7 @@ impl Reaper {
                 // `jobs`: its running jobs this reap failed over (the
                 // metrics' `jobs_requeued`).
                 log_event!(
-                    self.log,
+                    self.ctx.log,
                     Notice,
                     "worker_reaped",
                     "type" = worker_type.as_slice(),
@@ -364,7 +370,7 @@ impl Reaper {
 
     fn log_reap_failed(&self, suspect: &Suspect, e: &StoreError) {
         let (t, id) = (suspect.worker.0.as_slice(), suspect.worker.1.as_slice());
-        log_event!(self.log, Warning, "reap_failed", "type" = t, id = id, reason = %e);
+        log_event!(self.ctx.log, Warning, "reap_failed", "type" = t, id = id, reason = %e);
     }
 
     /// Reads every health record, up to [`SCAN_BATCH`] keys a transaction:
@@ -373,7 +379,7 @@ impl Reaper {
     /// scanned in one.
     async fn scan(&self, observer: &mut Observer) -> Result<Scan, StoreError> {
         let mut scan = Scan::default();
-        let mut at = ScanAt::Seek(self.ks.all_workers_range().0);
+        let mut at = ScanAt::Seek(self.ctx.ks.all_workers_range().0);
         while at != ScanAt::End {
             let opts = self.tx(observer, false);
             let from = &at;
@@ -384,7 +390,7 @@ impl Reaper {
                 })
                 .await?;
             for (worker_type, key, value) in &rows {
-                let Some(WorkerKey::Health { worker, .. }) = self.ks.parse_worker_key(key) else { continue };
+                let Some(WorkerKey::Health { worker, .. }) = self.ctx.ks.parse_worker_key(key) else { continue };
                 let worker = (worker_type.clone(), worker);
                 match observer.judge(&worker, value, &look) {
                     Verdict::Dead => scan.suspects.push(Suspect { worker, record: value.clone() }),
@@ -402,7 +408,7 @@ impl Reaper {
     /// a store of many types without workers is still read in bounded
     /// transactions).
     async fn scan_batch(&self, tx: &Tx, mut at: ScanAt) -> Result<(Vec<HealthRow>, ScanAt), StoreError> {
-        let all_end = self.ks.all_workers_range().1;
+        let all_end = self.ctx.ks.all_workers_range().1;
         let mut rows: Vec<HealthRow> = Vec::new();
         let mut budget = SCAN_BATCH;
         while budget > 0 {
@@ -416,13 +422,13 @@ impl Reaper {
                         at = ScanAt::End;
                         break;
                     };
-                    at = match self.ks.parse_worker_key(&key) {
+                    at = match self.ctx.ks.parse_worker_key(&key) {
                         Some(WorkerKey::Vs { worker_type })
                         | Some(WorkerKey::Member { worker_type, .. })
                         | Some(WorkerKey::Health { worker_type, .. })
                         | Some(WorkerKey::Log { worker_type, .. })
                         | Some(WorkerKey::LogFloor { worker_type }) => {
-                            let begin = self.ks.health_range(&worker_type).0;
+                            let begin = self.ctx.ks.health_range(&worker_type).0;
                             ScanAt::Health { worker_type, begin }
                         }
                         None => {
@@ -434,7 +440,7 @@ impl Reaper {
                     };
                 }
                 ScanAt::Health { worker_type, begin } => {
-                    let end = self.ks.health_range(&worker_type).1;
+                    let end = self.ctx.ks.health_range(&worker_type).1;
                     let r = RangeRequest::new(begin, end).limit(budget).snapshot(true);
                     let found = tx.get_range(&r).await?;
                     let full = found.len() == budget;
@@ -446,7 +452,7 @@ impl Reaper {
                             ScanAt::Health { worker_type: worker_type.clone(), begin }
                         }
                         // Skip past every key of this type.
-                        _ => ScanAt::Seek(self.ks.worker_type_range(&worker_type).1),
+                        _ => ScanAt::Seek(self.ctx.ks.worker_type_range(&worker_type).1),
                     };
                     rows.extend(found.into_iter().map(|(k, v)| (worker_type.clone(), k, v)));
                 }

@@ -22,6 +22,24 @@ pub enum StoreConfig {
     FdbTest { cluster_file: PathBuf, name: String, owner: bool },
 }
 
+impl StoreConfig {
+    /// The embedded store under `dir`, with its defaults.
+    pub fn embedded(dir: impl Into<PathBuf>) -> StoreConfig {
+        StoreConfig::Embedded(super::embedded::EmbeddedOptions::new(dir))
+    }
+
+    /// The embedded store under `dir`, whose watchers look at the store
+    /// at least every `safety_look` (`EmbeddedOptions::safety_look`).
+    pub fn embedded_with_safety_look(dir: impl Into<PathBuf>, safety_look: std::time::Duration) -> StoreConfig {
+        let mut opts = super::embedded::EmbeddedOptions::new(dir);
+        opts.safety_look = safety_look;
+        StoreConfig::Embedded(opts)
+    }
+
+    /// The embedded store's default safety look.
+    pub const EMBEDDED_SAFETY_LOOK: std::time::Duration = super::embedded::SAFETY_LOOK;
+}
+
 /// Opens the configured store. A bad cluster-file path is `invalid` on
 /// every build, before the question of whether FDB is built in.
 pub async fn open(config: &StoreConfig) -> Result<Db, StoreError> {

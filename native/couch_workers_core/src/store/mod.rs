@@ -58,6 +58,7 @@ pub mod backoff;
 pub mod cluster_file;
 pub mod fdb_client;
 pub(crate) mod mutation;
+pub mod receipt;
 mod retry;
 
 pub use config::{open, StoreConfig};
@@ -406,7 +407,7 @@ pub trait Database: Send + Sync + 'static {
     /// Whether a commit may answer `CommitUnknown` (FoundationDB's 1021,
     /// and the test stores that model it). The embedded store knows the
     /// outcome of every commit it answers, so the job queue writes no
-    /// receipts on it (`jobs::receipt`).
+    /// receipts on it (`store::receipt`).
     fn commits_may_be_unknown(&self) -> bool {
         true
     }

@@ -46,7 +46,7 @@ pub struct Attempt {
     /// An earlier attempt of this call ended in a commit whose outcome is
     /// unknown (`commit_unknown_result`): its writes may be in the store.
     /// A body that is not idempotent by its reads alone checks its own
-    /// receipt first (`jobs::receipt`).
+    /// receipt first (`store::receipt`).
     pub may_have_committed: bool,
 }
 

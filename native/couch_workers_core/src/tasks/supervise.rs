@@ -68,6 +68,7 @@ pub enum ServiceKind {
 }
 
 impl ServiceKind {
+    #[cfg(feature = "testkit")]
     pub const ALL: [ServiceKind; 8] = [
         ServiceKind::Heartbeat,
         ServiceKind::Reaper,

@@ -76,7 +76,8 @@ impl WatchLimit {
         }
     }
 
-    /// Whether the handle is in an episode (for tests and stats).
+    /// Whether the handle is in an episode (its unit tests).
+    #[cfg(test)]
     pub fn is_reached(&self) -> bool {
         self.at_limit.load(Ordering::Acquire)
     }

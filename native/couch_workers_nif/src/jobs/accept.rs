@@ -27,9 +27,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use couch_workers_core::jobs::{AcceptReply, GoneSignal, JobHandle, NextFor};
-use couch_workers_core::keyspace::Incarnation;
 use couch_workers_core::Error as CoreError;
+use couch_workers_core::Incarnation;
+use couch_workers_core::{AcceptReply, GoneSignal, JobHandle, NextFor};
 use rustler::{Encoder, Env, Error, NifResult, Resource, ResourceArc, Term};
 
 use futures::FutureExt;

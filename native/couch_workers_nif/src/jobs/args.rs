@@ -1,9 +1,9 @@
 //! The arguments of the job NIFs: shapes checked on the calling scheduler
 //! (`badarg` for a wrong one), values that are answered at once.
 
-use couch_workers_core::jobs::{AcceptToken, Fence, JobOpts, JobVs, Keep, MaxAttempts, Retry, Schedule};
-use couch_workers_core::log::Logger;
 use couch_workers_core::log_event;
+use couch_workers_core::Logger;
+use couch_workers_core::{AcceptToken, Fence, JobOpts, JobVs, Keep, MaxAttempts, Retry, Schedule};
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, Error, NifResult, Term, TermType};
 use serde_json::Value;

@@ -2,8 +2,8 @@
 //! add, the worker's update and end of a run, and anyone's cancel, remove,
 //! reads and pause.
 
-use couch_workers_core::jobs::{JobSpec, JobState};
-use couch_workers_core::store::MAX_TRANSACTION_SIZE;
+use couch_workers_core::MAX_TRANSACTION_SIZE;
+use couch_workers_core::{JobSpec, JobState};
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
@@ -32,7 +32,7 @@ fn add<'a>(
     opts: Term<'a>,
     sched: Sched,
 ) -> NifResult<Term<'a>> {
-    couch_workers_core::stage::mark("add_nif");
+    couch_workers_core::stage_mark("add_nif");
     let (job_type, id) = job_args(reference, job_type, id)?;
     let opts = opts_arg(opts)?;
     let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));

@@ -44,8 +44,8 @@
 
 use std::future::Future;
 
-use couch_workers_core::jobs::{AddManyError, JobService};
 use couch_workers_core::Error as CoreError;
+use couch_workers_core::{AddManyError, JobService};
 use rustler::{Encoder, Env, NifResult, Term};
 
 use crate::atoms;

@@ -4,9 +4,9 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use couch_workers_core::jobs::{Job, JobEvent, JobSubscription};
-use couch_workers_core::log::Logger;
 use couch_workers_core::log_event;
+use couch_workers_core::Logger;
+use couch_workers_core::{Job, JobEvent, JobSubscription};
 use rustler::{Encoder, Env, Error, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 
 use super::args::{check_ref, job_args};

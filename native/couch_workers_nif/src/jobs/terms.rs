@@ -1,7 +1,7 @@
 //! Jobs as Erlang terms, and the answers the job NIFs reply with.
 
-use couch_workers_core::jobs::{AcceptToken, Job, JobHandle, JobState, Keep, MaxAttempts};
 use couch_workers_core::Error as CoreError;
+use couch_workers_core::{AcceptToken, Job, JobHandle, JobState, Keep, MaxAttempts};
 use rustler::{Encoder, Env, Term};
 
 use crate::atoms;

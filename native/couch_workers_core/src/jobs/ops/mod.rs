@@ -49,18 +49,17 @@ mod requeue;
 mod resubmit;
 mod run_end;
 
-pub use accept::{
-    accept, new_tokens, pending_version, pending_watch, promote_due, AcceptRound, Acceptors, Take, RECHECK_MAX_JOBS,
-};
+pub use accept::{accept, new_tokens, pending_version, pending_watch, promote_due, Acceptors, Take};
 pub use helpers::check_job_key;
-pub use lifecycle::{
-    add, add_job, add_many, add_many_jobs, cancel, end, finish, remove, remove_if, update, MAX_ADD_MANY,
-};
+pub use lifecycle::{add, add_job, add_many, add_many_jobs, cancel, end, finish, remove, remove_if, update};
 pub use pause::set_paused;
 pub use prune::{next_expiry, prune, Pruned};
 pub use query::{counts, get, job_types, list, next_run_at, pending_count};
 pub use reclaim::{give_back, reclaim};
-pub use requeue::{orphans, requeue_worker_jobs, sweep_orphan, Departure, SweepCursor, SweepStep, REQUEUE_MAX_JOBS};
+pub use requeue::{orphans, requeue_worker_jobs, sweep_orphan, Departure, SweepCursor, SweepStep};
+// The failover's batch bound, which tests fill exactly.
+#[cfg(feature = "internals")]
+pub use requeue::REQUEUE_MAX_JOBS;
 pub use resubmit::resubmit;
 pub use run_end::{Retry, RunEnd};
 

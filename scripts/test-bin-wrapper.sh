@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Tests bin/couch-workers's decision to rebuild, with a stand-in `cargo`
+# that records its calls and writes a stand-in binary (no real build).
+# The wrapper must build when the binary is missing, when it was built
+# with other features than asked for, and when cargo rewrote the binary
+# after the wrapper's own build (its features are then unknown); and it
+# must not build when nothing changed.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+mkdir -p "$T/fakebin" "$T/target/release"
+cat >"$T/fakebin/cargo" <<'FAKE'
+#!/bin/sh
+echo "cargo $*" >>"$CALLS"
+printf '#!/bin/sh\necho ran\n' >"$CARGO_TARGET_DIR/release/couch-workers"
+chmod +x "$CARGO_TARGET_DIR/release/couch-workers"
+FAKE
+chmod +x "$T/fakebin/cargo"
+export CALLS="$T/calls" CARGO_TARGET_DIR="$T/target" PATH="$T/fakebin:$PATH"
+unset FDB_CLUSTER_FILE
+fails=0
+builds() { if [ -f "$CALLS" ]; then wc -l <"$CALLS"; else echo 0; fi; }
+check() { # NAME EXPECTED_BUILDS FEATURES
+    local before after
+    before=$(builds)
+    COUCH_WORKERS_FEATURES=$3 "$ROOT/bin/couch-workers" >/dev/null 2>&1
+    after=$(builds)
+    if [ $((after - before)) -eq "$2" ]; then
+        echo "ok    $1"
+    else
+        echo "FAIL  $1: $((after - before)) builds, expected $2"
+        fails=$((fails + 1))
+    fi
+}
+check "missing binary: built" 1 ""
+check "nothing changed: not built" 0 ""
+check "other features asked: built" 1 fdb
+check "same features again: not built" 0 fdb
+# cargo (e.g. the test command's own build) rewrites the binary without
+# features, after the wrapper's stamp said fdb.
+sleep 1.1
+printf '#!/bin/sh\necho ran\n' >"$T/target/release/couch-workers"
+check "binary rewritten by cargo after the stamp: built" 1 fdb
+check "and then nothing changed: not built" 0 fdb
+[ "$fails" -eq 0 ] || { echo "bin/couch-workers: $fails rebuild decisions wrong"; exit 1; }
+echo "bin/couch-workers: rebuild decisions right"
