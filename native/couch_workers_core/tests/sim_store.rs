@@ -14,7 +14,7 @@ use couch_workers_core::store::sim::{
     CommitFault, Latency, SimFaults, SimOptions, SimStore, EMPTY_BATCH_INTERVAL, MAX_WATCHES, RECOVERY_VERSION_JUMP,
 };
 use couch_workers_core::store::{
-    run, run_with_info, Database, RangeRequest, StoreError, Tx, TxOptions, MAX_VALUE_SIZE, VERSIONSTAMP_LEN,
+    run, run_attempts, Database, RangeRequest, StoreError, Tx, TxOptions, MAX_VALUE_SIZE, VERSIONSTAMP_LEN,
 };
 
 fn store() -> Arc<SimStore> {
@@ -30,7 +30,7 @@ async fn tx(db: &SimStore) -> Tx {
 }
 
 async fn put(db: &SimStore, k: &[u8], v: &[u8]) -> u64 {
-    let ((), info) = run_with_info(db, TxOptions::write(), |tx| async move {
+    let ((), info) = run_attempts(db, TxOptions::write(), |tx, _| async move {
         tx.set(k, v);
         Ok(())
     })
@@ -171,7 +171,7 @@ async fn a_commit_batch_shares_one_version_with_distinct_versionstamps() {
     let commit = |db: Arc<SimStore>, name: &'static str| async move {
         let k = key(&db, name);
         let k = &k;
-        run_with_info(&*db, TxOptions::write(), |tx| async move {
+        run_attempts(&*db, TxOptions::write(), |tx, _| async move {
             tx.set_versionstamped_value(k, &stamp_param(b""));
             Ok(())
         })

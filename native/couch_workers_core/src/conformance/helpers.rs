@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::store::{
-    run, run_with_info, CommitInfo, Db, RangeRequest, StoreError, Tx, TxOptions, Versionstamp, VERSIONSTAMP_LEN,
+    run, run_attempts, CommitInfo, Db, RangeRequest, StoreError, Tx, TxOptions, Versionstamp, VERSIONSTAMP_LEN,
 };
 
 /// `prefix ++ "cwconf/" ++ name`: every key of the suite.
@@ -15,11 +15,11 @@ pub(super) fn key(db: &Db, name: &[u8]) -> Vec<u8> {
     k
 }
 
-/// Runs `f` (writes only) in [`run_with_info`]; returns the commit's
+/// Runs `f` (writes only) in [`run_attempts`]; returns the commit's
 /// [`CommitInfo`].
 pub(super) async fn write(db: &Db, f: impl Fn(&Tx)) -> CommitInfo {
     let f = &f;
-    let ((), info) = run_with_info(&**db, TxOptions::write(), |tx| async move {
+    let ((), info) = run_attempts(&**db, TxOptions::write(), |tx, _| async move {
         f(&tx);
         Ok(())
     })

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::helpers::{get, get_range, key, put, read_version, stamp_param, version_of, write};
 use super::StoreFactory;
-use crate::store::{run, run_with_info, Db, RangeRequest, StoreError, TxOptions};
+use crate::store::{run, run_attempts, Db, RangeRequest, StoreError, TxOptions};
 
 /// Versionstamped keys and values: one stamp per commit, shared by every
 /// versionstamped operation of it, equal to `CommitInfo.versionstamp`,
@@ -177,7 +177,7 @@ pub async fn versionstamps_unique_across_handles(s: &dyn StoreFactory) {
             let mut stamps = Vec::new();
             for _ in 0u32..30 {
                 let k = &k;
-                let (_, info) = run_with_info(&*db, TxOptions::write(), |tx| async move {
+                let (_, info) = run_attempts(&*db, TxOptions::write(), |tx, _| async move {
                     tx.set_versionstamped_value(k, &stamp_param(b"", b""));
                     Ok(())
                 })

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::jobs::{JobHandle, JobService};
 use crate::keyspace::{Health, Incarnation, Keyspace};
 use crate::roster;
-use crate::store::{run, run_with_info, CommitInfo, Db, KeyValue, RangeRequest, TxOptions, Versionstamp};
+use crate::store::{run, run_attempts, CommitInfo, Db, KeyValue, RangeRequest, TxOptions, Versionstamp};
 use crate::workers::{self, Heartbeat, Membership, WorkerSpec};
 use crate::{Node, Settings};
 
@@ -45,10 +45,10 @@ pub(super) async fn register(db: &Db, spec: &WorkerSpec) -> Versionstamp {
 pub(super) async fn register_as(db: &Db, spec: &WorkerSpec, inc: &Incarnation) -> Versionstamp {
     let ks = &ks_of(db);
     let ((), info) =
-        run_with_info(
+        run_attempts(
             &**db,
             TxOptions::write(),
-            |tx| async move { roster::register(&tx, ks, spec, inc, TSTAMP).await },
+            |tx, _| async move { roster::register(&tx, ks, spec, inc, TSTAMP).await },
         )
         .await
         .expect("register commits");
@@ -66,7 +66,7 @@ pub(super) async fn heartbeat_as(
     tstamp: i64,
 ) -> (Heartbeat, CommitInfo) {
     let ks = &ks_of(db);
-    run_with_info(&**db, TxOptions::write(), |tx| async move { roster::heartbeat(&tx, ks, spec, inc, tstamp).await })
+    run_attempts(&**db, TxOptions::write(), |tx, _| async move { roster::heartbeat(&tx, ks, spec, inc, tstamp).await })
         .await
         .expect("heartbeat commits")
 }
@@ -77,7 +77,7 @@ pub(super) async fn remove(db: &Db, worker_type: &[u8], id: &[u8]) -> (bool, Com
 
 pub(super) async fn remove_as(db: &Db, worker_type: &[u8], id: &[u8], inc: &Incarnation) -> (bool, CommitInfo) {
     let ks = &ks_of(db);
-    run_with_info(&**db, TxOptions::write(), |tx| async move { roster::remove(&tx, ks, worker_type, id, inc).await })
+    run_attempts(&**db, TxOptions::write(), |tx, _| async move { roster::remove(&tx, ks, worker_type, id, inc).await })
         .await
         .expect("remove commits")
 }
@@ -85,9 +85,13 @@ pub(super) async fn remove_as(db: &Db, worker_type: &[u8], id: &[u8], inc: &Inca
 /// Reaps `id` if its health record is still `observed`.
 pub(super) async fn reap(db: &Db, worker_type: &[u8], id: &[u8], observed: &[u8]) -> (bool, CommitInfo) {
     let ks = &ks_of(db);
-    run_with_info(&**db, TxOptions::write(), |tx| async move { roster::reap(&tx, ks, worker_type, id, observed).await })
-        .await
-        .expect("reap commits")
+    run_attempts(
+        &**db,
+        TxOptions::write(),
+        |tx, _| async move { roster::reap(&tx, ks, worker_type, id, observed).await },
+    )
+    .await
+    .expect("reap commits")
 }
 
 pub(super) async fn membership(db: &Db, worker_type: &[u8]) -> Membership {

@@ -10,7 +10,7 @@ use crate::conformance::StoreFactory;
 use crate::jobs::{ops, JobState, NewJob};
 use crate::keyspace::Health;
 use crate::roster;
-use crate::store::{run, run_with_info, CommitInfo, Db, TxOptions};
+use crate::store::{run, run_attempts, CommitInfo, Db, TxOptions};
 use crate::workers::Heartbeat;
 use crate::Error;
 
@@ -416,7 +416,7 @@ pub async fn workers_concurrent_reap_removes_once(s: &dyn StoreFactory) {
                 tokio::spawn(async move {
                     barrier.wait().await;
                     let (ks, id, observed) = (&ks, &id, &observed);
-                    run_with_info(&*db, opts, |tx| async move { roster::reap(&tx, ks, T, id, observed).await })
+                    run_attempts(&*db, opts, |tx, _| async move { roster::reap(&tx, ks, T, id, observed).await })
                         .await
                         .expect("reap commits")
                 })

@@ -1,12 +1,11 @@
 //! The queue's view of the retry loop: every transaction that changes a
 //! job returns the job with the versionstamp of the commit that changed
-//! it, so the queue runs [`crate::store::run_with_info`].
+//! it, so the queue runs [`crate::store::run_attempts`].
 
 use std::future::Future;
 
 use crate::keyspace::Keyspace;
 use crate::store::receipt::{self, run_retry_safe};
-pub(crate) use crate::store::run_with_info as run_committed;
 use crate::store::{CommitInfo, Database, StoreError, Tx, TxOptions};
 
 /// Runs a job write whose answer is `Ok(())` or an expected error, so

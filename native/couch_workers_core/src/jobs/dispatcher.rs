@@ -78,7 +78,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::commit::{complete_handle_vs, run_committed};
+use super::commit::complete_handle_vs;
 use super::job::{AcceptToken, Fence, JobHandle};
 use super::ops::{self, Take};
 use super::place::wall_ms;
@@ -88,7 +88,7 @@ use crate::error::Error;
 use crate::keyspace::Incarnation;
 use crate::log::TARGET;
 use crate::log_event;
-use crate::store::{run, StoreError, Watch};
+use crate::store::{run, run_attempts, StoreError, Watch};
 use crate::tasks::supervise::ServiceKind;
 use crate::tasks::watch_limit::is_too_many_watches;
 use crate::tasks::{jittered, sleep_or_cancel, Live};
@@ -640,7 +640,7 @@ impl Dispatcher {
         let ks = &shared.ks;
         let job_type = &self.job_type;
         let mut attempts = 0u32;
-        let outcome = run_committed(shared.db.as_ref(), shared.write, |tx| {
+        let outcome = run_attempts(shared.db.as_ref(), shared.write, |tx, _| {
             attempts += 1;
             let acceptors = ops::Acceptors {
                 workers: &workers,

@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use super::commit::{complete_handle_vs, run_committed};
+use super::commit::complete_handle_vs;
 use super::dispatcher::{log_unrunnable, reclaim};
 use super::job::{Fence, JobHandle, JobState};
 use super::ops::{self, Take};
@@ -144,7 +144,7 @@ async fn follow_up(ctx: &Arc<Context>, next: NextFor<'_>) -> Option<JobHandle> {
     let tokens = ops::new_tokens(1);
     let (w, i, t) = (&workers[..], &incarnations[..], &tokens[..]);
     let mut attempts = 0u32;
-    let outcome = run_committed(ctx.db.as_ref(), ctx.write, |tx| {
+    let outcome = run_attempts(ctx.db.as_ref(), ctx.write, |tx, _| {
         attempts += 1;
         let acceptors = ops::Acceptors { workers: w, incarnations: i, tokens: t, recheck: attempts > 1 };
         async move { ops::accept(&tx, ks, next.worker_type, acceptors).await }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::commit::{complete_handle_vs, run_committed};
+use super::commit::complete_handle_vs;
 use super::dispatcher::{log_unrunnable, reclaim};
 use super::job::JobHandle;
 use super::ops::{self, Take};
@@ -14,7 +14,7 @@ use super::promoter::promote;
 use crate::context::Context;
 use crate::error::Error;
 use crate::keyspace::Incarnation;
-use crate::store::StoreError;
+use crate::store::{run_attempts, StoreError};
 
 /// Most rounds an accept with timeout 0 runs when a round cleared stale
 /// pending keys instead of finding a job.
@@ -34,7 +34,7 @@ pub(crate) async fn accept_now(
     for _ in 0..ACCEPT_NOW_ROUNDS {
         let tokens = ops::new_tokens(1);
         let mut attempts = 0u32;
-        let outcome = run_committed(ctx.db.as_ref(), ctx.write, |tx| {
+        let outcome = run_attempts(ctx.db.as_ref(), ctx.write, |tx, _| {
             attempts += 1;
             let acceptors = ops::Acceptors {
                 workers: &workers,

@@ -62,7 +62,7 @@ pub mod receipt;
 mod retry;
 
 pub use config::{open, StoreConfig};
-pub use retry::{run, run_attempts, run_with_info, Attempt};
+pub use retry::{run, run_attempts, Attempt};
 
 /// FoundationDB's key size limit, in bytes.
 pub const MAX_KEY_SIZE: usize = 10_000;

@@ -16,28 +16,16 @@ use super::{CommitInfo, Database, StoreError, Tx, TxOptions};
 use crate::log::{self, TARGET};
 
 /// Runs `f` in a transaction of `db` until it commits, retrying what is
-/// retryable. `f` gets a fresh transaction on every attempt.
-pub async fn run<T, F, Fut>(db: &dyn Database, opts: TxOptions, f: F) -> Result<T, StoreError>
+/// retryable. `f` gets a fresh transaction on every attempt. The common
+/// case of [`run_attempts`], the loop itself: a body that needs to know
+/// whether an earlier attempt may have committed, or a caller that needs
+/// what the commit told, runs that.
+pub async fn run<T, F, Fut>(db: &dyn Database, opts: TxOptions, mut f: F) -> Result<T, StoreError>
 where
     F: FnMut(Tx) -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
 {
-    run_with_info(db, opts, f).await.map(|(value, _)| value)
-}
-
-/// [`run`], also returning what the commit told (its version and
-/// versionstamp): the job queue hands each changed job back with the
-/// versionstamp of the commit that changed it.
-pub async fn run_with_info<T, F, Fut>(
-    db: &dyn Database,
-    opts: TxOptions,
-    mut f: F,
-) -> Result<(T, CommitInfo), StoreError>
-where
-    F: FnMut(Tx) -> Fut,
-    Fut: Future<Output = Result<T, StoreError>>,
-{
-    run_attempts(db, opts, |tx, _| f(tx)).await
+    run_attempts(db, opts, |tx, _| f(tx)).await.map(|(value, _)| value)
 }
 
 /// What the retry loop knows when it runs an attempt.
@@ -50,8 +38,11 @@ pub struct Attempt {
     pub may_have_committed: bool,
 }
 
-/// [`run_with_info`], telling `f` on each attempt whether an earlier one
-/// may have committed. A commit still running when the time budget ends
+/// The retry loop: runs `f` as [`run`] does, telling it on each attempt
+/// whether an earlier one may have committed, and answers with what the
+/// commit told too (its version and versionstamp: the job queue hands
+/// each changed job back with the versionstamp of the commit that changed
+/// it). A commit still running when the time budget ends
 /// is awaited for the store's grace ([`Database::commit_grace`]) and its
 /// outcome answered; still undecided then, it is reported `CommitUnknown`
 /// (it may land), never `TimedOut`: the caller must not take it for a
