@@ -131,6 +131,9 @@ pub use error::Error;
 pub use store::{StoreConfig, MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE};
 // Events (`log_event!`) and counters.
 pub use log::{set_process_sink, Event, Level, Logger, Sink, Value};
+// The layers a host that installs its own `tracing` subscriber stacks:
+// without them no sink sees an event and the store's counters stay still.
+pub use log::{count, forward, Count, Forward};
 pub use metrics::{SERVICES, STORE};
 pub use stage::mark as stage_mark;
 // What `log_event!` expands to.

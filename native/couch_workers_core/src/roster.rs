@@ -48,6 +48,9 @@ pub async fn register_replacing(
 /// Renews the health record of `incarnation`; reinstates it if the worker
 /// was removed. Another incarnation's record is left as it is (`Gone`):
 /// renewing it would keep a registration alive that nobody heartbeats.
+/// The service renews many at once ([`heartbeat_many`]); this one is for
+/// the tests.
+#[cfg(any(test, feature = "internals"))]
 pub async fn heartbeat(
     tx: &Tx,
     ks: &Keyspace,
@@ -189,7 +192,9 @@ async fn remove_current(
 /// makes it a different record, which is left alone; so is an absent one.
 /// Reading the record for a write is what makes concurrent reapers safe: a
 /// heartbeat or another reap that commits first makes this transaction
-/// conflict and re-check. Returns whether it removed the worker.
+/// conflict and re-check. Returns whether it removed the worker. (The
+/// reaper calls [`reap_with_jobs`]; this one is for the tests.)
+#[cfg(any(test, feature = "internals"))]
 pub async fn reap(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8], observed: &[u8]) -> Result<bool, StoreError> {
     Ok(reap_with_jobs(tx, ks, worker_type, id, observed).await?.is_some())
 }

@@ -16,7 +16,7 @@
 //! remove, requeue or keep alive the registration that holds the id now.
 
 use crate::error::{check_key, check_value, Error};
-use crate::keyspace::{Health, Incarnation, Keyspace};
+use crate::keyspace::{Incarnation, Keyspace};
 use crate::store::{RangeRequest, StoreError, Tx, Versionstamp, VERSIONS_PER_SECOND};
 
 /// A worker as registered: what is stored, and what its heartbeat needs.
@@ -317,7 +317,13 @@ pub async fn read_membership_vs(tx: &Tx, ks: &Keyspace, worker_type: &[u8]) -> R
     Ok(raw.and_then(|v| Versionstamp::try_from(v.as_slice()).ok()).unwrap_or([0; 10]))
 }
 
-/// A worker's decoded health record, if it is registered.
-pub async fn read_health(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<Option<Health>, StoreError> {
+/// A worker's decoded health record, if it is registered (for the tests).
+#[cfg(any(test, feature = "internals"))]
+pub async fn read_health(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    id: &[u8],
+) -> Result<Option<crate::keyspace::Health>, StoreError> {
     Ok(tx.get(&ks.health(worker_type, id), false).await?.and_then(|v| Keyspace::parse_health(&v)))
 }

@@ -86,12 +86,6 @@ const UNREADABLE_TIMEOUT: Duration = Duration::from_secs(15);
 /// worker is observed.
 const MIN_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The versions that `timeout_s` seconds span (a negative timeout, which
-/// only a corrupt record can hold, counts as zero).
-pub fn timeout_versions(timeout_s: i64) -> u64 {
-    u64::try_from(timeout_s).unwrap_or(0).saturating_mul(VERSIONS_PER_SECOND)
-}
-
 /// The versions that `d` spans at [`VERSIONS_PER_SECOND`].
 fn versions_in(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).saturating_mul(VERSIONS_PER_SECOND / 1_000_000)

@@ -56,6 +56,9 @@ pub mod hooked;
 // by the stores that implement them themselves (embedded, sim).
 pub mod backoff;
 pub mod cluster_file;
+// The decisions on FoundationDB's error codes: the `fdb` store's, tested
+// without libfdb_c.
+#[cfg(any(feature = "fdb", test, feature = "internals"))]
 pub mod fdb_client;
 pub(crate) mod mutation;
 pub mod receipt;
@@ -85,7 +88,8 @@ pub const VERSIONS_PER_SECOND: u64 = 1_000_000;
 pub const MAX_READ_TRANSACTION_LIFE_VERSIONS: u64 = 5 * VERSIONS_PER_SECOND;
 
 /// FoundationDB's `MAX_VERSIONS_IN_FLIGHT` (100 s' worth): how far versions
-/// jump at every recovery.
+/// jump at every recovery (the sim store's recoveries, the tests).
+#[cfg(any(test, feature = "internals"))]
 pub const MAX_VERSIONS_IN_FLIGHT: u64 = 100 * VERSIONS_PER_SECOND;
 
 /// A 10-byte FoundationDB versionstamp. Byte order is commit order.

@@ -75,6 +75,7 @@ impl Clock {
     /// Moves this clock forward by `us` microseconds, as a FoundationDB
     /// recovery moves versions forward (fault tests only). Versions keep
     /// rising at their rate from there; they never go back.
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn jump(&self, us: u64) {
         let us = i64::try_from(us).unwrap_or(i64::MAX);
         let _ = self.base.fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| Some(b.saturating_add(us)));

@@ -84,7 +84,10 @@ use wake::{Peers, WakeSocket};
 use watch::WatchHub;
 
 pub use schema::FILE_NAME;
+// What the inspection methods below answer (for tests and the bench).
+#[cfg(any(test, feature = "internals"))]
 pub use wake::WakeStats;
+#[cfg(any(test, feature = "internals"))]
 pub use watch::{WakeCause, WatchTrace};
 pub use watcher::SAFETY_LOOK;
 
@@ -192,8 +195,6 @@ pub struct EmbeddedStore {
     path: PathBuf,
     /// The watcher and checkpoint threads, joined by `close`.
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// The other handles' sockets, woken after each commit.
-    peers: Arc<Peers>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -252,16 +253,21 @@ impl EmbeddedStore {
             watches: hub,
             fair: WaitSignal::open(&opts.dir),
             group: GroupCommit::default(),
-            peers: peers.clone(),
+            peers,
             checkpoints,
             closed: AtomicBool::new(false),
         });
-        Ok(Arc::new(EmbeddedStore { shared, opts, path, threads: Mutex::new(threads), peers }))
+        Ok(Arc::new(EmbeddedStore { shared, opts, path, threads: Mutex::new(threads) }))
     }
+}
 
+/// Inspection and test hooks: for the crate's tests and the bench
+/// (feature `internals`), never called by a node.
+#[cfg(any(test, feature = "internals"))]
+impl EmbeddedStore {
     /// This handle's post-commit wake-ups: sent, received, peers known.
     pub fn wake_stats(&self) -> WakeStats {
-        self.peers.stats()
+        self.shared.peers.stats()
     }
 
     /// The WAL's length after the last commit of this store, in frames
@@ -279,11 +285,6 @@ impl EmbeddedStore {
     /// The SQLite file.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// The options the store was opened with.
-    pub fn options(&self) -> &EmbeddedOptions {
-        &self.opts
     }
 
     /// Watches registered and not yet fired, failed or dropped-and-swept.

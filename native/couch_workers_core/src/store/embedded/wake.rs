@@ -122,6 +122,7 @@ struct PeerList {
 }
 
 /// Counters of one handle's wake-ups, for tests and the bench.
+#[cfg(any(test, feature = "internals"))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WakeStats {
     /// This handle's socket is bound: other handles' commits wake it at once.
@@ -295,6 +296,7 @@ impl Peers {
         }
     }
 
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn stats(&self) -> WakeStats {
         WakeStats {
             listening: self.listening.load(Ordering::Acquire),

@@ -239,12 +239,14 @@ impl WatchHub {
     }
 
     /// The stages of the last wake-up that fired a watch.
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn trace(&self) -> Option<WatchTrace> {
         self.lock().trace
     }
 
     /// Looks of the thread whose read failed (busy: a WAL recovery by
     /// another process; an I/O error), for tests and diagnostics.
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn failed_reads(&self) -> u64 {
         self.lock().failed_reads
     }
@@ -266,6 +268,7 @@ impl WatchHub {
 
     /// Number of pending watches (for tests and diagnostics): dropped
     /// ones not yet swept out are not counted.
+    #[cfg(any(test, feature = "internals"))]
     pub(crate) fn pending(&self) -> usize {
         self.lock().watches.values().flatten().filter(|e| !e.tx.is_closed()).count()
     }

@@ -1,9 +1,9 @@
 //! The FoundationDB store: the [`Database`] and [`Transaction`] traits on
 //! FoundationDB itself, through the `foundationdb` crate (API version
-//! [`API_VERSION`], cargo feature `fdb-7_1`).
+//! `network::API_VERSION`, cargo feature `fdb-7_1`).
 //!
 //! * [`network`]: the client network, booted once per OS process and
-//!   stopped once ([`shutdown_network`]).
+//!   stopped once (`network::shutdown_network`).
 //! * [`transaction`]: one FDB transaction behind the store's trait.
 //!
 //! The key space lives under the directory-layer directory `couchdb`, the
@@ -33,7 +33,9 @@ use super::{Database, StoreError, Tx, TxOptions};
 pub mod network;
 pub mod transaction;
 
-pub use network::{network_status, shutdown_network, NetworkStatus, API_VERSION};
+// The network's state, for the tests.
+#[cfg(any(test, feature = "internals"))]
+pub use network::{network_status, NetworkStatus};
 pub use transaction::FdbTransaction;
 
 /// The directory the key space lives under, as CouchDB's code names it.
@@ -182,16 +184,6 @@ impl FdbStore {
             _ = self.closed.cancelled() => Err(StoreError::Closed),
             removed = remove => removed.map_err(map_binding_error),
         }
-    }
-
-    /// The directory path this store lives under.
-    pub fn directory_path(&self) -> &[String] {
-        &self.path
-    }
-
-    /// The cluster file it was opened with.
-    pub fn cluster_file(&self) -> &Path {
-        &self.cluster_file
     }
 }
 

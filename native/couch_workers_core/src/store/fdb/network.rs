@@ -41,7 +41,8 @@ use crate::store::StoreError;
 /// `fdb-7_1` of the `foundationdb` crate). Needs libfdb_c 7.1 or newer.
 pub const API_VERSION: i32 = 710;
 
-/// Where the network of this OS process is in its life.
+/// Where the network of this OS process is in its life (for the tests).
+#[cfg(any(test, feature = "internals"))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NetworkStatus {
     /// Not started yet: the first [`super::FdbStore::open`] starts it.
@@ -230,7 +231,8 @@ pub fn shutdown_network() {
     }
 }
 
-/// The state of this process's FoundationDB network, for logs.
+/// The state of this process's FoundationDB network, for the tests.
+#[cfg(any(test, feature = "internals"))]
 pub fn network_status() -> NetworkStatus {
     match &*lock() {
         Lifecycle::Unbooted => NetworkStatus::Unbooted,
