@@ -9,6 +9,14 @@
 //! attempt took (`Acceptors::recheck`) and the finish answers for its own
 //! landed write (its receipt), as `job_finish/2` does.
 //!
+//! Many workers of one queue calling it at once each take in a
+//! transaction of their own. Those of one node pass over the jobs the
+//! others are taking (`ops::Claims`), and a take that lost a job to
+//! another node's retries a little down the queue (`ops::accept`'s
+//! `spread`): before, every retry read the head again, which the others
+//! kept taking, and on FoundationDB one call could lose every race until
+//! its budget ended and answer `timeout` (`tests/jobs_take_contention.rs`).
+//!
 //! A finish that queues the job again (a resubmission made while it ran)
 //! commits without the accept: the requeue writes the record and the
 //! pending key with versionstamps, which the same transaction cannot read
@@ -59,9 +67,13 @@ impl ServiceState {
         let tokens = ops::new_tokens(1);
         let (w, i, t) = (&workers[..], &incarnations[..], &tokens[..]);
         let mut attempts = 0u32;
+        let claimed = self.dispatchers.claims.holder(next.worker_type);
+        let claims = Some(&claimed);
         let outcome = run_attempts(db, self.write, |tx, attempt| {
             attempts += 1;
-            let recheck = attempts > 1;
+            // The last attempt's claims: its commit is over.
+            claimed.begin_attempt();
+            let (recheck, retries) = (attempts > 1, attempts - 1);
             async move {
                 let landed = match receipt.filter(|_| attempt.may_have_committed) {
                     Some(r) => r.landed(&tx).await?.is_some(),
@@ -86,11 +98,12 @@ impl ServiceState {
                         return Ok(Ok(None));
                     }
                 }
-                let acceptors = ops::Acceptors { workers: w, incarnations: i, tokens: t, recheck };
+                let acceptors = ops::Acceptors { workers: w, incarnations: i, tokens: t, recheck, retries, claims };
                 Ok(Ok(Some(ops::accept(&tx, ks, next.worker_type, acceptors).await?)))
             }
         })
         .await;
+        drop(claimed);
         let (round, info) = match outcome {
             Ok((Ok(Some(round)), info)) => (round, info),
             Ok((Ok(None), _)) => {

@@ -139,13 +139,17 @@ impl ServiceState {
         for _ in 0..ACCEPT_NOW_ROUNDS {
             let tokens = ops::new_tokens(1);
             let mut attempts = 0u32;
+            let claimed = self.dispatchers.claims.holder(worker_type);
             let outcome = run_committed(self.db.as_ref(), self.write, |tx| {
                 attempts += 1;
+                claimed.begin_attempt();
                 let acceptors = ops::Acceptors {
                     workers: &workers,
                     incarnations: &incarnations,
                     tokens: &tokens,
                     recheck: attempts > 1,
+                    retries: attempts - 1,
+                    claims: Some(&claimed),
                 };
                 async move { ops::accept(&tx, ks, worker_type, acceptors).await }
             })

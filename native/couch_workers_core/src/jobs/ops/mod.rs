@@ -50,7 +50,8 @@ mod resubmit;
 mod run_end;
 
 pub use accept::{
-    accept, new_tokens, pending_version, pending_watch, promote_due, AcceptRound, Acceptors, Take, RECHECK_MAX_JOBS,
+    accept, new_tokens, pending_version, pending_watch, promote_due, AcceptRound, Acceptors, Claimed, Claims, Take,
+    RECHECK_MAX_JOBS,
 };
 pub use helpers::check_job_key;
 pub use lifecycle::{
