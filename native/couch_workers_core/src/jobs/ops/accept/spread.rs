@@ -17,9 +17,9 @@
 //! within the last second, `Claimed::contended`), their first attempts
 //! start so too, with the first window: takes of several nodes then
 //! rarely pick the same job (4 nodes on FoundationDB,
-//! `tests/jobs_take_contention.rs`: 0.68 conflicts per job with the spread
-//! on retries only, 0.42 with a first window of 8 per waiter, 0.16 with
-//! 32).
+//! `tests/jobs_take_contention.rs`, measured while choosing it on 5 Dec
+//! 2026: 0.68 conflicts per job with the spread on retries only, 0.42
+//! with a first window of 8 per waiter, 0.16 with 32).
 //!
 //! What it costs in order: an uncontended take takes in exact queue
 //! order; a spread one may take a job before at most `window − 1` older
