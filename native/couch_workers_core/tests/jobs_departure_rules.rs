@@ -76,7 +76,8 @@ impl Store {
         let tokens = ops::new_tokens(n);
         let (w, t) = (&waiters, &tokens);
         let round = run(self.db.as_ref(), TxOptions::write(), |tx| async move {
-            let acceptors = ops::Acceptors { workers: w, incarnations: &[], tokens: t, recheck: false };
+            let acceptors =
+                ops::Acceptors { workers: w, incarnations: &[], tokens: t, recheck: false, retries: 0, claims: None };
             ops::accept(&tx, ks, T, acceptors).await
         })
         .await

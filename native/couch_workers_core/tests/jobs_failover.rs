@@ -177,7 +177,14 @@ async fn setup_running(db: &Db, ks: &Keyspace, worker: &[u8], n: usize, info_len
     while handles.len() < n {
         let waiters = vec![worker.to_vec(); (n - handles.len()).min(1000)];
         let tokens = ops::new_tokens(waiters.len());
-        let w = ops::Acceptors { workers: &waiters, incarnations: &[], tokens: &tokens, recheck: false };
+        let w = ops::Acceptors {
+            workers: &waiters,
+            incarnations: &[],
+            tokens: &tokens,
+            recheck: false,
+            retries: 0,
+            claims: None,
+        };
         let round = write(db, |tx| async move { ops::accept(&tx, ks, T, w).await }).await;
         let before = handles.len();
         for take in round.takes {
@@ -240,7 +247,14 @@ async fn a_worker_with_5000_running_jobs_is_requeued_in_bounded_batches(store: S
     write(&db, |tx| async move { roster::register(&tx, k, s, &[10; 16], 0).await }).await;
     let again = vec![b"w".to_vec()];
     let tokens = ops::new_tokens(1);
-    let a = ops::Acceptors { workers: &again, incarnations: &[], tokens: &tokens, recheck: false };
+    let a = ops::Acceptors {
+        workers: &again,
+        incarnations: &[],
+        tokens: &tokens,
+        recheck: false,
+        retries: 0,
+        claims: None,
+    };
     let round = write(&db, |tx| async move { ops::accept(&tx, k, T, a).await }).await;
     let Take::Job(fresh) = round.takes[0].clone() else { panic!("a job") };
     assert_eq!(fresh.job.attempts, 2);

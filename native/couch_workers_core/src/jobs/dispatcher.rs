@@ -55,8 +55,15 @@
 //!   answering its waiters `store_closed`.
 //!
 //! Across nodes, dispatchers that take the same job conflict and one
-//! retries: contention grows with the number of nodes, not of acceptors,
-//! and jobs keep their order.
+//! retries: contention grows with the number of nodes, not of acceptors.
+//! The retry starts at a random job a little down the queue (of the
+//! head's priority; `ops::accept`'s `spread`), so that a node's round
+//! cannot lose the head to the other nodes' until its budget ends (its
+//! waiters would get `not_found` while jobs wait). Jobs keep their order
+//! within that window. On one node, the round and the workers' own takes
+//! (`job_finish_accept/3`, `job_accept/2` with timeout 0) claim the jobs
+//! they take (`ops::Claims`) and pass over each other's: they share the
+//! head instead of racing for it.
 //!
 //! A waiter that goes away must not lose a job. The dispatcher asks each
 //! waiter whether it still waits ([`AcceptReply::is_waiting`]) right
@@ -253,6 +260,10 @@ pub(crate) struct Dispatchers {
     pub waiting: Arc<AtomicU64>,
     /// Dispatchers running (stats).
     pub live: Arc<std::sync::atomic::AtomicUsize>,
+    /// The pending jobs the node's takes have in flight, every type: its
+    /// rounds, `finish_accept` and accepts with timeout 0 pass over each
+    /// other's ([`ops::Claims`]).
+    pub claims: ops::Claims,
 }
 
 struct Entry {
@@ -640,13 +651,18 @@ impl Dispatcher {
         let ks = &shared.ks;
         let job_type = &self.job_type;
         let mut attempts = 0u32;
+        let claimed = self.registry.claims.holder(job_type);
         let outcome = run_attempts(shared.db.as_ref(), shared.write, |tx, _| {
             attempts += 1;
+            // The last attempt's claims: its commit is over.
+            claimed.begin_attempt();
             let acceptors = ops::Acceptors {
                 workers: &workers,
                 incarnations: &incarnations,
                 tokens: &tokens,
                 recheck: attempts > 1,
+                retries: attempts - 1,
+                claims: Some(&claimed),
             };
             async move {
                 let round = ops::accept(&tx, ks, job_type, acceptors).await?;
@@ -656,6 +672,7 @@ impl Dispatcher {
             }
         })
         .await;
+        drop(claimed);
         crate::stage::mark("round_committed");
         self.round_tokens.clear();
         let batch = std::mem::take(&mut self.in_round);

@@ -9,6 +9,22 @@
 //! attempt took (`Acceptors::recheck`) and the finish answers for its own
 //! landed write (its receipt), as `job_finish/2` does.
 //!
+//! Many workers of one queue calling it at once each take in a
+//! transaction of their own. Those of one node pass over the jobs the
+//! others are taking (`ops::Claims`), and a take that lost a job to
+//! another node's retries a little down the queue (`ops::accept`'s
+//! `spread`): before, every retry read the head again, which the others
+//! kept taking, and on FoundationDB one call could lose every race until
+//! its budget ended and answer `timeout` (`tests/jobs_take_contention.rs`).
+//!
+//! Many workers of one queue calling it at once each take in a
+//! transaction of their own. Those of one node pass over the jobs the
+//! others are taking (`ops::Claims`), and a take that lost a job to
+//! another node's retries a little down the queue (`ops::accept`'s
+//! `spread`): before, every retry read the head again, which the others
+//! kept taking, and on FoundationDB one call could lose every race until
+//! its budget ended and answer `timeout` (`tests/jobs_take_contention.rs`).
+//!
 //! A finish that queues the job again (a resubmission made while it ran)
 //! commits without the accept: the requeue writes the record and the
 //! pending key with versionstamps, which the same transaction cannot read
@@ -55,6 +71,7 @@ pub(crate) async fn finish_accept(
     fence: &Fence,
     result: &[u8],
     next: NextFor<'_>,
+    claims: &ops::Claims,
 ) -> Result<Option<JobHandle>, Error> {
     let ks = &ctx.ks;
     let db = ctx.db.as_ref();
@@ -67,9 +84,13 @@ pub(crate) async fn finish_accept(
     let tokens = ops::new_tokens(1);
     let (w, i, tk) = (&workers[..], &incarnations[..], &tokens[..]);
     let mut attempts = 0u32;
+    let claimed = claims.holder(next.worker_type);
+    let claimed = &claimed;
     let outcome = run_attempts(db, ctx.write, |tx, attempt| {
         attempts += 1;
-        let recheck = attempts > 1;
+        // The last attempt's claims: its commit is over.
+        claimed.begin_attempt();
+        let (recheck, retries) = (attempts > 1, attempts - 1);
         // The finish sets the receipt; an attempt after its landed
         // write only accepts.
         let t = tx.clone();
@@ -93,7 +114,8 @@ pub(crate) async fn finish_accept(
                         return Ok((Ok(None), finished));
                     }
                 }
-                let acceptors = ops::Acceptors { workers: w, incarnations: i, tokens: tk, recheck };
+                let acceptors =
+                    ops::Acceptors { workers: w, incarnations: i, tokens: tk, recheck, retries, claims: Some(claimed) };
                 Ok((Ok(Some(ops::accept(&tx, ks, next.worker_type, acceptors).await?)), finished))
             })
             .await
@@ -107,7 +129,7 @@ pub(crate) async fn finish_accept(
             // took nothing: take the next job in one round of its own.
             // An attempt whose commit was unknown took nothing either
             // (it accepted nothing), so the token is free.
-            return Ok(follow_up(ctx, next).await);
+            return Ok(follow_up(ctx, next, claims).await);
         }
         Ok((Err(e), _)) => return Err(e),
         Err(e) => {
@@ -127,7 +149,7 @@ pub(crate) async fn finish_accept(
         // Jobs may be left that this round could not take (due
         // scheduled ones, a spent byte budget, stale keys cleared):
         // the finish has committed; one more round may take one.
-        Some(Take::NoJob) if due || round.more => Ok(follow_up(ctx, next).await),
+        Some(Take::NoJob) if due || round.more => Ok(follow_up(ctx, next, claims).await),
         _ => Ok(None),
     }
 }
@@ -137,16 +159,21 @@ pub(crate) async fn finish_accept(
 /// further round. The finish committed, so nothing here is an error:
 /// `None` when no job was taken, and a job this round may have taken
 /// for nobody goes back to pending.
-async fn follow_up(ctx: &Arc<Context>, next: NextFor<'_>) -> Option<JobHandle> {
+async fn follow_up(ctx: &Arc<Context>, next: NextFor<'_>, claims: &ops::Claims) -> Option<JobHandle> {
     let ks = &ctx.ks;
     let workers = [next.worker.to_vec()];
     let incarnations = [next.incarnation];
     let tokens = ops::new_tokens(1);
     let (w, i, t) = (&workers[..], &incarnations[..], &tokens[..]);
     let mut attempts = 0u32;
+    let claimed = claims.holder(next.worker_type);
+    let claimed = &claimed;
     let outcome = run_attempts(ctx.db.as_ref(), ctx.write, |tx, _| {
         attempts += 1;
-        let acceptors = ops::Acceptors { workers: w, incarnations: i, tokens: t, recheck: attempts > 1 };
+        claimed.begin_attempt();
+        let (recheck, retries) = (attempts > 1, attempts - 1);
+        let acceptors =
+            ops::Acceptors { workers: w, incarnations: i, tokens: t, recheck, retries, claims: Some(claimed) };
         async move { ops::accept(&tx, ks, next.worker_type, acceptors).await }
     })
     .await;

@@ -158,8 +158,9 @@ impl JobService {
         }
         if timeout.is_zero() {
             let c = ctx.clone();
+            let registry = self.running.dispatchers.clone();
             ctx.spawn(async move {
-                let outcome = accept_now(&c, &worker_type, &worker, incarnation).await;
+                let outcome = accept_now(&c, &worker_type, &worker, incarnation, &registry.claims).await;
                 let taken = outcome.as_ref().ok().cloned();
                 if !reply.deliver(outcome) {
                     if let Some(handle) = taken {
@@ -195,7 +196,7 @@ impl JobService {
             let ctx = &self.running.ctx;
             ctx.check_open()?;
             check_key(&ctx.ks.member(worker_type, worker))?;
-            return accept_now(ctx, worker_type, worker, incarnation).await;
+            return accept_now(ctx, worker_type, worker, incarnation, &self.running.dispatchers.claims).await;
         }
         let (reply, guard, receiver) = future_reply();
         self.accept_registered_with(worker_type.to_vec(), worker.to_vec(), incarnation, timeout, Box::new(reply));
@@ -218,7 +219,7 @@ impl JobService {
         let ctx = &self.running.ctx;
         ctx.check_open()?;
         check_key(&ctx.ks.member(next.worker_type, next.worker))?;
-        finish_accept(ctx, fence, result, next).await
+        finish_accept(ctx, fence, result, next, &self.running.dispatchers.claims).await
     }
 
     /// Gives back a job taken for a caller that no longer waits for it

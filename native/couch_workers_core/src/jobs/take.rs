@@ -27,6 +27,7 @@ pub(crate) async fn accept_now(
     worker_type: &[u8],
     worker: &[u8],
     incarnation: Option<Incarnation>,
+    claims: &ops::Claims,
 ) -> Result<JobHandle, Error> {
     let workers = vec![worker.to_vec()];
     let incarnations = [incarnation];
@@ -34,13 +35,19 @@ pub(crate) async fn accept_now(
     for _ in 0..ACCEPT_NOW_ROUNDS {
         let tokens = ops::new_tokens(1);
         let mut attempts = 0u32;
+        let claimed = claims.holder(worker_type);
+        let claimed = &claimed;
         let outcome = run_attempts(ctx.db.as_ref(), ctx.write, |tx, _| {
             attempts += 1;
+            // The last attempt's claims: its commit is over.
+            claimed.begin_attempt();
             let acceptors = ops::Acceptors {
                 workers: &workers,
                 incarnations: &incarnations,
                 tokens: &tokens,
                 recheck: attempts > 1,
+                retries: attempts - 1,
+                claims: Some(claimed),
             };
             async move { ops::accept(&tx, ks, worker_type, acceptors).await }
         })

@@ -1,18 +1,32 @@
 //! The accept round: pending (and due scheduled) jobs handed to waiting
 //! workers in queue order, the watch that wakes a dispatcher, and the move of
 //! due scheduled jobs to pending.
+//!
+//! * `scan`: the order in which a round reads and offers pending jobs;
+//! * `spread`: where a round starts after a failed attempt;
+//! * `claims`: the jobs a node's takes have in flight, which its other
+//!   takes offer last;
+//! * `taking`: each offered job to the first waiter that can hold it.
+
+mod claims;
+mod scan;
+mod spread;
+mod taking;
 
 use std::collections::{HashMap, HashSet};
 
 use rand::RngCore;
 
-use super::helpers::{bump_pending, can_hold, get_many, get_some, read_record};
-use super::BATCH_WRITE_BUDGET;
-use crate::jobs::job::{AcceptToken, JobHandle, JobState, JobVs, Keep};
+use super::helpers::{bump_pending, get_many, get_some, read_record};
+use crate::jobs::job::{AcceptToken, JobHandle, JobState, Keep};
 use crate::jobs::place::{self, earliest_scheduled, key_i64, place, unplace};
 use crate::jobs::record::Record;
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::store::{RangeRequest, StoreError, Tx, Watch, MAX_VALUE_SIZE};
+use scan::Scan;
+use taking::{Candidate, Offered, Taking};
+
+pub use claims::{Claimed, Claims};
 
 fn new_token() -> AcceptToken {
     let mut token = [0u8; 16];
@@ -52,17 +66,16 @@ pub struct Acceptors<'a> {
     /// goes). So a retried round first looks for jobs its waiters' workers
     /// run under its tokens and hands those out again.
     pub recheck: bool,
-}
-
-/// A job an accept round may take: a pending key, or (`due`) the
-/// scheduled key of a job due now.
-struct Candidate {
-    key: Vec<u8>,
-    /// The scheduled key's `run_at`, for a due scheduled job.
-    due: Option<i64>,
-    /// The pending key's priority, VS and id (for a due job: its id).
-    parsed: Option<(i64, JobVs, Vec<u8>)>,
-    value: Option<Vec<u8>>,
+    /// How many attempts of this round failed before this one. A retry
+    /// after a conflict starts at a random job a little down the queue
+    /// rather than at its head, which the takers that beat it keep
+    /// taking ([`spread`]): so one taker cannot lose every race to the
+    /// others until its budget ends.
+    pub retries: u32,
+    /// The claims of this take among the node's takes in flight
+    /// ([`Claims`]): it passes over the pending jobs the others are
+    /// taking. `None`: it claims nothing and passes over nothing.
+    pub claims: Option<&'a Claimed<'a>>,
 }
 
 /// What one waiter got from an accept round (most waiters get a job).
@@ -108,10 +121,16 @@ pub struct AcceptRound {
 /// The pending range is read as a snapshot and only the taken jobs' keys
 /// get read conflicts, so that concurrent adds do not conflict with it,
 /// while two rounds (on any nodes) that pick the same job do: one of them
-/// retries and takes the next jobs. Each worker's member key is read
-/// without snapshot, so a concurrent removal of the worker either sees the
-/// new active keys (and requeues them) or makes this round retry and find
-/// the worker gone.
+/// retries, and its retry starts further down the queue ([`spread`]).
+/// Each worker's member key is read without snapshot, so a concurrent
+/// removal of the worker either sees the new active keys (and requeues
+/// them) or makes this round retry and find the worker gone.
+///
+/// Jobs that no waiter of the round can hold (their active key or running
+/// record would be over a limit for its workers) stay pending for other
+/// workers, and the round reads on past them ([`scan::SCAN_PAST_BYTES`]), so
+/// that a lone waiter is not stopped by a job at the head that only
+/// others can run.
 pub async fn accept(
     tx: &Tx,
     ks: &Keyspace,
@@ -119,7 +138,7 @@ pub async fn accept(
     acceptors: Acceptors<'_>,
 ) -> Result<AcceptRound, StoreError> {
     let now = place::wall_ms();
-    let Acceptors { workers: waiters, incarnations, tokens, recheck } = acceptors;
+    let Acceptors { workers: waiters, incarnations, tokens, recheck, retries, claims } = acceptors;
     if tokens.len() != waiters.len() {
         return Err(StoreError::Invalid("accept: one token per waiter".into()));
     }
@@ -166,120 +185,79 @@ pub async fn accept(
         return Ok(AcceptRound { takes, more: false, next_due, paused, unrunnable: Vec::new() });
     }
 
-    let (begin, end) = ks.pending_range(worker_type);
-    let rows = tx.get_range(&RangeRequest::new(begin, end).limit(queue.len()).snapshot(true)).await?;
-    let full = rows.len() == queue.len();
-    let parsed: Vec<Option<(i64, JobVs, Vec<u8>)>> =
-        rows.iter().map(|(k, _)| ks.parse_pending(worker_type, k)).collect();
-    let values =
-        get_some(tx, parsed.iter().map(|p| p.as_ref().map(|(_, _, id)| ks.job(worker_type, id))), true).await?;
-    let mut candidates: Vec<Candidate> = rows
-        .into_iter()
-        .zip(parsed)
-        .zip(values)
-        .map(|(((key, _), parsed), value)| Candidate { key, due: None, parsed, value })
-        .collect();
-    // Fewer pending jobs than waiters, and scheduled jobs due: take those
-    // too, straight from scheduled (in due order), rather than wait for a
-    // transaction that moves them to pending. Every pending job is taken
-    // in this round as well, so no job waits behind them.
-    if candidates.len() < queue.len() && next_due.is_some_and(|t| t <= now) {
-        let (begin, _) = ks.scheduled_range(worker_type);
-        let end = ks.scheduled_after(worker_type, key_i64(now));
-        let limit = queue.len() - candidates.len();
-        let due = tx.get_range(&RangeRequest::new(begin, end).limit(limit).snapshot(true)).await?;
-        let ids: Vec<Option<(i64, Vec<u8>)>> = due.iter().map(|(k, _)| ks.parse_scheduled(worker_type, k)).collect();
-        let values = get_some(tx, ids.iter().map(|p| p.as_ref().map(|(_, id)| ks.job(worker_type, id))), true).await?;
-        for (((key, _), id), value) in due.into_iter().zip(ids).zip(values) {
-            let Some((at, id)) = id else { continue };
-            candidates.push(Candidate { key, due: Some(at), parsed: Some((0, [0; 12], id)), value });
-        }
+    let mut taking = Taking::new(waiters, tokens, queue, takes, now);
+    let read_all = take_pending(tx, ks, worker_type, &mut taking, retries, claims).await?;
+    // Every pending job was offered, waiters are left, and scheduled jobs
+    // are due: take those too, straight from scheduled (in due order),
+    // rather than wait for a transaction that moves them to pending. No
+    // pending job waits behind them.
+    if read_all && taking.left() > 0 && !taking.full && next_due.is_some_and(|t| t <= now) {
+        take_due(tx, ks, worker_type, &mut taking, now).await?;
     }
-
-    let mut next = 0usize; // index into `queue`
-    let mut progress = false;
-    let mut budget_left = true;
-    let mut written = 0usize;
-    let mut user_version: u16 = 0;
-    let mut unrunnable = Vec::new();
-    for Candidate { key: pending_key, due, parsed, value } in candidates {
-        let pending_key = &pending_key;
-        if next == queue.len() {
-            break;
-        }
-        let Some((priority, vs, id)) = parsed else {
-            // Not a key this code writes: clear it, or it would sit at the
-            // head of the queue forever.
-            tx.add_read_conflict_key(pending_key);
-            tx.clear(pending_key);
-            progress = true;
-            continue;
-        };
-        let rec = match (due, value.map(|v| Record::decode(&v)).transpose()) {
-            (None, Ok(Some(rec))) if rec.state == JobState::Pending && rec.vs == vs && rec.priority == priority => rec,
-            (Some(at), Ok(Some(rec))) if rec.state == JobState::Scheduled && rec.run_at.map(key_i64) == Some(at) => rec,
-            // A stale scheduled key: `promote_due` clears it.
-            (Some(_), _) => continue,
-            (None, _) => {
-                // A stale pending key (its record is gone, changed or
-                // unreadable): drop it with its count.
-                tx.add_read_conflict_key(pending_key);
-                tx.clear(pending_key);
-                tx.atomic_add(&ks.pending_count(worker_type), -1);
-                progress = true;
-                continue;
-            }
-        };
-        // The first waiter (FIFO) that can hold the job (its active key
-        // and the running record fit the limits); a job no waiter here can
-        // hold stays pending for other workers, unless no worker at all
-        // can: then it fails, rather than stop the queue behind it.
-        let Some(pos) = queue[next..].iter().position(|&i| can_hold(ks, worker_type, &id, &rec, &waiters[i])) else {
-            if rec.running_len(b"") > MAX_VALUE_SIZE {
-                let mut rec = rec;
-                if fail_unrunnable(tx, ks, worker_type, &id, &mut rec, user_version, now) {
-                    tx.add_read_conflict_key(pending_key);
-                    tx.add_read_conflict_key(&ks.job(worker_type, &id));
-                    user_version = user_version.wrapping_add(1);
-                    progress = true;
-                    unrunnable.push(id);
-                }
-            }
-            continue;
-        };
-        let active_len = ks.active(worker_type, &waiters[queue[next + pos]], &id).len();
-        let cost = rec.value_len() + 2 * ks.job(worker_type, &id).len() + 2 * pending_key.len() + active_len;
-        if written > 0 && written + cost > BATCH_WRITE_BUDGET {
-            budget_left = false;
-            break;
-        }
-        written += cost;
-        queue[next..].swap(0, pos);
-        let waiter = queue[next];
-        next += 1;
-        let worker = &waiters[waiter];
-
-        tx.add_read_conflict_key(pending_key);
-        tx.add_read_conflict_key(&ks.job(worker_type, &id));
-        let mut rec = rec;
-        unplace(tx, ks, worker_type, &id, &rec);
-        let token = tokens[waiter];
-        // (A due scheduled record written before `queued_at` was queued
-        // from its run_at.)
-        let queued_at = rec.queued_at.or(rec.run_at);
-        rec.state = JobState::Running;
-        rec.worker = Some(worker.clone());
-        rec.token = Some(token);
-        rec.cancel_requested = false;
-        rec.attempts += 1;
-        place(tx, ks, worker_type, &id, &mut rec, user_version, now);
-        user_version = user_version.wrapping_add(1);
-        progress = true;
-        takes[waiter] = Take::Job(JobHandle { job: rec.to_job(worker_type, &id, now), token, queued_at });
-    }
-    let waiting = next < queue.len();
-    let more = waiting && (!budget_left || (full && progress));
+    // Waiters left while pending jobs may remain that this round did not
+    // offer (the write budget ran out, or it read as far as it may after
+    // clearing stale keys): another round at once rather than a watch.
+    let more = taking.left() > 0 && (taking.full || (!read_all && taking.progress));
+    let Taking { takes, unrunnable, .. } = taking;
     Ok(AcceptRound { takes, more, next_due, paused, unrunnable })
+}
+
+/// Offers the type's pending jobs to the round's waiters until each has
+/// one, in the order [`Scan`] reads them. Returns whether every pending
+/// job was offered (none left unread).
+async fn take_pending(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    taking: &mut Taking<'_>,
+    retries: u32,
+    claims: Option<&Claimed<'_>>,
+) -> Result<bool, StoreError> {
+    let mut scan = Scan::start(tx, ks, worker_type, taking.left(), retries, claims).await?;
+    while taking.left() > 0 && !taking.full {
+        let batch = scan.next_batch(tx, taking).await?;
+        if batch.is_empty() {
+            break;
+        }
+        let ids = batch.iter().map(|(_, p)| p.as_ref().map(|(_, _, id)| ks.job(worker_type, id)));
+        let values = get_some(tx, ids, true).await?;
+        for ((key, parsed), value) in batch.into_iter().zip(values) {
+            let offered = if taking.full {
+                Offered::Full
+            } else {
+                let candidate = Candidate { key: key.clone(), due: None, parsed, value };
+                taking.offer(tx, ks, worker_type, candidate)
+            };
+            if offered != Offered::Taken {
+                scan.passed(&key);
+            }
+        }
+    }
+    Ok(scan.read_all())
+}
+
+/// Offers the type's scheduled jobs due by `now` (in due order) to the
+/// waiters still without a job.
+async fn take_due(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    taking: &mut Taking<'_>,
+    now: u64,
+) -> Result<(), StoreError> {
+    let (begin, _) = ks.scheduled_range(worker_type);
+    let end = ks.scheduled_after(worker_type, key_i64(now));
+    let due = tx.get_range(&RangeRequest::new(begin, end).limit(taking.left()).snapshot(true)).await?;
+    let ids: Vec<Option<(i64, Vec<u8>)>> = due.iter().map(|(k, _)| ks.parse_scheduled(worker_type, k)).collect();
+    let values = get_some(tx, ids.iter().map(|p| p.as_ref().map(|(_, id)| ks.job(worker_type, id))), true).await?;
+    for (((key, _), id), value) in due.into_iter().zip(ids).zip(values) {
+        let Some((at, id)) = id else { continue };
+        let candidate = Candidate { key, due: Some(at), parsed: Some((0, [0; 12], id)), value };
+        if taking.offer(tx, ks, worker_type, candidate) == Offered::Full {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Fails a queued job whose running record would be over the value limit

@@ -49,7 +49,10 @@ mod requeue;
 mod resubmit;
 mod run_end;
 
-pub use accept::{accept, new_tokens, pending_version, pending_watch, promote_due, Acceptors, Take};
+pub use accept::{accept, new_tokens, pending_version, pending_watch, promote_due, Acceptors, Claims, Take};
+// For the contention tests' takes (`tests/jobs_take_contention.rs`).
+#[cfg(feature = "internals")]
+pub use accept::Claimed;
 pub use helpers::check_job_key;
 pub use lifecycle::{add, add_job, add_many, add_many_jobs, cancel, end, finish, remove, remove_if, update};
 pub use pause::set_paused;
