@@ -142,6 +142,23 @@ rm -rf "$nobuild"
 stage "rebar3 eunit (builds the NIF through cargo first)"
 rebar3 eunit
 
+# A short soak (the full one is `scripts/soak.sh`: 1,000,000 jobs):
+# 100,000 jobs through three `erl` nodes with a kill -9 every 5 s and a
+# 6 s store stall every 12 s, failing on any job lost, finished twice or
+# stuck, or a live worker reaped; then the same with one job held
+# without running it, which must be counted stuck (the check can fail).
+stage "soak: 100,000 jobs, kill -9 every 5 s, a store stall every 12 s: lost 0, twice 0, stuck 0, live reaped 0; and a stuck job injected, found"
+soak_dir=$(mktemp -d)
+scripts/soak.sh --no-build --jobs 100000 --kill-every 5 --stall-every 12 --stuck-after 4 --dir "$soak_dir/run"
+if scripts/soak.sh --no-build --jobs 60000 --kill-every 5 --stall-every 12 --stuck-after 4 --inject-stuck --dir "$soak_dir/inject" >"$soak_dir/inject.log" 2>&1; then
+    cat "$soak_dir/inject.log"
+    echo "==> the soak's stuck check missed an injected stuck job" >&2
+    exit 1
+fi
+grep -q 'stuck: *1 ' "$soak_dir/inject.log" || { cat "$soak_dir/inject.log"; echo "==> the injected soak failed, but not for the stuck job" >&2; exit 1; }
+echo "==> the injected stuck job was found (stuck 1, exit 1)"
+rm -rf "$soak_dir"
+
 stage "dialyzer and xref (the app, the bench and soak modules): 0 warnings"
 scripts/check-erlang.sh
 
