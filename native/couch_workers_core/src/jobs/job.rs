@@ -9,12 +9,13 @@ use crate::error::Error;
 /// same job compares greater.
 pub type JobVs = [u8; 12];
 
-/// Which job of its id a record is: 8 random bytes drawn when the job is
-/// added and kept by every other write of it. A job removed and added
-/// again with the same id has another, which tells it from a later
-/// version of the first (its `vs` grows either way). Two draws are equal
-/// with probability 2^-64: a subscriber would take the new job for its
-/// own (as with a record written before incarnations), no worse.
+/// Which job of its id a record is: 8 random non-zero bytes drawn when
+/// the job is added and kept by every other write of it. A job removed
+/// and added again with the same id has another, which tells it from a
+/// later version of the first (its `vs` grows either way). Two draws are
+/// equal with probability 255^-8 (below 10^-19): a subscriber would take
+/// the new job for its own (as with a record written before
+/// incarnations), no worse.
 pub type JobIncarnation = [u8; 8];
 
 /// The fencing token of one accept: 16 random bytes, new at every accept.
