@@ -1,46 +1,100 @@
-//! Job subscriptions, a known gap (ignored until it is closed): a job
-//! removed and added again with the same id between two reads of its
-//! watcher. Apart from `tests/jobs_subscribe.rs`, whose tests all run on a
-//! live FoundationDB too (`scripts/live-cargo-test.sh` runs every ignored
-//! test of the binaries it is given, and fails on any that fails).
+//! Job subscriptions: a job removed and added again with the same id
+//! between two reads of its watcher is another job, told by its
+//! incarnation (`jobs/subscription.rs`). Apart from
+//! `tests/jobs_subscribe.rs`; these run on a live FoundationDB too
+//! (`scripts/live-cargo-test.sh` runs every ignored test of the binaries
+//! it is given, and fails on any that fails).
 
 mod jobs_common;
 
-use couch_workers_core::jobs::JobEvent;
+use std::sync::Arc;
+use std::time::Duration;
+
+use couch_workers_core::jobs::{ops, JobEvent, JobOpts, JobState, NewJob};
+use couch_workers_core::store::{run, TxOptions};
+use couch_workers_core::Node;
 use jobs_common::*;
 
 const T: &[u8] = b"indexer";
 
-/// A job removed and added again with the same id before the watcher
-/// reads it (here in one transaction, so no read can see it absent) is
-/// another job: its subscribers should get `Removed`, not a change.
-/// Known gap: the record carries nothing that tells a new job of the same
-/// id from a later version of the old one (its VS changes at every write,
-/// a resubmit also resets attempts and error). The fix is a creation
-/// versionstamp in the record (set by add, kept by every other write),
-/// compared by the watcher; kept ignored until the record has it.
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "known gap: a removal and a re-add between two reads of a job watcher look like one change"]
-async fn remove_and_add_again_between_two_reads_tells_removed() {
-    use couch_workers_core::jobs::{ops, NewJob};
-    use couch_workers_core::store::{run, TxOptions};
-    let c = Cluster::new();
-    let node = c.node();
-    let jobs = node.jobs();
-    add(jobs, T, b"j", 0).await;
-    let (on, mut rx) = events();
-    let (_, _sub) = jobs.subscribe(T, b"j", on).await.unwrap();
-    let ks = ks(&node).clone();
+/// Removes the job `id` and adds another with that id and `info`, in one
+/// transaction: no read can see it absent.
+async fn remove_and_add_again(node: &Arc<Node>, id: &[u8], info: &[u8]) {
+    let ks = ks(node).clone();
     let k = &ks;
-    let again = NewJob { id: b"j".to_vec(), info: b"{\"new\":1}".to_vec(), priority: 0 };
+    let again = NewJob { id: id.to_vec(), info: info.to_vec(), priority: 0 };
     let a = &again;
     run(node.db().as_ref(), TxOptions::write(), |tx| async move {
-        ops::remove(&tx, k, T, b"j").await?.expect("removed");
+        ops::remove(&tx, k, T, id).await?.expect("removed");
         ops::add(&tx, k, T, a).await?.expect("added");
         Ok(())
     })
     .await
     .expect("remove and add");
+}
+
+/// The old job's subscribers get `Removed`, not a change to the new job,
+/// and their subscription ends (nothing of the new job reaches them, and
+/// the watcher goes); a subscription to the new job follows it. Failed
+/// with a `Changed` of the new job before records carried incarnations.
+async fn remove_and_add_again_between_two_reads_tells_removed(store: StoreKind) {
+    let c = Cluster::on(store);
+    let node = c.node();
+    let jobs = node.jobs();
+    add(jobs, T, b"j", 0).await;
+    let (on, mut rx) = events();
+    let (old, _sub) = jobs.subscribe(T, b"j", on).await.unwrap();
+    remove_and_add_again(&node, b"j", b"{\"new\":1}").await;
     assert_eq!(next_event(&mut rx).await, JobEvent::Removed, "the job subscribed to is gone");
+    assert!(eventually(Duration::from_secs(2), || async { jobs.stats().job_watchers == 0 }).await);
+
+    let (on, mut new_rx) = events();
+    let (new, _new_sub) = jobs.subscribe(T, b"j", on).await.unwrap();
+    assert_eq!(new.info, b"{\"new\":1}");
+    assert!(new.incarnation.is_some() && new.incarnation != old.incarnation, "another job");
+    let _w = register(&node, T, b"w").await;
+    let h = accept_now(jobs, T, b"w").await;
+    assert_eq!(wait_state(&mut new_rx, JobState::Running).await, h.job);
+    assert_eq!(h.job.incarnation, new.incarnation, "an accept keeps the incarnation");
+    let h2 = jobs.update(&h.fence(), br#"{"p":1}"#).await.unwrap();
+    assert_eq!(next_event(&mut new_rx).await, JobEvent::Changed(h2.job.clone()));
+    assert_eq!(h2.job.incarnation, new.incarnation, "an update keeps it");
+    // The old subscription ended with `Removed`: nothing since.
+    assert!(rx.try_recv().is_err(), "nothing after Removed");
     node.stop().await;
 }
+
+/// Subscribers of the old job and of the new one on one node: the first
+/// get `Removed`, the others go on (with the same watcher, or a new one if
+/// the old one had ended already) and see the new job's changes.
+async fn subscribers_of_the_new_job_go_on(store: StoreKind) {
+    let c = Cluster::on(store);
+    let node = c.node();
+    let jobs = node.jobs();
+    add(jobs, T, b"j", 0).await;
+    let (on, mut old_rx) = events();
+    let (_, _old_sub) = jobs.subscribe(T, b"j", on).await.unwrap();
+    remove_and_add_again(&node, b"j", b"{\"new\":1}").await;
+    let (on, mut new_rx) = events();
+    let (new, _new_sub) = jobs.subscribe(T, b"j", on).await.unwrap();
+    assert_eq!(new.info, b"{\"new\":1}");
+    assert_eq!(next_event(&mut old_rx).await, JobEvent::Removed);
+    jobs.resubmit(T, b"j", b"{\"newer\":1}", &JobOpts::default(), None).await.unwrap();
+    let changed = match next_event(&mut new_rx).await {
+        JobEvent::Changed(job) => job,
+        e => panic!("unexpected {e:?}"),
+    };
+    assert_eq!(changed.info, b"{\"newer\":1}");
+    assert_eq!(changed.incarnation, new.incarnation, "a resubmit keeps the incarnation");
+    assert!(old_rx.try_recv().is_err(), "nothing after Removed");
+    node.stop().await;
+}
+
+couch_workers_core::store_tests!(
+    runtime: (flavor = "multi_thread"),
+    stores: [embedded: Embedded, sim: Sim],
+    tests: [
+        remove_and_add_again_between_two_reads_tells_removed,
+        subscribers_of_the_new_job_go_on,
+    ],
+);

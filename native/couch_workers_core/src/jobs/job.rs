@@ -9,6 +9,15 @@ use crate::error::Error;
 /// same job compares greater.
 pub type JobVs = [u8; 12];
 
+/// Which job of its id a record is: 8 random non-zero bytes drawn when
+/// the job is added and kept by every other write of it. A job removed
+/// and added again with the same id has another, which tells it from a
+/// later version of the first (its `vs` grows either way). Two draws are
+/// equal with probability 255^-8 (below 10^-19): a subscriber would take
+/// the new job for its own (as with a record written before
+/// incarnations), no worse.
+pub type JobIncarnation = [u8; 8];
+
 /// The fencing token of one accept: 16 random bytes, new at every accept.
 pub type AcceptToken = [u8; 16];
 
@@ -169,6 +178,10 @@ pub struct Job {
     /// Unix ms since which it can be accepted (the writer's wall clock):
     /// set while pending or scheduled, else `None`.
     pub queued_at: Option<u64>,
+    /// Drawn when the job was added, kept by its other writes
+    /// ([`JobIncarnation`]); `None` for a job added before records carried
+    /// it (format 3 and older), taken to be the same job throughout.
+    pub incarnation: Option<JobIncarnation>,
 }
 
 /// What `accept` and `update` return: the job and the token of the accept
@@ -238,7 +251,9 @@ impl From<&NewJob> for JobSpec {
 pub enum JobEvent {
     /// The job changed (its versionstamp grew); the job as it is now.
     Changed(Job),
-    /// The job was removed; the subscription has ended.
+    /// The job was removed (also when another job of the same id was
+    /// added after it between two reads of the watcher: its incarnation
+    /// differs); the subscription has ended.
     Removed,
 }
 

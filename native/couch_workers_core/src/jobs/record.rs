@@ -5,11 +5,14 @@
 
 use foundationdb_tuple::{pack, pack_with_versionstamp, unpack, Bytes, Element, Versionstamp as TupleVs};
 
-use super::job::{AcceptToken, Job, JobOpts, JobState, JobVs, Keep, MaxAttempts, Schedule};
+use super::job::{AcceptToken, Job, JobIncarnation, JobOpts, JobState, JobVs, Keep, MaxAttempts, Schedule};
 use crate::store::StoreError;
 
 /// The format version of job records written by this code.
-pub const RECORD_FORMAT: i64 = 3;
+pub const RECORD_FORMAT: i64 = 4;
+
+/// Job records written before `Incarnation` (still read).
+const RECORD_FORMAT_3: i64 = 3;
 
 /// Job records written before `QueuedAt` (still read).
 const RECORD_FORMAT_2: i64 = 2;
@@ -47,6 +50,18 @@ pub(crate) struct Record {
     pub resubmit: Option<Resubmit>,
     /// Unix ms since which it can be accepted (pending or scheduled only).
     pub queued_at: Option<u64>,
+    /// Drawn by `add` ([`Record::new`]); every other write decodes the
+    /// record and keeps it. `None` in records written before format 4.
+    pub incarnation: Option<JobIncarnation>,
+}
+
+/// A fresh incarnation for a job being added: 8 random bytes, none of
+/// them zero, which the tuple layer would escape into two. Its encoding is
+/// then always 10 bytes, and the largest info a job can have does not
+/// depend on the draw. (255^8 values: a repeat has probability below
+/// 10^-19.)
+fn new_incarnation() -> JobIncarnation {
+    std::array::from_fn(|_| rand::random_range(1..=u8::MAX))
 }
 
 /// A 12-byte tuple versionstamp whose commit part is still unknown:
@@ -81,7 +96,8 @@ fn corrupt(what: &str) -> StoreError {
 
 impl Record {
     /// A new record, not yet placed in a state (see `ops::place`):
-    /// `opts` with their defaults, `keep` defaulting to infinity.
+    /// `opts` with their defaults, `keep` defaulting to infinity, and an
+    /// incarnation of its own (a new job, even if its id was used before).
     pub fn new(info: Vec<u8>, opts: &JobOpts) -> Self {
         Record {
             state: JobState::Pending,
@@ -100,6 +116,7 @@ impl Record {
             expire_at: None,
             resubmit: None,
             queued_at: None,
+            incarnation: Some(new_incarnation()),
         }
     }
 
@@ -131,6 +148,7 @@ impl Record {
             self.expire_at.map(clamp_i64),
             resubmit.as_deref().map(Bytes::from),
             self.queued_at.map(clamp_i64),
+            self.incarnation.as_ref().map(|i| Bytes::from(&i[..])),
         )));
         out.extend(offset);
         out
@@ -191,7 +209,8 @@ impl Record {
         let len = match e.first().and_then(Element::as_i64) {
             Some(VALUE_FORMAT) => 10,
             Some(RECORD_FORMAT_2) => 16,
-            Some(RECORD_FORMAT) => 17,
+            Some(RECORD_FORMAT_3) => 17,
+            Some(RECORD_FORMAT) => 18,
             Some(other) => return Err(corrupt(&format!("unknown format {other}"))),
             None => return Err(corrupt("no format version")),
         };
@@ -221,6 +240,7 @@ impl Record {
             expire_at: None,
             resubmit: None,
             queued_at: None,
+            incarnation: None,
         };
         if len >= 16 {
             rec.error = opt_bytes(&e[10])?;
@@ -233,8 +253,14 @@ impl Record {
                 Some(r) => Some(decode_resubmit(&r)?),
             };
         }
-        if len == 17 {
+        if len >= 17 {
             rec.queued_at = opt_u64(&e[16])?;
+        }
+        if len == 18 {
+            rec.incarnation = match opt_bytes(&e[17])? {
+                None => None,
+                Some(i) => Some(JobIncarnation::try_from(&i[..]).map_err(|_| corrupt("incarnation length"))?),
+            };
         }
         Ok(rec)
     }
@@ -260,6 +286,7 @@ impl Record {
             run_at: if self.state == JobState::Scheduled && !due { self.run_at } else { None },
             keep: self.keep,
             queued_at: self.queued_at,
+            incarnation: self.incarnation,
         }
     }
 }
@@ -474,6 +501,8 @@ mod tests {
             keep: Keep::Seconds(0),
             expire_at: Some(u64::MAX >> 1),
             queued_at: Some(1_700_000_000_123),
+            // NUL bytes, which the tuple layer escapes.
+            incarnation: Some([0, 0xff, 0, 1, 2, 3, 0, 0]),
             resubmit: Some(Resubmit {
                 info: b"{\"b\":2}".to_vec(),
                 opts: JobOpts {
@@ -514,22 +543,65 @@ mod tests {
         assert_eq!((rec.error, rec.run_at, rec.resubmit), (None, None, None));
     }
 
+    /// The elements of `rec` as stored, less its last `drop` ones, under
+    /// format `format`: what an older version wrote.
+    fn older(rec: &Record, format: i64, drop: usize) -> Vec<Element<'static>> {
+        let stored = commit(&rec.encode(0), [6; 10]);
+        let mut e: Vec<Element> = unpack::<Vec<Element>>(&stored).unwrap().into_iter().map(|e| e.into_owned()).collect();
+        e.truncate(e.len() - drop);
+        e[0] = Element::Int(format);
+        e
+    }
+
+    #[test]
+    fn format_3_is_read_without_incarnation() {
+        let rec = Record::new(b"{}".to_vec(), &JobOpts::default());
+        assert!(rec.incarnation.is_some());
+        // Format 3 is format 4 less its last element.
+        let mut e = older(&rec, 3, 1);
+        let back = Record::decode(&foundationdb_tuple::pack(&e)).unwrap();
+        assert_eq!(Record { incarnation: None, vs: back.vs, ..rec.clone() }, back);
+        // Rewritten by this code, it stays without one (format 4, nil).
+        let again = Record::decode(&commit(&back.encode(0), [7; 10])).unwrap();
+        assert_eq!(again.incarnation, None);
+        // A format 4 record of seventeen elements, or format 3 of eighteen: corrupt.
+        e[0] = Element::Int(4);
+        assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
+        let mut e = older(&rec, 3, 0);
+        assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
+        // An incarnation of another length: corrupt.
+        e[0] = Element::Int(4);
+        e[17] = Element::Bytes(vec![1; 7].into());
+        assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
+    }
+
     #[test]
     fn format_2_is_read_without_queued_at() {
         let mut rec = Record::new(b"{}".to_vec(), &JobOpts::default());
         rec.queued_at = Some(5);
-        // Format 2 is format 3 less its last element.
-        let v3 = commit(&rec.encode(0), [6; 10]);
-        let mut e: Vec<Element> = unpack(&v3).unwrap();
-        assert_eq!(e.pop(), Some(Element::Int(5)));
-        e[0] = Element::Int(2);
-        let v2 = foundationdb_tuple::pack(&e);
-        let back = Record::decode(&v2).unwrap();
+        // Format 2 is format 4 less its last two elements.
+        let mut e = older(&rec, 2, 2);
+        let back = Record::decode(&foundationdb_tuple::pack(&e)).unwrap();
         assert_eq!(back.queued_at, None);
-        assert_eq!(Record { queued_at: None, vs: back.vs, ..rec }, back);
+        assert_eq!(Record { queued_at: None, incarnation: None, vs: back.vs, ..rec }, back);
         // A format 3 record of sixteen elements, or format 2 of seventeen: corrupt.
         e[0] = Element::Int(3);
         assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
+    }
+
+    #[test]
+    fn each_new_record_has_its_own_incarnation_of_one_size() {
+        let a = Record::new(b"{}".to_vec(), &JobOpts::default());
+        let b = Record::new(b"{}".to_vec(), &JobOpts::default());
+        assert_ne!(a.incarnation, b.incarnation);
+        // No zero byte (escaped by the tuple layer): every new record of
+        // the same data has the same size.
+        let len = a.value_len();
+        for _ in 0..1000 {
+            let r = Record::new(b"{}".to_vec(), &JobOpts::default());
+            assert!(!r.incarnation.unwrap().contains(&0));
+            assert_eq!(r.value_len(), len);
+        }
     }
 
     #[test]

@@ -9,6 +9,16 @@
 //! one, so it never sees a change twice or out of order. When the record
 //! is gone the subscribers get `Removed`, which ends their subscription.
 //!
+//! A job removed and added again with the same id between two reads is
+//! not gone at the second read, and its VS is greater: the record's
+//! incarnation (drawn by `add`, kept by every other write) tells it from
+//! a later version of the job subscribed to. Each subscriber remembers
+//! the incarnation it started from; a read that shows another gives it
+//! `Removed`, and ends its subscription, as any removal does (the new
+//! job is another one: subscribe to it to follow it). Subscribers of the
+//! new job, if any, go on with the same watcher. A record written before
+//! incarnations has none, and is taken to be the job subscribed to.
+//!
 //! `subscribe` reads the job itself (the answer must not wait for the
 //! watcher) and then joins the watcher; if the watcher has already seen a
 //! newer version, the subscriber gets that one as its current job, and
@@ -28,7 +38,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::job::{Job, JobEvent, JobVs};
+use super::job::{Job, JobEvent, JobIncarnation, JobVs};
 use super::ops;
 use crate::context::Context;
 use crate::error::Error;
@@ -68,7 +78,18 @@ struct WatcherState {
 
 struct Subscriber {
     seen: JobVs,
+    /// Of the job it subscribed to.
+    incarnation: Option<JobIncarnation>,
     on_event: OnJobEvent,
+}
+
+/// Whether a read of the subscribed id shows another job than the one a
+/// subscriber started from: both incarnations known, and different. An
+/// unknown one (a record written before format 4) is taken to be the
+/// same job: its removal and re-add between two reads would go unseen,
+/// as before records carried incarnations.
+fn is_another_job(subscribed: Option<JobIncarnation>, read: Option<JobIncarnation>) -> bool {
+    matches!((subscribed, read), (Some(a), Some(b)) if a != b)
 }
 
 /// A live subscription; dropping it (or [`JobSubscription::cancel`])
@@ -148,7 +169,7 @@ impl Watchers {
             Some(newer) if newer.vs > current.vs => newer.clone(),
             _ => current,
         };
-        state.subscribers.insert(id, Subscriber { seen: start.vs, on_event });
+        state.subscribers.insert(id, Subscriber { seen: start.vs, incarnation: start.incarnation, on_event });
         drop(state);
         drop(map);
         (start, JobSubscription { watchers: Arc::downgrade(self), watcher, id })
@@ -205,13 +226,25 @@ async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
             Ok((Some(job), watch)) => {
                 failures = 0;
                 let mut state = watcher.lock();
-                for sub in state.subscribers.values_mut() {
+                let mut ended = false;
+                state.subscribers.retain(|_, sub| {
+                    if is_another_job(sub.incarnation, job.incarnation) {
+                        // Its job was removed, and another added with its id.
+                        (sub.on_event)(JobEvent::Removed);
+                        ended = true;
+                        return false;
+                    }
                     if job.vs > sub.seen {
                         sub.seen = job.vs;
                         (sub.on_event)(JobEvent::Changed(job.clone()));
                     }
-                }
+                    true
+                });
                 state.last = Some(job);
+                drop(state);
+                if ended && leave_if_unsubscribed(&home, watcher) {
+                    return;
+                }
                 watch
             }
             Ok((None, _)) => {
@@ -219,10 +252,7 @@ async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
                 // a new subscriber starts a new watcher).
                 let watchers = home.watchers.upgrade();
                 let mut map = watchers.as_ref().map(|w| w.lock());
-                if let Some(map) = map.as_mut().filter(|m| m.get(&watcher.key).is_some_and(|w| Arc::ptr_eq(w, watcher)))
-                {
-                    map.remove(&watcher.key);
-                }
+                forget(map.as_deref_mut(), watcher);
                 let mut state = watcher.lock();
                 for (_, sub) in state.subscribers.drain() {
                     (sub.on_event)(JobEvent::Removed);
@@ -280,6 +310,30 @@ async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
     }
 }
 
+/// Takes the watcher out of the node's map, if it is still the one there.
+fn forget(map: Option<&mut HashMap<JobKey, Arc<JobWatcher>>>, watcher: &Arc<JobWatcher>) {
+    if let Some(map) = map.filter(|m| m.get(&watcher.key).is_some_and(|w| Arc::ptr_eq(w, watcher))) {
+        map.remove(&watcher.key);
+    }
+}
+
+/// Ends the watcher if no subscriber is left (all of them were told
+/// `Removed`), as the last unsubscribe would: checked under the map lock,
+/// so a subscriber that joined meanwhile keeps it, and one that comes
+/// after starts a new watcher. Whether it ended.
+fn leave_if_unsubscribed(home: &Home, watcher: &Arc<JobWatcher>) -> bool {
+    let watchers = home.watchers.upgrade();
+    let mut map = watchers.as_ref().map(|w| w.lock());
+    let state = watcher.lock();
+    if !state.subscribers.is_empty() {
+        return false;
+    }
+    forget(map.as_deref_mut(), watcher);
+    drop(state);
+    watcher.cancel.cancel();
+    true
+}
+
 /// Reads the current job for `subscribe`: `not_found` if it does not
 /// exist.
 pub(crate) async fn read_current(shared: &Context, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {
@@ -288,4 +342,19 @@ pub(crate) async fn read_current(shared: &Context, job_type: &[u8], id: &[u8]) -
     run(shared.db.as_ref(), shared.read, |tx| async move { ops::get(&tx, ks, job_type, id).await })
         .await?
         .ok_or(Error::NotFound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_another_job;
+
+    #[test]
+    fn another_job_only_when_both_incarnations_are_known_and_differ() {
+        assert!(!is_another_job(Some([1; 8]), Some([1; 8])));
+        assert!(is_another_job(Some([1; 8]), Some([2; 8])));
+        // A record written before incarnations: the same job.
+        assert!(!is_another_job(None, Some([2; 8])));
+        assert!(!is_another_job(Some([1; 8]), None));
+        assert!(!is_another_job(None, None));
+    }
 }

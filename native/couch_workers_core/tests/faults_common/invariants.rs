@@ -8,7 +8,7 @@ use couch_workers_core::store::{run, Database, RangeRequest, TxOptions};
 use foundationdb_tuple::{unpack, Element};
 
 /// A job record, decoded here independently of the crate's decoder
-/// (`jobs/record.rs` formats 1, 2 and 3).
+/// (`jobs/record.rs` formats 1 to 4).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rec {
     pub state: String,
@@ -24,13 +24,16 @@ pub struct Rec {
     pub expire_at: Option<i64>,
     /// Format 3: since when a pending or scheduled job can be accepted.
     pub queued_at: Option<i64>,
+    /// Format 4: which job of its id it is (8 bytes, or nil for a job
+    /// first written in an older format).
+    pub incarnation: Option<Vec<u8>>,
 }
 
 fn decode_record(value: &[u8]) -> Result<Rec, String> {
     let e: Vec<Element> = unpack(value).map_err(|e| format!("not a tuple: {e}"))?;
     match (e[0].as_i64(), e.len()) {
-        (Some(1), 10) | (Some(2), 16) | (Some(3), 17) => {}
-        _ => return Err(format!("not a format-1, -2 or -3 record ({} elements)", e.len())),
+        (Some(1), 10) | (Some(2), 16) | (Some(3), 17) | (Some(4), 18) => {}
+        _ => return Err(format!("not a format-1 to -4 record ({} elements)", e.len())),
     }
     let opt_int = |i: usize| -> Result<Option<i64>, String> {
         match e.get(i) {
@@ -47,6 +50,13 @@ fn decode_record(value: &[u8]) -> Result<Rec, String> {
         }
     };
     let state = bytes(&e[1])?.ok_or("nil state")?;
+    let incarnation = match e.get(17) {
+        None => None,
+        Some(el) => bytes(el)?,
+    };
+    if incarnation.as_ref().is_some_and(|i| i.len() != 8) {
+        return Err("incarnation not 8 bytes".into());
+    }
     Ok(Rec {
         state: String::from_utf8_lossy(&state).into_owned(),
         worker: bytes(&e[2])?,
@@ -58,6 +68,7 @@ fn decode_record(value: &[u8]) -> Result<Rec, String> {
         run_at,
         expire_at,
         queued_at,
+        incarnation,
     })
 }
 

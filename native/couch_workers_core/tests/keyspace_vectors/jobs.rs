@@ -232,11 +232,13 @@ fn job_types_named_like_the_new_subspaces_do_not_collide() {
     }
 }
 
-/// The job record as a job write stores it, format 3: a pending job added
+/// The job record as a job write stores it, format 4: a pending job added
 /// at Unix ms 1,700,000,000,000 (`0x018bcfe56800`, six bytes), default
-/// options, read raw from an embedded store. Every byte but the commit's
-/// 10-byte versionstamp is pinned; the last element, `QueuedAt`, is the
-/// time it became pending.
+/// options, read raw from an embedded store. Every byte is pinned but the
+/// commit's 10-byte versionstamp and the 8 random bytes of the last
+/// element, `Incarnation` (its framing and length are pinned, its bytes
+/// those the job reads back); `QueuedAt`, before it, is the time it
+/// became pending.
 #[test]
 fn job_record_value_bytes() {
     use couch_workers_core::jobs::{ops, JobOpts, JobSpec};
@@ -245,7 +247,7 @@ fn job_record_value_bytes() {
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let dir = tempfile::tempdir().expect("temp dir");
-    let stored = rt.block_on(async {
+    let (stored, incarnation) = rt.block_on(async {
         let db: Db = EmbeddedStore::open(EmbeddedOptions::new(dir.path())).expect("open");
         let ks = &Keyspace::new(&db.prefix());
         let jobs = [JobSpec { id: b"j".to_vec(), info: b"{}".to_vec(), opts: JobOpts::default() }];
@@ -259,13 +261,22 @@ fn job_record_value_bytes() {
         let key = ks.job(b"t", b"j");
         let k = &key;
         let v = run(db.as_ref(), TxOptions::read(), |tx| async move { tx.get(k, false).await }).await.expect("read");
+        let job = run(db.as_ref(), TxOptions::read(), |tx| async move { ops::get(&tx, ks, b"t", b"j").await })
+            .await
+            .expect("read")
+            .expect("the job");
         db.close();
-        v.expect("the record")
+        (v.expect("the record"), job.incarnation.expect("an incarnation"))
     });
-    // (3, "pending", nil, 0, 0, nil, false, VS
-    let head = h("15 03 01 'pending' 00 00 14 14 00 26 33");
-    // VS's user version 0, then "{}", nil, nil, 20, nil, -1, nil, nil, 1700000000000)
-    let tail = h("0000 01 '{}' 00 00 00 15 14 00 13 fe 00 00 1a 018bcfe56800");
+    // (4, "pending", nil, 0, 0, nil, false, VS
+    let head = h("15 04 01 'pending' 00 00 14 14 00 26 33");
+    // VS's user version 0, then "{}", nil, nil, 20, nil, -1, nil, nil, 1700000000000,
+    let mut tail = h("0000 01 '{}' 00 00 00 15 14 00 13 fe 00 00 1a 018bcfe56800");
+    // Incarnation: 8 random bytes, none zero (so none escaped), the job's own.)
+    assert!(!incarnation.contains(&0), "{incarnation:?}");
+    tail.push(0x01);
+    tail.extend_from_slice(&incarnation);
+    tail.push(0x00);
     assert_eq!(stored.len(), head.len() + 10 + tail.len(), "{}", hex(&stored));
     same(&stored[..head.len()], &head);
     same(&stored[head.len() + 10..], &tail);
