@@ -202,12 +202,12 @@ one_couchdb_directory(#{cluster := CF} = Ctx) ->
         ok = call(P, couch_workers, job_add, [T, J, #{<<"from">> => <<"couch_workers">>}, #{}]),
         try
             %% couch_workers -> erlfdb: the job record, a tuple
-            %% (3, State, ...), at ("couch_workers", "jobs", T, J).
+            %% (4, State, ...), format 4 (docs/keyspace.md), at ("couch_workers", "jobs", T, J).
             {Prefix, Record} = call(P, in_couchdb_dir, [Db, get, {<<"couch_workers">>, <<"jobs">>, T, J}]),
             ?assert(is_binary(Prefix) andalso byte_size(Prefix) > 0),
             ?assertNotEqual(not_found, Record),
             Tuple = call(P, erlfdb_tuple, unpack, [Record]),
-            ?assertEqual(3, element(1, Tuple)),
+            ?assertEqual(4, element(1, Tuple)),
             ?assertEqual(<<"pending">>, element(2, Tuple)),
             %% erlfdb -> couch_workers: ("couch_workers", "paused", T) = "".
             ?assertEqual(false, call(P, couch_workers_ops, job_paused, [T])),
@@ -242,7 +242,7 @@ directory_erlfdb_created_is_opened_by_couch_workers(#{cluster := CF} = Ctx) ->
         ok = call(P, couch_workers, job_add, [T, <<"j">>, #{}, #{}]),
         {Prefix, Record} = call(P, in_dir, [Db, Path, get, {<<"couch_workers">>, <<"jobs">>, T, <<"j">>}]),
         Tuple = call(P, erlfdb_tuple, unpack, [Record]),
-        ?assertEqual({3, <<"pending">>}, {element(1, Tuple), element(2, Tuple)}),
+        ?assertEqual({4, <<"pending">>}, {element(1, Tuple), element(2, Tuple)}),
         %% The fdb_test store removes its directory when it stops.
         ok = call(P, cw_stop, []),
         ?assertEqual(false, call(P, in_dir, [Db, Path, exists, {}]))

@@ -69,15 +69,22 @@ start_app(Env) ->
     FdbClusterFile = os:getenv("FDB_CLUSTER_FILE"),
     notice_once(FdbClusterFile),
     Store = test_store(FdbClusterFile, Dir, filename:basename(Dir)),
-    ok = application:set_env(couch_workers, store, Store),
+    %% On FoundationDB the app joins its test directory as `shared', so
+    %% that a restart of its node within the app (the node-owner suites)
+    %% keeps the data, as the embedded store's directory does; stop_app/1
+    %% removes the directory.
+    ok = application:set_env(couch_workers, store, joined(Store)),
     maps:foreach(fun(K, V) -> ok = application:set_env(couch_workers, K, V) end, Env),
     {ok, _} = application:ensure_all_started(couch_workers),
-    #{dir => Dir}.
+    #{dir => Dir, store => Store}.
+
+joined({fdb_test, File, Name}) -> {fdb_test, File, Name, shared};
+joined(Store) -> Store.
 
 %% The store an app start of the suites runs on: FoundationDB when
 %% FDB_CLUSTER_FILE is set (the NIF then built with the `fdb' feature by
 %% the compile hook), under its own directory ["couch_workers_test", Name]
-%% that the store removes when the app stops, so that runs never meet;
+%% that stop_app/1 removes, so that runs never meet;
 %% the embedded store under Dir otherwise. Suites that pass their own
 %% `store' (or start peers on a shared directory) stay on it.
 -spec test_store(string() | false, string(), string()) ->
@@ -92,10 +99,7 @@ test_store(ClusterFile, _Dir, Name) -> {fdb_test, ClusterFile, Name}.
 -spec peer_store(string() | false, string()) ->
     {embedded, string()} | {fdb_test, string(), string(), shared}.
 peer_store(ClusterFile, Dir) ->
-    case test_store(ClusterFile, Dir, filename:basename(Dir)) of
-        {fdb_test, File, Name} -> {fdb_test, File, Name, shared};
-        Embedded -> Embedded
-    end.
+    joined(test_store(ClusterFile, Dir, filename:basename(Dir))).
 
 %% The line that says which store the suites run on: loud when the
 %% FoundationDB run is skipped. Written to Io.
@@ -117,9 +121,19 @@ notice_once(ClusterFile) ->
             fdb_notice(ClusterFile, user)
     end.
 
-stop_app(#{dir := Dir}) ->
+stop_app(#{dir := Dir} = Fixture) ->
     ok = application:stop(couch_workers),
+    remove_test_directory(maps:get(store, Fixture, undefined)),
     _ = file:del_dir_r(Dir),
+    ok.
+
+%% The FoundationDB test directory's owner removes it when its node
+%% closes: a node started and stopped on it as its owner.
+remove_test_directory({fdb_test, _, _} = Owner) ->
+    ok = application:set_env(couch_workers, store, Owner),
+    {ok, _} = application:ensure_all_started(couch_workers),
+    ok = application:stop(couch_workers);
+remove_test_directory(_) ->
     ok.
 
 tmp_dir() ->
