@@ -78,7 +78,7 @@ pub use dispatcher::{AcceptReply, GoneSignal};
 pub use dispatcher::ReplyFn;
 pub use finish_next::NextFor;
 pub use job::{
-    AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobIncarnation, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts,
+    AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts,
     Schedule,
 };
 // What only tests build jobs and clocks with.
