@@ -88,13 +88,19 @@ start_node_b(EbinDir, Store) ->
         "   [couch_workers:job_accept(W, #{timeout => 10000}) || _ <- [1, 2]], "
         "   timer:sleep(infinity) end) "
         " || Id <- [<<\"b-1\">>, <<\"b-2\">>, <<\"b-3\">>]],"
-        "io:format(\"~~s~~n\", [os:getpid()]),"
+        "io:format(\"demo_node_b_pid ~~s~~n\", [os:getpid()]),"
         "timer:sleep(infinity).", [Store])),
     Port = open_port({spawn_executable, Erl},
                      [{args, ["-noshell", "-pa", EbinDir, "-eval", Eval]},
                       {line, 256}, exit_status, use_stdio]),
+    {Port, b_pid(Port)}.
+
+%% Node B's OS pid, from its marked line: the lines before it are its log
+%% (reports the app writes at start).
+b_pid(Port) ->
     receive
-        {Port, {data, {eol, Line}}} -> {Port, string:trim(Line)};
+        {Port, {data, {eol, "demo_node_b_pid " ++ Pid}}} -> string:trim(Pid);
+        {Port, {data, _}} -> b_pid(Port);
         {Port, {exit_status, S}} -> fail("node B exited with status ~p", [S])
     after 30000 -> fail("node B did not start", [])
     end.
