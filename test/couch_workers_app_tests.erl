@@ -113,7 +113,7 @@ killed_local_server_restarts(#{}) ->
     wait_membership(S, fun(W) -> maps:is_key(<<"w1">>, W) end, 5000),
     Old = whereis(couch_workers_local),
     exit(Old, kill),
-    New = wait_restarted(couch_workers_local, Old),
+    New = couch_workers_test_util:wait_restarted(couch_workers_local, Old),
     ?assertNotEqual(Old, New),
     %% Its table is the supervisor's: the new server restored the
     %% registration (more in couch_workers_restart_tests).
@@ -134,7 +134,7 @@ killed_global_server_restarts(#{}) ->
     #{watchers := 1} = couch_workers:stats(),
     Old = whereis(couch_workers_global),
     exit(Old, kill),
-    New = wait_restarted(couch_workers_global, Old),
+    New = couch_workers_test_util:wait_restarted(couch_workers_global, Old),
     ?assertNotEqual(Old, New),
     %% The subscription was restored, with a new watcher (the old one
     %% stopped when its handle went with the old server).
@@ -150,7 +150,7 @@ killed_global_server_restarts(#{}) ->
 killed_events_server_restarts(#{}) ->
     Old = whereis(couch_workers_events),
     exit(Old, kill),
-    New = wait_restarted(couch_workers_events, Old),
+    New = couch_workers_test_util:wait_restarted(couch_workers_events, Old),
     ?assertNotEqual(Old, New),
     %% The new one gets the Rust side's log events.
     with_log_handler(fun() ->
@@ -253,16 +253,6 @@ bad_store_config_fails_start(#{dir := Dir}) ->
 
 %% ---- helpers -------------------------------------------------------------
 
-wait_restarted(Name, Old) ->
-    wait_for(
-        fun() ->
-            case whereis(Name) of
-                Pid when is_pid(Pid), Pid =/= Old -> Pid;
-                _ -> false
-            end
-        end,
-        5000
-    ).
 
 thread_name(Task, Tid) ->
     case file:read_file(filename:join([Task, Tid, "comm"])) of

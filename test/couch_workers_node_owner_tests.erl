@@ -116,8 +116,8 @@ killed_node_owner_restarts_the_group_on_a_new_node(#{peer := Peer, type := T}) -
     OldLocal = whereis(couch_workers_local),
     Killed = erlang:monotonic_time(millisecond),
     exit(Old, kill),
-    New = wait_restarted(couch_workers_node, Old),
-    wait_restarted(couch_workers_local, OldLocal),
+    New = couch_workers_test_util:wait_restarted(couch_workers_node, Old),
+    couch_workers_test_util:wait_restarted(couch_workers_local, OldLocal),
     %% The owners are told; so is the job subscriber.
     ?assertEqual(stopped, recv_lost(R1)),
     ?assertEqual(stopped, recv_sub_ended(Sub)),
@@ -226,8 +226,8 @@ registrations_of_a_node_gone_while_their_server_was_down_are_told(#{type := T}) 
     %% The group stops the (suspended) handle supervisor and starts all again.
     OldOwner = whereis(couch_workers_node),
     exit(OldOwner, kill),
-    wait_restarted(couch_workers_node, OldOwner),
-    wait_restarted(couch_workers_local, Local),
+    couch_workers_test_util:wait_restarted(couch_workers_node, OldOwner),
+    couch_workers_test_util:wait_restarted(couch_workers_local, Local),
     ?assertEqual(stopped, recv_lost(R)),
     ?assertEqual(error, couch_workers_local:lookup(R)),
     ?assertEqual(0, ets:info(couch_workers_local, size)),
@@ -297,13 +297,3 @@ settled_stats(Expected) ->
         error:{wait_for_timeout, _} -> error({stats, Expected, couch_workers:stats()})
     end.
 
-wait_restarted(Name, Old) ->
-    wait_for(
-        fun() ->
-            case whereis(Name) of
-                Pid when is_pid(Pid), Pid =/= Old -> Pid;
-                _ -> false
-            end
-        end,
-        20000
-    ).

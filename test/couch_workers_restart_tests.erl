@@ -72,7 +72,7 @@ local_server_keeps_every_registration(Crash) ->
     ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
     Old = whereis(couch_workers_local),
     Crash(Old),
-    New = wait_restarted(couch_workers_local, Old),
+    New = couch_workers_test_util:wait_restarted(couch_workers_local, Old),
     ?assertNotEqual(Old, New),
     %% Three timeouts later both are still members: their heartbeats went on.
     no_membership(S, 3000),
@@ -150,7 +150,7 @@ killed_global_server_keeps_every_subscription(_) ->
         {T, #{<<"w1">> := _}, VS1, S2} = recv_callback(couch_workers_test_cb, 5000),
         Old = whereis(couch_workers_global),
         exit(Old, kill),
-        New = wait_restarted(couch_workers_global, Old),
+        New = couch_workers_test_util:wait_restarted(couch_workers_global, Old),
         ?assertNotEqual(Old, New),
         %% The cache answers all along; nobody gets a delivery it has seen.
         ?assertMatch({ok, VS1, #{<<"w1">> := _}}, couch_workers:get_workers(T)),
@@ -193,7 +193,7 @@ delivery_lost_with_a_callback_process_comes_after_the_restart(_) ->
         {ok, VS1, #{<<"w1">> := _}} = couch_workers:get_workers(T),
         Old = whereis(couch_workers_global),
         exit(Old, kill),
-        wait_restarted(couch_workers_global, Old),
+        couch_workers_test_util:wait_restarted(couch_workers_global, Old),
         ?assertNot(is_process_alive(Proc0)),
         {Proc1, W1, VS1} = recv_blocked(S),
         ?assertMatch(#{<<"w1">> := _}, W1),
@@ -222,7 +222,7 @@ subscription_that_cannot_be_restored_tells_its_owner(_) ->
     ok = couch_workers_nif:wait(Stop, 10000),
     Old = whereis(couch_workers_global),
     exit(Old, kill),
-    wait_restarted(couch_workers_global, Old),
+    couch_workers_test_util:wait_restarted(couch_workers_global, Old),
     receive
         {couch_workers_membership_ended, S, Reason} -> ?assertEqual(not_started, Reason)
     after 5000 -> error(owner_not_told)
@@ -325,13 +325,3 @@ settled(Expected) ->
         error:{wait_for_timeout, _} -> counts()
     end.
 
-wait_restarted(Name, Old) ->
-    wait_for(
-        fun() ->
-            case whereis(Name) of
-                Pid when is_pid(Pid), Pid =/= Old -> Pid;
-                _ -> false
-            end
-        end,
-        5000
-    ).

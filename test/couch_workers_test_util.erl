@@ -14,6 +14,7 @@
     unique_type/1,
     wait_for/2,
     wait_for/3,
+    wait_restarted/2,
     recv_membership/2,
     wait_membership/3,
     no_membership/2,
@@ -157,6 +158,19 @@ wait_for(Fun, Timeout) ->
 wait_for(Fun, Timeout, Interval) ->
     Deadline = erlang:monotonic_time(millisecond) + Timeout,
     wait_loop(Fun, Deadline, Interval).
+
+%% The new pid registered as Name once a supervisor restarted the
+%% process that was Old (the restart may take a backoff's time).
+wait_restarted(Name, Old) ->
+    wait_for(
+        fun() ->
+            case whereis(Name) of
+                Pid when is_pid(Pid), Pid =/= Old -> Pid;
+                _ -> false
+            end
+        end,
+        20000
+    ).
 
 wait_loop(Fun, Deadline, Interval) ->
     case Fun() of

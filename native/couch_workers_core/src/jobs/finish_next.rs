@@ -88,9 +88,7 @@ pub(crate) async fn finish_accept(
     let claimed = &claimed;
     let outcome = run_attempts(db, ctx.write, |tx, attempt| {
         attempts += 1;
-        // The last attempt's claims: its commit is over.
-        claimed.begin_attempt();
-        let (recheck, retries) = (attempts > 1, attempts - 1);
+        let acceptors = ops::Acceptors::attempt(w, i, tk, attempts, claimed);
         // The finish sets the receipt; an attempt after its landed
         // write only accepts.
         let t = tx.clone();
@@ -114,8 +112,6 @@ pub(crate) async fn finish_accept(
                         return Ok((Ok(None), finished));
                     }
                 }
-                let acceptors =
-                    ops::Acceptors { workers: w, incarnations: i, tokens: tk, recheck, retries, claims: Some(claimed) };
                 Ok((Ok(Some(ops::accept(&tx, ks, next.worker_type, acceptors).await?)), finished))
             })
             .await
@@ -170,10 +166,7 @@ async fn follow_up(ctx: &Arc<Context>, next: NextFor<'_>, claims: &ops::Claims) 
     let claimed = &claimed;
     let outcome = run_attempts(ctx.db.as_ref(), ctx.write, |tx, _| {
         attempts += 1;
-        claimed.begin_attempt();
-        let (recheck, retries) = (attempts > 1, attempts - 1);
-        let acceptors =
-            ops::Acceptors { workers: w, incarnations: i, tokens: t, recheck, retries, claims: Some(claimed) };
+        let acceptors = ops::Acceptors::attempt(w, i, t, attempts, claimed);
         async move { ops::accept(&tx, ks, next.worker_type, acceptors).await }
     })
     .await;

@@ -39,16 +39,7 @@ pub(crate) async fn accept_now(
         let claimed = &claimed;
         let outcome = run_attempts(ctx.db.as_ref(), ctx.write, |tx, _| {
             attempts += 1;
-            // The last attempt's claims: its commit is over.
-            claimed.begin_attempt();
-            let acceptors = ops::Acceptors {
-                workers: &workers,
-                incarnations: &incarnations,
-                tokens: &tokens,
-                recheck: attempts > 1,
-                retries: attempts - 1,
-                claims: Some(claimed),
-            };
+            let acceptors = ops::Acceptors::attempt(&workers, &incarnations, &tokens, attempts, claimed);
             async move { ops::accept(&tx, ks, worker_type, acceptors).await }
         })
         .await;

@@ -33,16 +33,7 @@ impl Dispatcher {
         let claimed = self.registry.claims.holder(job_type);
         let outcome = run_attempts(shared.db.as_ref(), shared.write, |tx, _| {
             attempts += 1;
-            // The last attempt's claims: its commit is over.
-            claimed.begin_attempt();
-            let acceptors = ops::Acceptors {
-                workers: &workers,
-                incarnations: &incarnations,
-                tokens: &tokens,
-                recheck: attempts > 1,
-                retries: attempts - 1,
-                claims: Some(&claimed),
-            };
+            let acceptors = ops::Acceptors::attempt(&workers, &incarnations, &tokens, attempts, &claimed);
             async move {
                 let round = ops::accept(&tx, ks, job_type, acceptors).await?;
                 let left = rest > 0 || round.takes.iter().any(|t| matches!(t, Take::NoJob));

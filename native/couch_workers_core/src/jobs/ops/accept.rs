@@ -78,6 +78,24 @@ pub struct Acceptors<'a> {
     pub claims: Option<&'a Claimed<'a>>,
 }
 
+impl<'a> Acceptors<'a> {
+    /// The waiters of attempt `attempt` (1 for the first) of a round that
+    /// claims what it takes: it begins the attempt in `claims` (the last
+    /// attempt's claims are over with its failed commit), rechecks after
+    /// a failed attempt and spreads by the attempts that failed.
+    pub fn attempt(
+        workers: &'a [Vec<u8>],
+        incarnations: &'a [Option<Incarnation>],
+        tokens: &'a [AcceptToken],
+        attempt: u32,
+        claims: &'a Claimed<'a>,
+    ) -> Self {
+        claims.begin_attempt();
+        let retries = attempt.saturating_sub(1);
+        Acceptors { workers, incarnations, tokens, recheck: retries > 0, retries, claims: Some(claims) }
+    }
+}
+
 /// What one waiter got from an accept round (most waiters get a job).
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
