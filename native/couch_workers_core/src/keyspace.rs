@@ -5,6 +5,7 @@
 
 use foundationdb_tuple::{pack_with_versionstamp, unpack, Bytes, Subspace, Versionstamp as TupleVersionstamp};
 
+use crate::store::receipt::ReceiptKeys;
 use crate::store::{Versionstamp, VERSIONSTAMP_LEN};
 
 const ROOT: &[u8] = b"couch_workers";
@@ -525,6 +526,17 @@ impl Keyspace {
     /// `jobs::place::WAKE_KEEP_S`. Every node's pruner watches it.
     pub fn expiry_vs(&self) -> Vec<u8> {
         self.root.pack(&(b(EXPIRY_VS),))
+    }
+}
+
+/// The receipts' keys, for the retry-safe write of the store layer.
+impl ReceiptKeys for Keyspace {
+    fn receipt(&self, minute: i64, token: &[u8]) -> Vec<u8> {
+        Keyspace::receipt(self, minute, token)
+    }
+
+    fn receipts_before(&self, minute: i64) -> (Vec<u8>, Vec<u8>) {
+        Keyspace::receipts_before(self, minute)
     }
 }
 

@@ -3,7 +3,9 @@
 //! for every write that needs it (the job writes of `jobs::commit`,
 //! `jobs::finish_next` and `jobs::Jobs::update`, a heartbeat's
 //! reinstatement, a reap, the node's removals and replacements of
-//! workers). Its key is the key space's receipt key (`keyspace.rs`).
+//! workers). Its key is the key space's receipt key: the key space packs it
+//! (`keyspace.rs` implements [`ReceiptKeys`]), the store layer below it
+//! only uses it.
 //!
 //! FoundationDB may answer 1021 for a commit that happened, and the retry
 //! loop runs the body again. For most job writes the state alone cannot
@@ -37,7 +39,16 @@ use std::future::Future;
 use rand::RngCore;
 
 use super::{run_attempts, Attempt, CommitInfo, Database, StoreError, Tx, TxOptions};
-use crate::keyspace::Keyspace;
+
+/// Where receipts are kept. The key space packs every key
+/// (`keyspace.rs` implements this); the retry-safe write, in the store
+/// layer below it, asks it for the keys it writes and clears.
+pub trait ReceiptKeys: Send + Sync {
+    /// The key of receipt `token`, written in Unix minute `minute`.
+    fn receipt(&self, minute: i64, token: &[u8]) -> Vec<u8>;
+    /// The range of every receipt written in a minute before `minute`.
+    fn receipts_before(&self, minute: i64) -> (Vec<u8>, Vec<u8>);
+}
 
 /// How long a receipt is kept, in minutes of the writer's wall clock.
 pub const KEEP_MINUTES: i64 = 10;
@@ -72,7 +83,7 @@ pub(crate) struct RetrySafe {
 
 impl RetrySafe {
     /// A fresh receipt for one call (made outside the retry loop).
-    pub(crate) fn new(db: &dyn Database, ks: &Keyspace) -> RetrySafe {
+    pub(crate) fn new(db: &dyn Database, ks: &dyn ReceiptKeys) -> RetrySafe {
         // No receipt where every commit's outcome is known (the retry
         // never runs on top of a landed commit).
         let key = db.commits_may_be_unknown().then(|| {
@@ -112,7 +123,7 @@ impl RetrySafe {
 pub(crate) async fn run_retry_safe<T, F, Fut>(
     db: &dyn Database,
     opts: TxOptions,
-    ks: &Keyspace,
+    ks: &dyn ReceiptKeys,
     body: F,
 ) -> Result<(T, CommitInfo), StoreError>
 where
@@ -128,7 +139,7 @@ where
 }
 
 /// Clears every receipt older than [`KEEP_MINUTES`] by `minute`.
-pub fn clear_old(tx: &Tx, ks: &Keyspace, minute: i64) {
+pub fn clear_old(tx: &Tx, ks: &dyn ReceiptKeys, minute: i64) {
     let (begin, end) = ks.receipts_before(minute - KEEP_MINUTES);
     tx.clear_range(&begin, &end);
 }
