@@ -60,6 +60,9 @@ pub mod cluster_file;
 // without libfdb_c.
 #[cfg(any(feature = "fdb", test, feature = "internals"))]
 pub mod fdb_client;
+// A transaction someone else owns and commits (the caller's erlfdb
+// transaction): every call goes out through a channel.
+pub mod forward;
 pub(crate) mod mutation;
 pub mod receipt;
 mod retry;
