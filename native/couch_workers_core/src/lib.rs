@@ -124,7 +124,11 @@ pub use jobs::Jobs;
 // Jobs.
 pub use jobs::{
     AcceptReply, AcceptToken, AddManyError, Fence, GoneSignal, Job, JobEvent, JobHandle, JobOpts, JobService, JobSpec,
-    JobState, JobStats, JobSubscription, JobVs, Keep, MaxAttempts, NextFor, OnJobEvent, Retry, Schedule,
+    JobState, JobStats, JobSubscription, JobVs, Keep, MaxAttempts, NextFor, OnJobEvent, Retry, Schedule, TxJobs,
+};
+// Calls inside a caller's transaction: its requests and their answers.
+pub use store::forward::{
+    fdb_code_error, Answer as TxAnswer, Answers as TxAnswers, Request as TxRequest, Sent as TxSent,
 };
 // Outcomes, the store's configuration and limits.
 pub use error::Error;

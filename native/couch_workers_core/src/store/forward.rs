@@ -186,11 +186,6 @@ pub fn channel() -> (Forwarded, mpsc::UnboundedReceiver<Sent>, Answers) {
 }
 
 impl Forwarded {
-    /// How many requests were made so far (the next request's id).
-    pub fn sent(&self) -> u64 {
-        self.outbox.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).next_id
-    }
-
     /// Sends `request` with the next id; a read also registers its waiter
     /// (before the send, so that no answer can come first).
     fn send(&self, request: Request, waiter: Option<oneshot::Sender<Answer>>) -> Result<(), StoreError> {

@@ -40,6 +40,7 @@
 //! | `terms.rs` | a job as a map; the answers the NIFs reply with |
 //! | `calls.rs` | the NIFs that are one service call and one reply (add, update, finish, fail, release, resubmit, cancel, remove, get, counts, list, pause) |
 //! | `accept.rs` | `job_accept/4`, `job_finish_accept/4`, `job_accept_abandon/1`: the waiter resource and its one answer |
+//! | `in_tx.rs` | `job_tx_add/5`, `job_tx_get/3`, `job_tx_answer/3`: calls inside the caller's erlfdb transaction, their requests relayed to it |
 //! | `subscribe.rs` | `job_subscribe/5`, `job_unsubscribe/1`: the subscription resource and its notifier |
 
 use std::future::Future;
@@ -133,9 +134,11 @@ macro_rules! try_json {
 mod accept;
 mod args;
 mod calls;
+mod in_tx;
 mod subscribe;
 mod terms;
 
 pub fn load(env: Env) -> bool {
     env.register::<accept::WaiterResource>().is_ok() && env.register::<subscribe::SubscriptionResource>().is_ok()
+        && env.register::<in_tx::CallResource>().is_ok()
 }

@@ -1,0 +1,61 @@
+//! Job calls inside a caller's FoundationDB transaction (couch_jobs' `Tx`
+//! argument): the same operations as [`Jobs`]' own-transaction calls
+//! (`jobs::ops`), run on a [`Forwarded`](crate::store::forward::Forwarded)
+//! transaction whose owner (the NIF's caller, an erlfdb transaction)
+//! performs every read and write and commits. The answer is the
+//! operation's at the caller's read version; its writes land iff the
+//! caller commits. No receipt is written (`store::receipt`): a commit whose
+//! outcome is unknown is the caller's to resolve, as for its own writes.
+//!
+//! Only on FoundationDB: the embedded store's keys are not in an erlfdb
+//! transaction's reach (`fdb_only`).
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::job::{Job, JobOpts, JobSpec};
+use super::ops;
+use super::place::wall_ms;
+use super::Jobs;
+use crate::error::Error;
+use crate::store::forward::{self, Answers, Sent};
+use crate::store::Tx;
+
+/// One call's forwarding transaction: run one call on it, which consumes
+/// it (its requests end when the call does).
+pub struct TxJobs {
+    jobs: Jobs,
+    tx: Tx,
+}
+
+impl Jobs {
+    /// A forwarding transaction for one call inside a caller's
+    /// transaction, the requests it will make (in id order) and where the
+    /// reads' answers go. `Invalid("fdb_only")` on a store other than
+    /// FoundationDB.
+    pub fn in_caller_tx(&self) -> Result<(TxJobs, UnboundedReceiver<Sent>, Answers), Error> {
+        let ctx = self.context();
+        ctx.check_open()?;
+        if ctx.db.kind() != "fdb" {
+            return Err(Error::Invalid("fdb_only"));
+        }
+        let (forwarded, requests, answers) = forward::channel();
+        Ok((TxJobs { jobs: self.clone(), tx: std::sync::Arc::new(forwarded) }, requests, answers))
+    }
+}
+
+impl TxJobs {
+    /// [`Jobs::add_with`] in the caller's transaction.
+    pub async fn add(self, job_type: &[u8], id: &[u8], info: &[u8], opts: &JobOpts) -> Result<(), Error> {
+        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
+        ops::add_job(&self.tx, &self.jobs.context().ks, job_type, &job, wall_ms()).await?
+    }
+
+    /// [`Jobs::get`] in the caller's transaction (a job this transaction
+    /// wrote is unreadable: FoundationDB's `accessed_unreadable`, as its
+    /// record's versionstamp is not known before the commit).
+    pub async fn get(self, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {
+        let ks = &self.jobs.context().ks;
+        ops::check_job_key(ks, job_type, id)?;
+        ops::get(&self.tx, ks, job_type, id).await?.ok_or(Error::NotFound)
+    }
+}

@@ -1,0 +1,204 @@
+//! Job calls inside the caller's erlfdb transaction: `job_tx_add/5` (and
+//! `_dirty`), `job_tx_get/3`, `job_tx_answer/3`.
+//!
+//! The core runs the call on a forwarding transaction
+//! (`couch_workers_core::TxJobs`); this module relays its requests to the
+//! calling process as `{Ref, Seq, Request}` (Seq 0, 1, 2, ...: the process
+//! performs them in that order on its erlfdb transaction, whatever order
+//! the messages arrive in), takes each read's answer back through
+//! `job_tx_answer(Call, Seq, Answer)`, and ends with `{Ref, N, {done,
+//! Result}}`, N the number of requests before it. `Call` is a resource
+//! holding where the answers go: when the caller drops it (dies), every
+//! read still waiting fails and the call ends.
+//!
+//! Requests: `{get, Key, Snapshot}`, `{get_range, Begin, End, Limit,
+//! Reverse, Snapshot}`, `get_read_version`, `{set, K, V}`, `{clear, K}`,
+//! `{clear_range, B, E}`, `{add, K, Param}`, `{byte_max, K, V}`,
+//! `{set_versionstamped_key, K, V}`, `{set_versionstamped_value, K, V}`,
+//! `{add_read_conflict_key, K}`. Answers: `{value, Bin | not_found}`,
+//! `{range, [{K, V}]}`, `{version, V}`, `{error, FdbCode}`.
+
+use std::panic::AssertUnwindSafe;
+
+use couch_workers_core::{fdb_code_error, TxAnswer, TxAnswers, TxJobs, TxRequest, TxSent};
+use futures::FutureExt;
+use rustler::env::SavedTerm;
+use rustler::{Encoder, Env, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::args::{job_args, json_arg, opts_arg};
+use super::terms::{core_error, job_answer, ok_answer};
+use crate::atoms;
+use crate::json::{budgeted_nif, Sched};
+use crate::reply::{self, Answer};
+use crate::term::{atom, binary, bytes_arg, error_tuple};
+
+/// Where the answers of one call's reads go.
+pub struct CallResource {
+    answers: TxAnswers,
+}
+
+#[rustler::resource_impl(register = false)]
+impl Resource for CallResource {}
+
+budgeted_nif!(job_tx_add, job_tx_add_dirty, add(reference, job_type, id, info, opts));
+
+fn add<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    job_type: Term<'a>,
+    id: Term<'a>,
+    info: Term<'a>,
+    opts: Term<'a>,
+    sched: Sched,
+) -> NifResult<Term<'a>> {
+    let (job_type, id) = job_args(reference, job_type, id)?;
+    let opts = opts_arg(opts)?;
+    let info = match json_arg(env, info, sched, atoms::invalid_info()) {
+        Ok(bytes) => bytes,
+        Err(answer) => return answer,
+    };
+    let Some(opts) = opts else {
+        return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
+    };
+    start(env, reference, move |jobs| async move {
+        match jobs.add(&job_type, &id, &info, &opts).await {
+            Ok(()) => ok_answer(()),
+            Err(e) => core_error(&e),
+        }
+    })
+}
+
+#[rustler::nif]
+fn job_tx_get<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
+    let (job_type, id) = job_args(reference, job_type, id)?;
+    start(env, reference, move |jobs| async move {
+        match jobs.get(&job_type, &id).await {
+            Ok(job) => job_answer(job),
+            Err(e) => core_error(&e),
+        }
+    })
+}
+
+/// Gives read `seq` of `call` its answer: `true`, or `false` if no such
+/// read waits (the call ended).
+#[rustler::nif]
+fn job_tx_answer<'a>(env: Env<'a>, call: ResourceArc<CallResource>, seq: u64, answer: Term<'a>) -> NifResult<Term<'a>> {
+    let answer = answer_arg(answer)?;
+    Ok(call.answers.answer(seq, answer).encode(env))
+}
+
+fn answer_arg(term: Term) -> NifResult<TxAnswer> {
+    let (tag, value): (rustler::Atom, Term) = term.decode()?;
+    let name = tag.to_term(term.get_env()).atom_to_string()?;
+    Ok(match name.as_str() {
+        "value" if value.is_binary() => TxAnswer::Value(Some(bytes_arg(value)?.to_vec())),
+        "value" => {
+            if value.atom_to_string()? != "not_found" {
+                return Err(rustler::Error::BadArg);
+            }
+            TxAnswer::Value(None)
+        }
+        "range" => {
+            let mut rows = Vec::new();
+            for row in value.into_list_iterator()? {
+                let (k, v): (Term, Term) = row.decode()?;
+                rows.push((bytes_arg(k)?.to_vec(), bytes_arg(v)?.to_vec()));
+            }
+            TxAnswer::Range(rows)
+        }
+        "version" => TxAnswer::Version(value.decode()?),
+        "error" => TxAnswer::Failed(fdb_code_error(value.decode()?)),
+        _ => return Err(rustler::Error::BadArg),
+    })
+}
+
+/// Starts `call` on the runtime with a forwarding transaction and the
+/// relay of its requests; answers `{ok, Call}` at once, or `{error,
+/// Name}` (`fdb_only`, `not_started`) having started nothing.
+fn start<'a, F, Fut>(env: Env<'a>, reference: Term<'a>, call: F) -> NifResult<Term<'a>>
+where
+    F: FnOnce(TxJobs) -> Fut,
+    Fut: std::future::Future<Output = Answer> + Send + 'static,
+{
+    let (jobs, rt) = match super::service(env) {
+        Ok(s) => s,
+        Err(answer) => return Ok(answer),
+    };
+    let (tx_jobs, requests, answers) = match jobs.in_caller_tx() {
+        Ok(parts) => parts,
+        Err(e) => return Ok(error_tuple(env, e.name())),
+    };
+    let relay = Relay::new(env, reference);
+    let work = call(tx_jobs);
+    rt.spawn(relay.run(work, requests));
+    Ok((atoms::ok(), ResourceArc::new(CallResource { answers })).encode(env))
+}
+
+/// The calling process and its reference, for the call's messages.
+struct Relay {
+    env: OwnedEnv,
+    reference: SavedTerm,
+    pid: LocalPid,
+}
+
+impl Relay {
+    fn new(env: Env, reference: Term) -> Relay {
+        let owned = OwnedEnv::new();
+        let reference = owned.save(reference);
+        Relay { env: owned, reference, pid: env.pid() }
+    }
+
+    /// Relays every request until the call ends, then its result; a panic
+    /// in the call ends it with `{error, {panic, Msg}}`.
+    async fn run(mut self, work: impl std::future::Future<Output = Answer>, mut requests: UnboundedReceiver<TxSent>) {
+        let work = AssertUnwindSafe(work).catch_unwind();
+        tokio::pin!(work);
+        let mut next = 0u64;
+        let result = loop {
+            tokio::select! {
+                biased;
+                Some(sent) = requests.recv() => {
+                    next = sent.id + 1;
+                    self.send(sent.id, move |env| request_term(env, &sent.request));
+                }
+                result = &mut work => break result,
+            }
+        };
+        // The call dropped its transaction: what it sent last is queued.
+        while let Ok(sent) = requests.try_recv() {
+            next = sent.id + 1;
+            self.send(sent.id, move |env| request_term(env, &sent.request));
+        }
+        let answer = result.unwrap_or_else(|payload| reply::panicked(reply::panic_message(payload.as_ref())));
+        self.send(next, move |env| (atom(env, "done"), answer(env)).encode(env));
+    }
+
+    fn send(&mut self, seq: u64, msg: impl for<'b> FnOnce(Env<'b>) -> Term<'b>) {
+        let reference = self.reference.clone();
+        // A dead caller: its resource goes with it, and the reads fail.
+        let _ = self.env.send_and_clear(&self.pid, |env| (reference.load(env), seq, msg(env)).encode(env));
+    }
+}
+
+fn request_term<'a>(env: Env<'a>, request: &TxRequest) -> Term<'a> {
+    let b = |bytes: &[u8]| binary(env, bytes);
+    let tag = |name: &str| atom(env, name);
+    match request {
+        TxRequest::Get { key, snapshot } => (tag("get"), b(key), *snapshot).encode(env),
+        TxRequest::GetRange(r) => {
+            (tag("get_range"), b(&r.begin), b(&r.end), r.limit as u64, r.reverse, r.snapshot).encode(env)
+        }
+        TxRequest::ReadVersion => tag("get_read_version"),
+        TxRequest::Set { key, value } => (tag("set"), b(key), b(value)).encode(env),
+        TxRequest::Clear { key } => (tag("clear"), b(key)).encode(env),
+        TxRequest::ClearRange { begin, end } => (tag("clear_range"), b(begin), b(end)).encode(env),
+        TxRequest::AtomicAdd { key, param } => (tag("add"), b(key), b(param)).encode(env),
+        TxRequest::AtomicByteMax { key, value } => (tag("byte_max"), b(key), b(value)).encode(env),
+        TxRequest::SetVersionstampedKey { key, value } => (tag("set_versionstamped_key"), b(key), b(value)).encode(env),
+        TxRequest::SetVersionstampedValue { key, value } => {
+            (tag("set_versionstamped_value"), b(key), b(value)).encode(env)
+        }
+        TxRequest::AddReadConflictKey { key } => (tag("add_read_conflict_key"), b(key)).encode(env),
+    }
+}
