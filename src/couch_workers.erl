@@ -23,6 +23,7 @@
 %% The job queue (implemented in couch_workers_jobs).
 -export([
     job_add/4,
+    job_add/5,
     job_add_many/2,
     job_accept/2,
     job_update/2,
@@ -31,6 +32,7 @@
     job_cancel/2,
     job_remove/2,
     job_get/2,
+    job_get/3,
     job_pending_count/1,
     job_subscribe/3,
     job_unsubscribe/1,
@@ -254,6 +256,22 @@ job_cancel(JobType, JobId) ->
 -spec job_remove(job_type(), job_id()) -> ok | {error, not_found | term()}.
 job_remove(JobType, JobId) ->
     couch_workers_observe:call(job_removed, JobType, JobId, fun() -> couch_workers_jobs:remove(JobType, JobId) end).
+
+%% @doc `job_add/4' inside the caller's FoundationDB transaction `Tx' (an
+%% erlfdb transaction, a map with one under `tx', or `undefined' for
+%% `job_add/4' itself): the job is added iff `Tx' commits. An erlfdb
+%% error is raised for the caller's `erlfdb:transactional/2' to retry.
+%% `{error, fdb_only}' on the embedded store. See `couch_workers_tx'.
+-spec job_add(couch_workers_tx:tx(), job_type(), job_id(), map(), map()) -> ok | {error, already_exists | term()}.
+job_add(Tx, JobType, JobId, Info, Opts) ->
+    couch_workers_tx:add(Tx, JobType, JobId, Info, Opts).
+
+%% @doc `job_get/2' at `Tx''s read version (see `job_add/5'). A job this
+%% transaction added is unreadable until it commits (FoundationDB's
+%% `accessed_unreadable', 1036, raised).
+-spec job_get(couch_workers_tx:tx(), job_type(), job_id()) -> {ok, job()} | {error, not_found | term()}.
+job_get(Tx, JobType, JobId) ->
+    couch_workers_tx:get(Tx, JobType, JobId).
 
 %% @doc The job (no token: not a handle).
 -spec job_get(job_type(), job_id()) -> {ok, job()} | {error, not_found | term()}.

@@ -96,6 +96,12 @@
 %% worker_register_dirty/4, job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3,
 %% job_finish_accept_dirty/4, job_fail_dirty/4, job_release_dirty/4, job_resubmit_dirty/6
 %%                                            the DirtyCpu twins: as above, never `dirty'
+%% job_tx_add(Ref, Type, Id, Info, Opts)      -> {ok, Call} | {error, fdb_only | _} | dirty
+%% job_tx_get(Ref, Type, Id)                  -> {ok, Call} | {error, fdb_only | _}
+%%     then {Ref, Seq, Request} (Seq = 0, 1, ...), each performed on the caller's erlfdb transaction,
+%%     a read answered with job_tx_answer(Call, Seq, Answer), and {Ref, N, {done, Result}}, Result as
+%%     job_add's and job_get's (couch_workers_tx; the NIF crate's jobs/in_tx.rs lists Request and Answer)
+%% job_tx_answer(Call, Seq, Answer)           -> true | false (no read Seq waits)
 %% budgeted(Nif, Args)                        Nif's answer, through its twin when it is `dirty'
 %% '''
 %%
@@ -137,6 +143,10 @@
     job_cancel/3,
     job_remove/3,
     job_get/3,
+    job_tx_add/5,
+    job_tx_add_dirty/5,
+    job_tx_get/3,
+    job_tx_answer/3,
     job_pending_count/2,
     job_subscribe/5,
     job_unsubscribe/1,
@@ -180,7 +190,7 @@
 -type waiter() :: reference().
 -type job_subscription() :: reference().
 -type budgeted_nif() ::
-    worker_register | job_add | job_update | job_finish | job_finish_accept | job_fail | job_release | job_resubmit.
+    worker_register | job_add | job_tx_add | job_update | job_finish | job_finish_accept | job_fail | job_release | job_resubmit.
 -type job_opts() :: {
     integer() | undefined,
     {delay | run_at, non_neg_integer()} | undefined,
@@ -272,6 +282,7 @@ budgeted(Nif, Args) ->
 
 dirty_twin(worker_register) -> worker_register_dirty;
 dirty_twin(job_add) -> job_add_dirty;
+dirty_twin(job_tx_add) -> job_tx_add_dirty;
 dirty_twin(job_update) -> job_update_dirty;
 dirty_twin(job_finish) -> job_finish_dirty;
 dirty_twin(job_finish_accept) -> job_finish_accept_dirty;
@@ -366,6 +377,18 @@ job_remove(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_get(reference(), binary(), binary()) -> ok | {error, atom()}.
 job_get(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_add(reference(), binary(), binary(), map(), job_opts()) -> {ok, reference()} | {error, atom()} | dirty.
+job_tx_add(_Ref, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_add_dirty(reference(), binary(), binary(), map(), job_opts()) -> {ok, reference()} | {error, atom()}.
+job_tx_add_dirty(_Ref, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_get(reference(), binary(), binary()) -> {ok, reference()} | {error, atom()}.
+job_tx_get(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_answer(reference(), non_neg_integer(), term()) -> boolean().
+job_tx_answer(_Call, _Seq, _Answer) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_pending_count(reference(), binary()) -> ok | {error, atom()}.
 job_pending_count(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).
