@@ -135,18 +135,21 @@ where
     Ok((atoms::ok(), ResourceArc::new(CallResource { answers })).encode(env))
 }
 
-/// The calling process and its reference, for the call's messages.
+/// The calling process and its reference, for the call's messages. The
+/// reference lives in an environment of its own, never cleared; each
+/// message is built (with a copy of it) in a fresh one, as
+/// `send_and_clear` clears the environment it sends from.
 struct Relay {
-    env: OwnedEnv,
+    reference_env: OwnedEnv,
     reference: SavedTerm,
     pid: LocalPid,
 }
 
 impl Relay {
     fn new(env: Env, reference: Term) -> Relay {
-        let owned = OwnedEnv::new();
-        let reference = owned.save(reference);
-        Relay { env: owned, reference, pid: env.pid() }
+        let reference_env = OwnedEnv::new();
+        let reference = reference_env.save(reference);
+        Relay { reference_env, reference, pid: env.pid() }
     }
 
     /// Relays every request until the call ends, then its result; a panic
@@ -175,9 +178,13 @@ impl Relay {
     }
 
     fn send(&mut self, seq: u64, msg: impl for<'b> FnOnce(Env<'b>) -> Term<'b>) {
-        let reference = self.reference.clone();
-        // A dead caller: its resource goes with it, and the reads fail.
-        let _ = self.env.send_and_clear(&self.pid, |env| (reference.load(env), seq, msg(env)).encode(env));
+        let pid = self.pid;
+        let saved = &self.reference;
+        self.reference_env.run(|ref_env| {
+            let reference = saved.load(ref_env);
+            // A dead caller: its resource goes with it, and the reads fail.
+            let _ = OwnedEnv::new().send_and_clear(&pid, |env| (reference.in_env(env), seq, msg(env)).encode(env));
+        });
     }
 }
 
