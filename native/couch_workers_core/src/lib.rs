@@ -124,12 +124,14 @@ pub use jobs::Jobs;
 // Jobs.
 pub use jobs::{
     AcceptReply, AcceptToken, AddManyError, Fence, GoneSignal, Job, JobEvent, JobHandle, JobOpts, JobService, JobSpec,
-    JobState, JobStats, JobSubscription, JobVs, Keep, MaxAttempts, NextFor, OnJobEvent, Retry, Schedule, TxJobs,
+    JobState, JobStats, JobSubscription, JobVs, Keep, MaxAttempts, NextFor, OnJobEvent, Retry, Schedule,
 };
-// Calls inside a caller's transaction: its requests and their answers.
-pub use store::forward::{
-    fdb_code_error, Answer as TxAnswer, Answers as TxAnswers, Request as TxRequest, Sent as TxSent,
-};
+/// Job calls inside a caller's transaction (`jobs/in_tx.rs`): the calls,
+/// the requests they make of the caller, and their answers.
+pub mod caller_tx {
+    pub use crate::jobs::TxJobs;
+    pub use crate::store::forward::{fdb_code_error, Answer, Answers, Request, Sent};
+}
 // Outcomes, the store's configuration and limits.
 pub use error::Error;
 pub use store::{StoreConfig, MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE};

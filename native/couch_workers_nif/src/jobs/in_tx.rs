@@ -20,7 +20,9 @@
 
 use std::panic::AssertUnwindSafe;
 
-use couch_workers_core::{fdb_code_error, TxAnswer, TxAnswers, TxJobs, TxRequest, TxSent};
+use couch_workers_core::caller_tx::{
+    fdb_code_error, Answer as TxAnswer, Answers as TxAnswers, Request as TxRequest, Sent as TxSent, TxJobs,
+};
 use futures::FutureExt;
 use rustler::env::SavedTerm;
 use rustler::{Encoder, Env, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
