@@ -45,7 +45,7 @@
 
 %% The options' checks, for the calls inside a caller's transaction
 %% (couch_workers_tx).
--export([add_opts/1]).
+-export([add_opts/1, resubmit_opts/1]).
 
 -include_lib("kernel/include/logger.hrl").
 
@@ -100,17 +100,11 @@ release(_Job, _Opts) ->
 
 -spec resubmit(binary(), binary(), map(), map()) -> ok | {error, term()}.
 resubmit(Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info), is_map(Opts) ->
-    case if_vs(Opts) of
-        {ok, IfVs} ->
-            Rest = maps:without([if_vs, <<"if_vs">>], Opts),
-            case nif_opts(Rest, [priority, schedule, max_attempts, keep]) of
-                {ok, NifOpts} ->
-                    couch_workers_nif:call(fun(Ref) ->
-                        couch_workers_nif:budgeted(job_resubmit, [Ref, Type, Id, Info, NifOpts, IfVs])
-                    end);
-                {error, _} = Error ->
-                    Error
-            end;
+    case resubmit_opts(Opts) of
+        {ok, NifOpts, IfVs} ->
+            couch_workers_nif:call(fun(Ref) ->
+                couch_workers_nif:budgeted(job_resubmit, [Ref, Type, Id, Info, NifOpts, IfVs])
+            end);
         {error, _} = Error ->
             Error
     end;
@@ -390,6 +384,20 @@ add_opts(Opts) ->
             end;
         Other ->
             Other
+    end.
+
+%% The options of `resubmit/4': the NIF's options and `if_vs'.
+-spec resubmit_opts(map()) -> {ok, couch_workers_nif:job_opts(), binary() | undefined} | {error, term()}.
+resubmit_opts(Opts) ->
+    case if_vs(Opts) of
+        {ok, IfVs} ->
+            Rest = maps:without([if_vs, <<"if_vs">>], Opts),
+            case nif_opts(Rest, [priority, schedule, max_attempts, keep]) of
+                {ok, NifOpts} -> {ok, NifOpts, IfVs};
+                {error, _} = Error -> Error
+            end;
+        {error, _} = Error ->
+            Error
     end.
 
 %% The NIF's options tuple `{Priority, Schedule, MaxAttempts, Keep}' from

@@ -8,13 +8,21 @@
 %% transaction (the NIF crate's `jobs/in_tx.rs'); this process performs
 %% each of its requests on `Tx', in order, answers its reads, and returns
 %% its result. An erlfdb error in a read ends the call and is raised again
-%% here, so that the caller's `erlfdb:transactional/2' retries it; an
-%% erlfdb error in a write is raised again when the call ends. Only on
-%% FoundationDB: `{error, fdb_only}' on the embedded store. The erlfdb
-%% transaction must be on the node's cluster (nothing checks it).
+%% here, so that the caller's `erlfdb:transactional/2' retries it (or, for
+%% one it does not retry, such as a committed or cancelled `Tx', raises
+%% it to the caller); an erlfdb error in a write is raised again when the
+%% call ends. Only on FoundationDB: `{error, fdb_only}' on the embedded
+%% store. The first call of a process on each transaction checks that
+%% `Tx' is on the app's cluster (`{error, wrong_cluster}' otherwise,
+%% nothing read or written).
+%%
+%% A call whose core stops answering for the API's call timeout is closed
+%% (its reads fail, its task ends) and raises `{couch_workers_tx,
+%% timeout}'; if it had written to `Tx' already, `Tx' is cancelled first,
+%% so that a caller who catches the error cannot commit half a call.
 -module(couch_workers_tx).
 
--export([add/5, get/3]).
+-export([add/5, resubmit/5, update/3, finish/3, get/3, remove/3, cancel/3]).
 
 -export_type([tx/0]).
 
@@ -35,6 +43,21 @@
 %% call's end.
 -type failed() :: undefined | {error | throw | exit, term(), list()}.
 
+%% What the serving loop keeps: the transaction, the call's reference and
+%% resource, the next request's number, whether a write was performed,
+%% and the first erlfdb error.
+-record(serving, {
+    tx :: {erlfdb_transaction, reference()},
+    ref :: reference(),
+    call :: reference(),
+    seq = 0 :: non_neg_integer(),
+    wrote = false :: boolean(),
+    failed = undefined :: failed()
+}).
+
+%% How long a closed call has to send its end.
+-define(CLOSE_WAIT_MS, 5000).
+
 -spec add(tx(), binary(), binary(), map(), map()) -> ok | {error, term()}.
 add(undefined, Type, Id, Info, Opts) ->
     couch_workers:job_add(Type, Id, Info, Opts);
@@ -49,6 +72,40 @@ add(Tx, Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info),
 add(_Tx, _Type, _Id, _Info, _Opts) ->
     erlang:error(badarg).
 
+-spec resubmit(tx(), binary(), binary(), map(), map()) -> ok | {error, term()}.
+resubmit(undefined, Type, Id, Info, Opts) ->
+    couch_workers:job_resubmit(Type, Id, Info, Opts);
+resubmit(Tx, Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info), is_map(Opts) ->
+    FdbTx = fdb_tx(Tx),
+    case couch_workers_jobs:resubmit_opts(Opts) of
+        {ok, NifOpts, IfVs} ->
+            run(FdbTx, fun(Ref) ->
+                couch_workers_nif:budgeted(job_tx_resubmit, [Ref, Type, Id, Info, NifOpts, IfVs])
+            end);
+        {error, _} = Error ->
+            Error
+    end;
+resubmit(_Tx, _Type, _Id, _Info, _Opts) ->
+    erlang:error(badarg).
+
+-spec update(tx(), map(), map()) -> {ok, map()} | {error, term()}.
+update(undefined, Job, Info) ->
+    couch_workers:job_update(Job, Info);
+update(Tx, Job, Info) when is_map(Job), is_map(Info) ->
+    FdbTx = fdb_tx(Tx),
+    run(FdbTx, fun(Ref) -> couch_workers_nif:budgeted(job_tx_update, [Ref, Job, Info]) end);
+update(_Tx, _Job, _Info) ->
+    erlang:error(badarg).
+
+-spec finish(tx(), map(), map()) -> ok | {error, term()}.
+finish(undefined, Job, Result) ->
+    couch_workers:job_finish(Job, Result);
+finish(Tx, Job, Result) when is_map(Job), is_map(Result) ->
+    FdbTx = fdb_tx(Tx),
+    run(FdbTx, fun(Ref) -> couch_workers_nif:budgeted(job_tx_finish, [Ref, Job, Result]) end);
+finish(_Tx, _Job, _Result) ->
+    erlang:error(badarg).
+
 -spec get(tx(), binary(), binary()) -> {ok, map()} | {error, term()}.
 get(undefined, Type, Id) ->
     couch_workers:job_get(Type, Id);
@@ -58,20 +115,40 @@ get(Tx, Type, Id) when is_binary(Type), is_binary(Id) ->
 get(_Tx, _Type, _Id) ->
     erlang:error(badarg).
 
+-spec remove(tx(), binary(), binary()) -> ok | {error, term()}.
+remove(undefined, Type, Id) ->
+    couch_workers:job_remove(Type, Id);
+remove(Tx, Type, Id) when is_binary(Type), is_binary(Id) ->
+    FdbTx = fdb_tx(Tx),
+    run(FdbTx, fun(Ref) -> couch_workers_nif:job_tx_remove(Ref, Type, Id, undefined) end);
+remove(_Tx, _Type, _Id) ->
+    erlang:error(badarg).
+
+-spec cancel(tx(), binary(), binary()) -> ok | {error, term()}.
+cancel(undefined, Type, Id) ->
+    couch_workers:job_cancel(Type, Id);
+cancel(Tx, Type, Id) when is_binary(Type), is_binary(Id) ->
+    FdbTx = fdb_tx(Tx),
+    run(FdbTx, fun(Ref) -> couch_workers_nif:job_tx_cancel(Ref, Type, Id) end);
+cancel(_Tx, _Type, _Id) ->
+    erlang:error(badarg).
+
+%% The erlfdb transaction in `Tx': a wrong shape (a database, a pid, a
+%% map without `tx') is `badarg'.
 fdb_tx(#{tx := Tx}) -> fdb_tx(Tx);
-fdb_tx({erlfdb_transaction, _} = Tx) -> Tx;
+fdb_tx({erlfdb_transaction, Ref} = Tx) when is_reference(Ref) -> Tx;
 fdb_tx(_) -> erlang:error(badarg).
 
 %% Starts the call and serves its requests until it ends.
 run(Tx, Start) ->
     Ref = make_ref(),
     case Start(Ref) of
-        {ok, Call} -> serve(Tx, Ref, Call, 0, undefined);
+        {ok, Call} -> serve(#serving{tx = Tx, ref = Ref, call = Call});
         {error, _} = Error -> Error
     end.
 
--spec serve(tuple(), reference(), reference(), non_neg_integer(), failed()) -> term().
-serve(Tx, Ref, Call, Seq, Failed) ->
+-spec serve(#serving{}) -> term().
+serve(#serving{ref = Ref, seq = Seq, failed = Failed} = S) ->
     receive
         {Ref, Seq, {done, Result}} ->
             case Failed of
@@ -79,29 +156,53 @@ serve(Tx, Ref, Call, Seq, Failed) ->
                 {Class, Reason, Stack} -> erlang:raise(Class, Reason, Stack)
             end;
         {Ref, Seq, Request} ->
-            serve(Tx, Ref, Call, Seq + 1, perform(Tx, Call, Seq, Request, Failed))
+            serve(perform(S, Request))
     after couch_workers_app:call_timeout() ->
-        erlang:error({couch_workers_tx, timeout})
+        timed_out(S)
     end.
 
--spec perform(tuple(), reference(), non_neg_integer(), request(), failed()) -> failed().
-perform(Tx, Call, Seq, Request, Failed) ->
+%% The core sent nothing for the call timeout: the call is closed (its
+%% waiting read fails, and it ends), its last messages are dropped, and
+%% a `Tx' it wrote to is cancelled (half a call must never commit).
+timed_out(#serving{tx = Tx, ref = Ref, call = Call, wrote = Wrote}) ->
+    ok = couch_workers_nif:job_tx_close(Call),
+    drain(Ref, erlang:monotonic_time(millisecond) + ?CLOSE_WAIT_MS),
+    case Wrote of
+        true -> erlfdb:cancel(Tx);
+        false -> ok
+    end,
+    erlang:error({couch_workers_tx, timeout}).
+
+drain(Ref, Deadline) ->
+    Left = max(0, Deadline - erlang:monotonic_time(millisecond)),
+    receive
+        {Ref, _, {done, _}} -> ok;
+        {Ref, _, _} -> drain(Ref, Deadline)
+    after Left -> ok
+    end.
+
+-spec perform(#serving{}, request()) -> #serving{}.
+perform(#serving{tx = Tx, call = Call, seq = Seq, failed = Failed} = S, Request) ->
+    Next = S#serving{seq = Seq + 1, wrote = S#serving.wrote orelse not is_read(Request)},
     try do(Tx, Request) of
-        no_answer -> Failed;
-        Answer -> answer(Call, Seq, Answer, Failed)
+        no_answer ->
+            Next;
+        Answer ->
+            answer(Call, Seq, Answer),
+            Next
     catch
         error:{erlfdb_error, Code} = Reason:Stack ->
-            Failed1 = first(Failed, {error, Reason, Stack}),
             case is_read(Request) of
-                true -> answer(Call, Seq, {error, Code}, Failed1);
-                false -> Failed1
-            end
+                true -> answer(Call, Seq, {error, Code});
+                false -> ok
+            end,
+            Next#serving{failed = first(Failed, {error, Reason, Stack})}
     end.
 
-answer(Call, Seq, Answer, Failed) ->
+answer(Call, Seq, Answer) ->
     % false: the call ended meanwhile (its owner closed it); nothing waits.
-    _ = couch_workers_nif:job_tx_answer(Call, Seq, Answer),
-    Failed.
+    _ = couch_workers_nif:budgeted(job_tx_answer, [Call, Seq, Answer]),
+    ok.
 
 first(undefined, New) -> New;
 first(Failed, _New) -> Failed.

@@ -130,7 +130,7 @@ pub use jobs::{
 /// the requests they make of the caller, and their answers.
 pub mod caller_tx {
     pub use crate::jobs::TxJobs;
-    pub use crate::store::forward::{fdb_code_error, Answer, Answers, Request, Sent};
+    pub use crate::store::forward::{channel, fdb_code_error, Answer, Answers, Request, Sent};
 }
 // Outcomes, the store's configuration and limits.
 pub use error::Error;

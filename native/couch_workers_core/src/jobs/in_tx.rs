@@ -5,14 +5,22 @@
 //! performs every read and write and commits. The answer is the
 //! operation's at the caller's read version; its writes land iff the
 //! caller commits. No receipt is written (`store::receipt`): a commit whose
-//! outcome is unknown is the caller's to resolve, as for its own writes.
+//! outcome is unknown is the caller's to resolve, as for its own writes
+//! (erlfdb runs the caller's fun again, and each call answers on what the
+//! landed attempt left: a finish `NotOwner`, an add `AlreadyExists`, as
+//! couch_jobs' calls answer `halt` there).
+//!
+//! Every call reads the job's record without snapshot, so the record is in
+//! the caller's read conflict set: an update that answered `Ok` in a
+//! transaction that commits proves the job was still the handle's at the
+//! commit (another node's takeover, cancel or removal fails the commit).
 //!
 //! Only on FoundationDB: the embedded store's keys are not in an erlfdb
 //! transaction's reach (`fdb_only`).
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::job::{Job, JobOpts, JobSpec};
+use super::job::{Fence, Job, JobHandle, JobOpts, JobSpec, JobVs};
 use super::ops;
 use super::place::wall_ms;
 use super::Jobs;
@@ -57,5 +65,42 @@ impl TxJobs {
         let ks = &self.jobs.context().ks;
         ops::check_job_key(ks, job_type, id)?;
         ops::get(&self.tx, ks, job_type, id).await?.ok_or(Error::NotFound)
+    }
+
+    /// [`Jobs::update`] in the caller's transaction. The handle's `vs` is
+    /// incomplete (its commit's versionstamp is not known inside the
+    /// transaction). `Canceled` wrote the cancellation, which lands with
+    /// the caller's commit.
+    pub async fn update(self, fence: &Fence, info: &[u8]) -> Result<JobHandle, Error> {
+        ops::update(&self.tx, &self.jobs.context().ks, fence, info).await?
+    }
+
+    /// [`Jobs::finish`] in the caller's transaction.
+    pub async fn finish(self, fence: &Fence, result: &[u8]) -> Result<(), Error> {
+        ops::finish(&self.tx, &self.jobs.context().ks, fence, result).await?.map(|_| ())
+    }
+
+    /// [`Jobs::resubmit`] in the caller's transaction.
+    pub async fn resubmit(
+        self,
+        job_type: &[u8],
+        id: &[u8],
+        info: &[u8],
+        opts: &JobOpts,
+        if_vs: Option<&JobVs>,
+    ) -> Result<(), Error> {
+        let ks = &self.jobs.context().ks;
+        ops::check_job_key(ks, job_type, id)?;
+        ops::resubmit(&self.tx, ks, job_type, id, info, opts, if_vs, wall_ms()).await?
+    }
+
+    /// [`Jobs::remove_if`] in the caller's transaction.
+    pub async fn remove(self, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<(), Error> {
+        ops::remove_if(&self.tx, &self.jobs.context().ks, job_type, id, if_vs).await?
+    }
+
+    /// [`Jobs::cancel`] in the caller's transaction.
+    pub async fn cancel(self, job_type: &[u8], id: &[u8]) -> Result<(), Error> {
+        ops::cancel(&self.tx, &self.jobs.context().ks, job_type, id).await?.map(|_| ())
     }
 }

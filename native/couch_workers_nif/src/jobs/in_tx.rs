@@ -1,15 +1,19 @@
-//! Job calls inside the caller's erlfdb transaction: `job_tx_add/5` (and
-//! `_dirty`), `job_tx_get/3`, `job_tx_answer/3`.
+//! Job calls inside the caller's erlfdb transaction: `job_tx_add/5`,
+//! `job_tx_update/3`, `job_tx_finish/3`, `job_tx_resubmit/6` (each with a
+//! `_dirty` twin), `job_tx_get/3`, `job_tx_remove/4`, `job_tx_cancel/3`;
+//! `job_tx_answer/3` (and `_dirty`), `job_tx_close/1`; the test hook
+//! `test_tx_call/0`.
 //!
 //! The core runs the call on a forwarding transaction
-//! (`couch_workers_core::TxJobs`); this module relays its requests to the
-//! calling process as `{Ref, Seq, Request}` (Seq 0, 1, 2, ...: the process
-//! performs them in that order on its erlfdb transaction, whatever order
-//! the messages arrive in), takes each read's answer back through
-//! `job_tx_answer(Call, Seq, Answer)`, and ends with `{Ref, N, {done,
-//! Result}}`, N the number of requests before it. `Call` is a resource
-//! holding where the answers go: when the caller drops it (dies), every
-//! read still waiting fails and the call ends.
+//! (`couch_workers_core::caller_tx::TxJobs`); this module relays its
+//! requests to the calling process as `{Ref, Seq, Request}` (Seq 0, 1, 2,
+//! ...: the process performs them in that order on its erlfdb transaction,
+//! whatever order the messages arrive in), takes each read's answer back
+//! through `job_tx_answer(Call, Seq, Answer)`, and ends with `{Ref, N,
+//! {done, Result}}`, N the number of requests before it. `Call` is a
+//! resource holding where the answers go: `job_tx_close(Call)`, or the
+//! caller dropping it (dying), fails every read still waiting (and every
+//! later one), and the call ends.
 //!
 //! Requests: `{get, Key, Snapshot}`, `{get_range, Begin, End, Limit,
 //! Reverse, Snapshot}`, `get_read_version`, `{set, K, V}`, `{clear, K}`,
@@ -17,6 +21,12 @@
 //! `{set_versionstamped_key, K, V}`, `{set_versionstamped_value, K, V}`,
 //! `{add_read_conflict_key, K}`. Answers: `{value, Bin | not_found}`,
 //! `{range, [{K, V}]}`, `{version, V}`, `{error, FdbCode}`.
+//!
+//! An answer is copied into the core on the calling scheduler only up to
+//! [`NORMAL_MAX_ROWS`] rows and [`NORMAL_MAX_BYTES`] bytes; past that
+//! `job_tx_answer/3` answers `dirty` having done nothing, and
+//! `job_tx_answer_dirty/3` copies it on a dirty CPU scheduler (a range
+//! answer can hold megabytes).
 
 use std::panic::AssertUnwindSafe;
 
@@ -28,12 +38,18 @@ use rustler::env::SavedTerm;
 use rustler::{Encoder, Env, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::args::{job_args, json_arg, opts_arg};
-use super::terms::{core_error, job_answer, ok_answer};
+use super::args::{finish_args, handle_args, job_args, json_arg, opts_arg, vs_arg};
+use super::terms::{core_error, handle_answer, job_answer, ok_answer};
 use crate::atoms;
 use crate::json::{budgeted_nif, Sched};
 use crate::reply::{self, Answer};
 use crate::term::{atom, binary, bytes_arg, error_tuple};
+
+/// Most rows of an answer copied on a normal scheduler (each row is two
+/// allocations and two copies: well under 1 ms for these).
+pub const NORMAL_MAX_ROWS: usize = 1_000;
+/// Most bytes of an answer copied on a normal scheduler.
+pub const NORMAL_MAX_BYTES: usize = 1 << 20;
 
 /// Where the answers of one call's reads go.
 pub struct CallResource {
@@ -82,12 +98,155 @@ fn job_tx_get<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Ter
     })
 }
 
-/// Gives read `seq` of `call` its answer: `true`, or `false` if no such
-/// read waits (the call ended).
+budgeted_nif!(job_tx_update, job_tx_update_dirty, update(reference, handle, info));
+
+fn update<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    handle: Term<'a>,
+    info: Term<'a>,
+    sched: Sched,
+) -> NifResult<Term<'a>> {
+    let fence = handle_args(reference, handle)?;
+    let info = match json_arg(env, info, sched, atoms::invalid_info()) {
+        Ok(bytes) => bytes,
+        Err(answer) => return answer,
+    };
+    start(env, reference, move |jobs| async move {
+        match jobs.update(&fence, &info).await {
+            Ok(handle) => handle_answer(handle),
+            Err(e) => core_error(&e),
+        }
+    })
+}
+
+budgeted_nif!(job_tx_finish, job_tx_finish_dirty, finish(reference, handle, result));
+
+fn finish<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    handle: Term<'a>,
+    result: Term<'a>,
+    sched: Sched,
+) -> NifResult<Term<'a>> {
+    let (fence, result) = match finish_args(env, reference, handle, result, sched) {
+        Ok(args) => args,
+        Err(answer) => return answer,
+    };
+    start(env, reference, move |jobs| async move { done(jobs.finish(&fence, &result).await) })
+}
+
+budgeted_nif!(job_tx_resubmit, job_tx_resubmit_dirty, resubmit(reference, job_type, id, info, opts, if_vs));
+
+// The NIF's six arguments, the environment and the scheduler: the shape
+// every `budgeted_nif!` body has.
+#[allow(clippy::too_many_arguments)]
+fn resubmit<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    job_type: Term<'a>,
+    id: Term<'a>,
+    info: Term<'a>,
+    opts: Term<'a>,
+    if_vs: Term<'a>,
+    sched: Sched,
+) -> NifResult<Term<'a>> {
+    let (job_type, id) = job_args(reference, job_type, id)?;
+    let opts = opts_arg(opts)?;
+    let if_vs = vs_arg(if_vs)?;
+    let info = match json_arg(env, info, sched, atoms::invalid_info()) {
+        Ok(bytes) => bytes,
+        Err(answer) => return answer,
+    };
+    let Some(opts) = opts else {
+        return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
+    };
+    start(
+        env,
+        reference,
+        move |jobs| async move { done(jobs.resubmit(&job_type, &id, &info, &opts, if_vs.as_ref()).await) },
+    )
+}
+
 #[rustler::nif]
-fn job_tx_answer<'a>(env: Env<'a>, call: ResourceArc<CallResource>, seq: u64, answer: Term<'a>) -> NifResult<Term<'a>> {
+fn job_tx_remove<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    job_type: Term<'a>,
+    id: Term<'a>,
+    vs: Term<'a>,
+) -> NifResult<Term<'a>> {
+    let (job_type, id) = job_args(reference, job_type, id)?;
+    let vs = vs_arg(vs)?;
+    start(env, reference, move |jobs| async move { done(jobs.remove(&job_type, &id, vs.as_ref()).await) })
+}
+
+#[rustler::nif]
+fn job_tx_cancel<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
+    let (job_type, id) = job_args(reference, job_type, id)?;
+    start(env, reference, move |jobs| async move { done(jobs.cancel(&job_type, &id).await) })
+}
+
+fn done(result: Result<(), couch_workers_core::Error>) -> Answer {
+    match result {
+        Ok(()) => ok_answer(()),
+        Err(e) => core_error(&e),
+    }
+}
+
+budgeted_nif!(job_tx_answer, job_tx_answer_dirty, give_answer(call, seq, answer));
+
+/// Gives read `seq` of `call` its answer: `true`, or `false` if no such
+/// read waits (the call ended); `dirty` past the normal scheduler's budget.
+fn give_answer<'a>(env: Env<'a>, call: Term<'a>, seq: Term<'a>, answer: Term<'a>, sched: Sched) -> NifResult<Term<'a>> {
+    let call: ResourceArc<CallResource> = call.decode()?;
+    let seq: u64 = seq.decode()?;
+    if sched == Sched::Normal && !within_budget(answer)? {
+        return Ok(atoms::dirty().encode(env));
+    }
     let answer = answer_arg(answer)?;
     Ok(call.answers.answer(seq, answer).encode(env))
+}
+
+/// Ends the call: every read still waiting, and every later one, fails
+/// (the call answers `{error, closed}` unless it has ended). `ok`.
+#[rustler::nif]
+fn job_tx_close(call: ResourceArc<CallResource>) -> rustler::Atom {
+    call.answers.close();
+    atoms::ok()
+}
+
+/// A call whose owner has closed it, for the scheduler test to time
+/// `job_tx_answer/3` on any store (it answers `false`).
+#[rustler::nif]
+fn test_tx_call<'a>(env: Env<'a>) -> Term<'a> {
+    let (_, _, answers) = couch_workers_core::caller_tx::channel();
+    answers.close();
+    ResourceArc::new(CallResource { answers }).encode(env)
+}
+
+/// Whether a range answer's rows and bytes fit [`NORMAL_MAX_ROWS`] and
+/// [`NORMAL_MAX_BYTES`] (shapes are checked by `answer_arg`; a shape this
+/// does not know counts as within, and is refused there).
+fn within_budget(term: Term) -> NifResult<bool> {
+    let Ok((_, value)) = term.decode::<(rustler::Atom, Term)>() else { return Ok(true) };
+    if value.is_binary() {
+        return Ok(bytes_arg(value)?.len() <= NORMAL_MAX_BYTES);
+    }
+    if !value.is_list() {
+        return Ok(true);
+    }
+    let (mut rows, mut bytes) = (0usize, 0usize);
+    for row in value.into_list_iterator()? {
+        rows += 1;
+        if let Ok((k, v)) = row.decode::<(Term, Term)>() {
+            bytes += bytes_arg(k).map_or(0, <[u8]>::len) + bytes_arg(v).map_or(0, <[u8]>::len);
+        }
+        if rows > NORMAL_MAX_ROWS || bytes > NORMAL_MAX_BYTES {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 fn answer_arg(term: Term) -> NifResult<TxAnswer> {

@@ -139,6 +139,7 @@ mod subscribe;
 mod terms;
 
 pub fn load(env: Env) -> bool {
-    env.register::<accept::WaiterResource>().is_ok() && env.register::<subscribe::SubscriptionResource>().is_ok()
+    env.register::<accept::WaiterResource>().is_ok()
+        && env.register::<subscribe::SubscriptionResource>().is_ok()
         && env.register::<in_tx::CallResource>().is_ok()
 }
