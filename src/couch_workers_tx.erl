@@ -12,9 +12,8 @@
 %% one it does not retry, such as a committed or cancelled `Tx', raises
 %% it to the caller); an erlfdb error in a write is raised again when the
 %% call ends. Only on FoundationDB: `{error, fdb_only}' on the embedded
-%% store. The first call of a process on each transaction checks that
-%% `Tx' is on the app's cluster (`{error, wrong_cluster}' otherwise,
-%% nothing read or written).
+%% store. Every call first checks that `Tx' is on the app's cluster
+%% (`{error, wrong_cluster}' otherwise, nothing read or written).
 %%
 %% A call whose core stops answering for the API's call timeout is closed
 %% (its reads fail, its task ends) and raises `{couch_workers_tx,
@@ -139,13 +138,54 @@ fdb_tx(#{tx := Tx}) -> fdb_tx(Tx);
 fdb_tx({erlfdb_transaction, Ref} = Tx) when is_reference(Ref) -> Tx;
 fdb_tx(_) -> erlang:error(badarg).
 
-%% Starts the call and serves its requests until it ends.
+%% Starts the call and serves its requests until it ends; on
+%% FoundationDB, only once `Tx' is known to be on the app's cluster.
 run(Tx, Start) ->
-    Ref = make_ref(),
-    case Start(Ref) of
-        {ok, Call} -> serve(#serving{tx = Tx, ref = Ref, call = Call});
-        {error, _} = Error -> Error
+    case same_cluster(Tx) of
+        true ->
+            Ref = make_ref(),
+            case Start(Ref) of
+                {ok, Call} -> serve(#serving{tx = Tx, ref = Ref, call = Call});
+                {error, _} = Error -> Error
+            end;
+        false ->
+            {error, wrong_cluster}
     end.
+
+%% Whether `Tx' is on the cluster of the app's store: FoundationDB's
+%% connection string as `Tx' reads it (the special key, answered by the
+%% client without a read of the cluster) against the app's cluster file.
+%% True on the embedded store, whose calls the NIF refuses (`fdb_only').
+same_cluster(Tx) ->
+    case app_cluster_file() of
+        none ->
+            true;
+        File ->
+            Theirs = erlfdb:wait(erlfdb:get(Tx, <<"\xff\xff/connection_string">>)),
+            case file:read_file(File) of
+                {ok, Ours} -> connection_string(Ours) =:= connection_string(Theirs);
+                {error, _} -> false
+            end
+    end.
+
+app_cluster_file() ->
+    case application:get_env(couch_workers, store) of
+        {ok, {fdb, File}} -> File;
+        {ok, {fdb_test, File, _}} -> File;
+        {ok, {fdb_test, File, _, shared}} -> File;
+        _ -> none
+    end.
+
+%% A cluster file's connection string: its first line that is not a
+%% comment, without surrounding blanks.
+connection_string(Bin) when is_binary(Bin) ->
+    Lines = [string:trim(L) || L <- binary:split(Bin, [<<"\n">>, <<"\r">>], [global])],
+    case [L || L <- Lines, L =/= <<>>, binary:first(L) =/= $#] of
+        [Conn | _] -> Conn;
+        [] -> <<>>
+    end;
+connection_string(_) ->
+    <<>>.
 
 -spec serve(#serving{}) -> term().
 serve(#serving{ref = Ref, seq = Seq, failed = Failed} = S) ->
@@ -164,6 +204,7 @@ serve(#serving{ref = Ref, seq = Seq, failed = Failed} = S) ->
 %% The core sent nothing for the call timeout: the call is closed (its
 %% waiting read fails, and it ends), its last messages are dropped, and
 %% a `Tx' it wrote to is cancelled (half a call must never commit).
+-spec timed_out(#serving{}) -> no_return().
 timed_out(#serving{tx = Tx, ref = Ref, call = Call, wrote = Wrote}) ->
     ok = couch_workers_nif:job_tx_close(Call),
     drain(Ref, erlang:monotonic_time(millisecond) + ?CLOSE_WAIT_MS),
@@ -196,7 +237,14 @@ perform(#serving{tx = Tx, call = Call, seq = Seq, failed = Failed} = S, Request)
                 true -> answer(Call, Seq, {error, Code});
                 false -> ok
             end,
-            Next#serving{failed = first(Failed, {error, Reason, Stack})}
+            Next#serving{failed = first(Failed, {error, Reason, Stack})};
+        Class:Reason:Stack ->
+            %% Not an erlfdb error (`Tx' is no transaction of erlfdb's, or
+            %% erlfdb is not loaded): the call is closed and ended before
+            %% the error goes on.
+            ok = couch_workers_nif:job_tx_close(Call),
+            drain(S#serving.ref, erlang:monotonic_time(millisecond) + ?CLOSE_WAIT_MS),
+            erlang:raise(Class, Reason, Stack)
     end.
 
 answer(Call, Seq, Answer) ->

@@ -49,6 +49,10 @@
     vm_exit_script/4
 ]).
 
+%% For the suite of job calls inside a caller's transaction
+%% (couch_workers_tx_tests), which runs on the same peers.
+-export([find_erlfdb/0, with_peer/2, call/3, call/4, name/1, db/1]).
+
 -define(API_VERSION, 710).
 
 %% ---- the suite -------------------------------------------------------------
