@@ -96,18 +96,19 @@
 %% worker_register_dirty/4, job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3,
 %% job_finish_accept_dirty/4, job_fail_dirty/4, job_release_dirty/4, job_resubmit_dirty/6
 %%                                            the DirtyCpu twins: as above, never `dirty'
-%% job_tx_add(Ref, Type, Id, Info, Opts)      -> {ok, Call} | {error, fdb_only | _} | dirty
-%% job_tx_update(Ref, Handle, Info)           -> {ok, Call} | {error, fdb_only | _} | dirty
-%% job_tx_finish(Ref, Handle, Result)         -> {ok, Call} | {error, fdb_only | _} | dirty
-%% job_tx_resubmit(Ref, Type, Id, Info, Opts, IfVs) -> {ok, Call} | {error, fdb_only | _} | dirty
-%% job_tx_get(Ref, Type, Id)                  -> {ok, Call} | {error, fdb_only | _}
-%% job_tx_remove(Ref, Type, Id, IfVs)         -> {ok, Call} | {error, fdb_only | _}
-%% job_tx_cancel(Ref, Type, Id)               -> {ok, Call} | {error, fdb_only | _}
+%% job_tx_session(ReadVersion)                -> Session: one attempt of a caller's transaction
+%% job_tx_add(Ref, Session, Type, Id, Info, Opts) -> {ok, Call} | {error, fdb_only | _} | dirty
+%% job_tx_update(Ref, Session, Handle, Info)  -> {ok, Call} | {error, fdb_only | _} | dirty
+%% job_tx_finish(Ref, Session, Handle, Result) -> {ok, Call} | {error, fdb_only | _} | dirty
+%% job_tx_resubmit(Ref, Session, Type, Id, Info, Opts, IfVs) -> {ok, Call} | {error, fdb_only | _} | dirty
+%% job_tx_get(Ref, Session, Type, Id)         -> {ok, Call} | {error, fdb_only | _}
+%% job_tx_remove(Ref, Session, Type, Id, IfVs) -> {ok, Call} | {error, fdb_only | _}
+%% job_tx_cancel(Ref, Session, Type, Id)      -> {ok, Call} | {error, fdb_only | _}
 %%     then {Ref, Seq, Request} (Seq = 0, 1, ...), each performed on the caller's erlfdb transaction,
 %%     a read answered with job_tx_answer(Call, Seq, Answer), and {Ref, N, {done, Result}}, Result as
 %%     job_add's and job_get's (couch_workers_tx; the NIF crate's jobs/in_tx.rs lists Request and Answer)
 %% job_tx_answer(Call, Seq, Answer)           -> true | false (no read Seq waits) | dirty
-%% job_tx_add_dirty/5, job_tx_update_dirty/3, job_tx_finish_dirty/3, job_tx_resubmit_dirty/6,
+%% job_tx_add_dirty/6, job_tx_update_dirty/4, job_tx_finish_dirty/4, job_tx_resubmit_dirty/7,
 %% job_tx_answer_dirty/3                      the DirtyCpu twins: as above, never `dirty'
 %% job_tx_close(Call)                         -> ok; the reads still waiting and later ones fail
 %% test_tx_call()                             -> Call, closed (job_tx_answer/3 answers false)
@@ -152,18 +153,19 @@
     job_cancel/3,
     job_remove/3,
     job_get/3,
-    job_tx_add/5,
-    job_tx_add_dirty/5,
-    job_tx_get/3,
+    job_tx_session/1,
+    job_tx_add/6,
+    job_tx_add_dirty/6,
+    job_tx_get/4,
     job_tx_answer/3,
-    job_tx_update/3,
-    job_tx_update_dirty/3,
-    job_tx_finish/3,
-    job_tx_finish_dirty/3,
-    job_tx_resubmit/6,
-    job_tx_resubmit_dirty/6,
-    job_tx_remove/4,
-    job_tx_cancel/3,
+    job_tx_update/4,
+    job_tx_update_dirty/4,
+    job_tx_finish/4,
+    job_tx_finish_dirty/4,
+    job_tx_resubmit/7,
+    job_tx_resubmit_dirty/7,
+    job_tx_remove/5,
+    job_tx_cancel/4,
     job_tx_answer_dirty/3,
     job_tx_close/1,
     test_tx_call/0,
@@ -403,14 +405,19 @@ job_remove(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
 -spec job_get(reference(), binary(), binary()) -> ok | {error, atom()}.
 job_get(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_add(reference(), binary(), binary(), map(), job_opts()) -> {ok, reference()} | {error, atom()} | dirty.
-job_tx_add(_Ref, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
+-spec job_tx_session(non_neg_integer()) -> reference().
+job_tx_session(_ReadVersion) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_add_dirty(reference(), binary(), binary(), map(), job_opts()) -> {ok, reference()} | {error, atom()}.
-job_tx_add_dirty(_Ref, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
+-spec job_tx_add(reference(), reference(), binary(), binary(), map(), job_opts()) ->
+    {ok, reference()} | {error, atom()} | dirty.
+job_tx_add(_Ref, _Session, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_get(reference(), binary(), binary()) -> {ok, reference()} | {error, atom()}.
-job_tx_get(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+-spec job_tx_add_dirty(reference(), reference(), binary(), binary(), map(), job_opts()) ->
+    {ok, reference()} | {error, atom()}.
+job_tx_add_dirty(_Ref, _Session, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_get(reference(), reference(), binary(), binary()) -> {ok, reference()} | {error, atom()}.
+job_tx_get(_Ref, _Session, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_tx_answer(reference(), non_neg_integer(), term()) -> boolean() | dirty.
 job_tx_answer(_Call, _Seq, _Answer) -> erlang:nif_error(nif_not_loaded).
@@ -418,31 +425,32 @@ job_tx_answer(_Call, _Seq, _Answer) -> erlang:nif_error(nif_not_loaded).
 -spec job_tx_answer_dirty(reference(), non_neg_integer(), term()) -> boolean().
 job_tx_answer_dirty(_Call, _Seq, _Answer) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_update(reference(), map(), map()) -> {ok, reference()} | {error, atom()} | dirty.
-job_tx_update(_Ref, _Handle, _Info) -> erlang:nif_error(nif_not_loaded).
+-spec job_tx_update(reference(), reference(), map(), map()) -> {ok, reference()} | {error, atom()} | dirty.
+job_tx_update(_Ref, _Session, _Handle, _Info) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_update_dirty(reference(), map(), map()) -> {ok, reference()} | {error, atom()}.
-job_tx_update_dirty(_Ref, _Handle, _Info) -> erlang:nif_error(nif_not_loaded).
+-spec job_tx_update_dirty(reference(), reference(), map(), map()) -> {ok, reference()} | {error, atom()}.
+job_tx_update_dirty(_Ref, _Session, _Handle, _Info) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_finish(reference(), map(), map()) -> {ok, reference()} | {error, atom()} | dirty.
-job_tx_finish(_Ref, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
+-spec job_tx_finish(reference(), reference(), map(), map()) -> {ok, reference()} | {error, atom()} | dirty.
+job_tx_finish(_Ref, _Session, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_finish_dirty(reference(), map(), map()) -> {ok, reference()} | {error, atom()}.
-job_tx_finish_dirty(_Ref, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
+-spec job_tx_finish_dirty(reference(), reference(), map(), map()) -> {ok, reference()} | {error, atom()}.
+job_tx_finish_dirty(_Ref, _Session, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_resubmit(reference(), binary(), binary(), map(), job_opts(), binary() | undefined) ->
+-spec job_tx_resubmit(reference(), reference(), binary(), binary(), map(), job_opts(), binary() | undefined) ->
     {ok, reference()} | {error, atom()} | dirty.
-job_tx_resubmit(_Ref, _Type, _Id, _Info, _Opts, _IfVs) -> erlang:nif_error(nif_not_loaded).
+job_tx_resubmit(_Ref, _Session, _Type, _Id, _Info, _Opts, _IfVs) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_resubmit_dirty(reference(), binary(), binary(), map(), job_opts(), binary() | undefined) ->
+-spec job_tx_resubmit_dirty(reference(), reference(), binary(), binary(), map(), job_opts(), binary() | undefined) ->
     {ok, reference()} | {error, atom()}.
-job_tx_resubmit_dirty(_Ref, _Type, _Id, _Info, _Opts, _IfVs) -> erlang:nif_error(nif_not_loaded).
+job_tx_resubmit_dirty(_Ref, _Session, _Type, _Id, _Info, _Opts, _IfVs) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_remove(reference(), binary(), binary(), binary() | undefined) -> {ok, reference()} | {error, atom()}.
-job_tx_remove(_Ref, _Type, _Id, _IfVs) -> erlang:nif_error(nif_not_loaded).
+-spec job_tx_remove(reference(), reference(), binary(), binary(), binary() | undefined) ->
+    {ok, reference()} | {error, atom()}.
+job_tx_remove(_Ref, _Session, _Type, _Id, _IfVs) -> erlang:nif_error(nif_not_loaded).
 
--spec job_tx_cancel(reference(), binary(), binary()) -> {ok, reference()} | {error, atom()}.
-job_tx_cancel(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+-spec job_tx_cancel(reference(), reference(), binary(), binary()) -> {ok, reference()} | {error, atom()}.
+job_tx_cancel(_Ref, _Session, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_tx_close(reference()) -> ok.
 job_tx_close(_Call) -> erlang:nif_error(nif_not_loaded).

@@ -36,7 +36,7 @@
     | {set | byte_max | set_versionstamped_key | set_versionstamped_value, binary(), binary()}
     | {add, binary(), binary()}
     | {clear | add_read_conflict_key, binary()}
-    | {clear_range, binary(), binary()}.
+    | {clear_range | add_read_conflict_range, binary(), binary()}.
 
 %% An erlfdb error raised while performing a request: raised again at the
 %% call's end.
@@ -54,6 +54,9 @@
     failed = undefined :: failed()
 }).
 
+%% The process dictionary's key of the session of the last transaction.
+-define(SESSION, {?MODULE, session}).
+
 %% How long a closed call has to send its end.
 -define(CLOSE_WAIT_MS, 5000).
 
@@ -64,7 +67,7 @@ add(Tx, Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info),
     FdbTx = fdb_tx(Tx),
     case couch_workers_jobs:add_opts(Opts) of
         {ok, NifOpts} ->
-            run(FdbTx, fun(Ref) -> couch_workers_nif:budgeted(job_tx_add, [Ref, Type, Id, Info, NifOpts]) end);
+            run(FdbTx, fun(Ref, S) -> couch_workers_nif:budgeted(job_tx_add, [Ref, S, Type, Id, Info, NifOpts]) end);
         {error, _} = Error ->
             Error
     end;
@@ -78,8 +81,8 @@ resubmit(Tx, Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(I
     FdbTx = fdb_tx(Tx),
     case couch_workers_jobs:resubmit_opts(Opts) of
         {ok, NifOpts, IfVs} ->
-            run(FdbTx, fun(Ref) ->
-                couch_workers_nif:budgeted(job_tx_resubmit, [Ref, Type, Id, Info, NifOpts, IfVs])
+            run(FdbTx, fun(Ref, S) ->
+                couch_workers_nif:budgeted(job_tx_resubmit, [Ref, S, Type, Id, Info, NifOpts, IfVs])
             end);
         {error, _} = Error ->
             Error
@@ -92,7 +95,7 @@ update(undefined, Job, Info) ->
     couch_workers:job_update(Job, Info);
 update(Tx, Job, Info) when is_map(Job), is_map(Info) ->
     FdbTx = fdb_tx(Tx),
-    run(FdbTx, fun(Ref) -> couch_workers_nif:budgeted(job_tx_update, [Ref, Job, Info]) end);
+    run(FdbTx, fun(Ref, S) -> couch_workers_nif:budgeted(job_tx_update, [Ref, S, Job, Info]) end);
 update(_Tx, _Job, _Info) ->
     erlang:error(badarg).
 
@@ -101,7 +104,7 @@ finish(undefined, Job, Result) ->
     couch_workers:job_finish(Job, Result);
 finish(Tx, Job, Result) when is_map(Job), is_map(Result) ->
     FdbTx = fdb_tx(Tx),
-    run(FdbTx, fun(Ref) -> couch_workers_nif:budgeted(job_tx_finish, [Ref, Job, Result]) end);
+    run(FdbTx, fun(Ref, S) -> couch_workers_nif:budgeted(job_tx_finish, [Ref, S, Job, Result]) end);
 finish(_Tx, _Job, _Result) ->
     erlang:error(badarg).
 
@@ -110,7 +113,7 @@ get(undefined, Type, Id) ->
     couch_workers:job_get(Type, Id);
 get(Tx, Type, Id) when is_binary(Type), is_binary(Id) ->
     FdbTx = fdb_tx(Tx),
-    run(FdbTx, fun(Ref) -> couch_workers_nif:job_tx_get(Ref, Type, Id) end);
+    run(FdbTx, fun(Ref, S) -> couch_workers_nif:job_tx_get(Ref, S, Type, Id) end);
 get(_Tx, _Type, _Id) ->
     erlang:error(badarg).
 
@@ -119,7 +122,7 @@ remove(undefined, Type, Id) ->
     couch_workers:job_remove(Type, Id);
 remove(Tx, Type, Id) when is_binary(Type), is_binary(Id) ->
     FdbTx = fdb_tx(Tx),
-    run(FdbTx, fun(Ref) -> couch_workers_nif:job_tx_remove(Ref, Type, Id, undefined) end);
+    run(FdbTx, fun(Ref, S) -> couch_workers_nif:job_tx_remove(Ref, S, Type, Id, undefined) end);
 remove(_Tx, _Type, _Id) ->
     erlang:error(badarg).
 
@@ -128,7 +131,7 @@ cancel(undefined, Type, Id) ->
     couch_workers:job_cancel(Type, Id);
 cancel(Tx, Type, Id) when is_binary(Type), is_binary(Id) ->
     FdbTx = fdb_tx(Tx),
-    run(FdbTx, fun(Ref) -> couch_workers_nif:job_tx_cancel(Ref, Type, Id) end);
+    run(FdbTx, fun(Ref, S) -> couch_workers_nif:job_tx_cancel(Ref, S, Type, Id) end);
 cancel(_Tx, _Type, _Id) ->
     erlang:error(badarg).
 
@@ -138,34 +141,56 @@ fdb_tx(#{tx := Tx}) -> fdb_tx(Tx);
 fdb_tx({erlfdb_transaction, Ref} = Tx) when is_reference(Ref) -> Tx;
 fdb_tx(_) -> erlang:error(badarg).
 
-%% Starts the call and serves its requests until it ends; on
-%% FoundationDB, only once `Tx' is known to be on the app's cluster.
+%% Starts the call with the session of `Tx''s attempt and serves its
+%% requests until it ends; on FoundationDB, only once `Tx' is known to be
+%% on the app's cluster. (On the embedded store the NIF refuses the call,
+%% `fdb_only', before any request.)
 run(Tx, Start) ->
-    case same_cluster(Tx) of
-        true ->
-            Ref = make_ref(),
-            case Start(Ref) of
-                {ok, Call} -> serve(#serving{tx = Tx, ref = Ref, call = Call});
-                {error, _} = Error -> Error
-            end;
-        false ->
-            {error, wrong_cluster}
+    case app_cluster_file() of
+        none ->
+            start(Tx, Start, couch_workers_nif:job_tx_session(0));
+        File ->
+            case same_cluster(Tx, File) of
+                true -> start(Tx, Start, session(Tx));
+                false -> {error, wrong_cluster}
+            end
+    end.
+
+start(Tx, Start, Session) ->
+    Ref = make_ref(),
+    case Start(Ref, Session) of
+        {ok, Call} -> serve(#serving{tx = Tx, ref = Ref, call = Call});
+        {error, _} = Error -> Error
+    end.
+
+%% The session of `Tx''s current attempt (the core's `store::overlay':
+%% what the earlier calls of this attempt wrote with versionstamps, which
+%% the later ones read back). One per process (only the process that made
+%% an erlfdb transaction may use it), for the transaction and read version
+%% of its last call: a retried attempt (erlfdb's `on_error' resets the
+%% transaction) reads at a newer version and gets a fresh session. The
+%% transaction is kept by its name, so that the process does not keep it
+%% alive.
+session({erlfdb_transaction, TxRef} = Tx) ->
+    ReadVersion = erlfdb:wait(erlfdb:get_read_version(Tx)),
+    Name = erlang:ref_to_list(TxRef),
+    case get(?SESSION) of
+        {Name, ReadVersion, Session} ->
+            Session;
+        _ ->
+            Session = couch_workers_nif:job_tx_session(ReadVersion),
+            put(?SESSION, {Name, ReadVersion, Session}),
+            Session
     end.
 
 %% Whether `Tx' is on the cluster of the app's store: FoundationDB's
 %% connection string as `Tx' reads it (the special key, answered by the
 %% client without a read of the cluster) against the app's cluster file.
-%% True on the embedded store, whose calls the NIF refuses (`fdb_only').
-same_cluster(Tx) ->
-    case app_cluster_file() of
-        none ->
-            true;
-        File ->
-            Theirs = erlfdb:wait(erlfdb:get(Tx, <<"\xff\xff/connection_string">>)),
-            case file:read_file(File) of
-                {ok, Ours} -> connection_string(Ours) =:= connection_string(Theirs);
-                {error, _} -> false
-            end
+same_cluster(Tx, File) ->
+    Theirs = erlfdb:wait(erlfdb:get(Tx, <<"\xff\xff/connection_string">>)),
+    case file:read_file(File) of
+        {ok, Ours} -> connection_string(Ours) =:= connection_string(Theirs);
+        {error, _} -> false
     end.
 
 app_cluster_file() ->
@@ -283,6 +308,8 @@ do(Tx, {set_versionstamped_key, Key, Value}) ->
 do(Tx, {set_versionstamped_value, Key, Value}) ->
     written(erlfdb:set_versionstamped_value(Tx, Key, Value));
 do(Tx, {add_read_conflict_key, Key}) ->
-    written(erlfdb:add_read_conflict_key(Tx, Key)).
+    written(erlfdb:add_read_conflict_key(Tx, Key));
+do(Tx, {add_read_conflict_range, Begin, End}) ->
+    written(erlfdb:add_read_conflict_range(Tx, Begin, End)).
 
 written(_) -> no_answer.

@@ -106,7 +106,7 @@
 -define(DIRTY_NIFS, [
     {job_add_many, 3}, {worker_register_dirty, 4}, {job_add_dirty, 5}, {job_update_dirty, 3}, {job_finish_dirty, 3},
     {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}, {job_finish_accept_dirty, 4},
-    {job_tx_add_dirty, 5}, {job_tx_update_dirty, 3}, {job_tx_finish_dirty, 3}, {job_tx_resubmit_dirty, 6},
+    {job_tx_add_dirty, 6}, {job_tx_update_dirty, 4}, {job_tx_finish_dirty, 4}, {job_tx_resubmit_dirty, 7},
     {job_tx_answer_dirty, 3}
 ]).
 %% Lifecycle and test hooks: no stored term passes through them.
@@ -273,13 +273,14 @@ measured_nifs() ->
         {ops_workers, 2},
         {ops_job_paused, 2},
         {ops_store_counters, 0},
-        {job_tx_add, 5},
-        {job_tx_get, 3},
-        {job_tx_update, 3},
-        {job_tx_finish, 3},
-        {job_tx_resubmit, 6},
-        {job_tx_remove, 4},
-        {job_tx_cancel, 3},
+        {job_tx_session, 1},
+        {job_tx_add, 6},
+        {job_tx_get, 4},
+        {job_tx_update, 4},
+        {job_tx_finish, 4},
+        {job_tx_resubmit, 7},
+        {job_tx_remove, 5},
+        {job_tx_cancel, 4},
         {job_tx_answer, 3},
         {job_tx_close, 1}
     ].
@@ -408,14 +409,15 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
 %% the most rows and bytes a normal scheduler copies (1,000 rows, 1 MB),
 %% and more rows than that (refused with `dirty', as cheaply).
 in_caller_tx(Name, Info, TooLarge, T, Id, Handle) ->
-    ok = tx_call(job_tx_add, Name, [T, Id, Info, ?OPTS(0)]),
-    {error, value_too_large} = tx_call(job_tx_add, too_large, [T, <<"huge">>, TooLarge, ?OPTS(0)]),
-    ok = tx_call(job_tx_get, Name, [T, Id]),
-    ok = tx_call(job_tx_update, Name, [Handle, Info]),
-    ok = tx_call(job_tx_finish, Name, [Handle, Info]),
-    ok = tx_call(job_tx_resubmit, Name, [T, Id, Info, ?OPTS(undefined), undefined]),
-    ok = tx_call(job_tx_remove, Name, [T, Id, undefined]),
-    ok = tx_call(job_tx_cancel, Name, [T, Id]),
+    S = sync(job_tx_session, Name, [0]),
+    ok = tx_call(job_tx_add, Name, [S, T, Id, Info, ?OPTS(0)]),
+    {error, value_too_large} = tx_call(job_tx_add, too_large, [S, T, <<"huge">>, TooLarge, ?OPTS(0)]),
+    ok = tx_call(job_tx_get, Name, [S, T, Id]),
+    ok = tx_call(job_tx_update, Name, [S, Handle, Info]),
+    ok = tx_call(job_tx_finish, Name, [S, Handle, Info]),
+    ok = tx_call(job_tx_resubmit, Name, [S, T, Id, Info, ?OPTS(undefined), undefined]),
+    ok = tx_call(job_tx_remove, Name, [S, T, Id, undefined]),
+    ok = tx_call(job_tx_cancel, Name, [S, T, Id]),
     Call = couch_workers_nif:test_tx_call(),
     false = sync(job_tx_answer, Name, [Call, 0, {value, term_to_binary(Info)}]),
     Row = binary:copy(<<"r">>, 1000 - 8),

@@ -30,6 +30,8 @@
     resubmit_while_running/1,
     finish_cancel_remove_get/1,
     calls_mix_with_caller_writes/1,
+    same_job_twice_in_one_tx/1,
+    own_pending_key_cleared_only/1,
     other_process_same_tx/1,
     committed_cancelled_other_cluster/1
 ]).
@@ -38,7 +40,7 @@
 -export([
     start_node/3,
     tx/2,
-    fenced_update_start/3,
+    parked_start/3,
     doc_tx_add/5,
     doc_tx_add_at/4,
     range/2,
@@ -141,6 +143,8 @@ live_test_() ->
                     named(resubmit_while_running, Ctx),
                     named(finish_cancel_remove_get, Ctx),
                     named(calls_mix_with_caller_writes, Ctx),
+                    named(same_job_twice_in_one_tx, Ctx),
+                    named(own_pending_key_cleared_only, Ctx),
                     named(other_process_same_tx, Ctx),
                     named(committed_cancelled_other_cluster, Ctx)
                 ]
@@ -249,7 +253,7 @@ update_fenced_at_commit(#{a := A, b := B, db_a := Db, type := T}) ->
             {ok, H} = pcall(A, ?MODULE, owner_call, [Owner, accept]),
             ?assertMatch(#{id := Id}, H),
             Name = list_to_atom("tx_fenced_" ++ binary_to_list(Id)),
-            Updater = pcall(A, ?MODULE, fenced_update_start, [Name, Db, H]),
+            Updater = pcall(A, ?MODULE, parked_start, [Name, Db, {update, H, #{<<"n">> => 1}}]),
             {parked, 1} = pcall(A, ?MODULE, owner_call, [Updater, wait_parked]),
             ok = pcall(B, couch_workers, Other, [T, Id]),
             ok = pcall(A, ?MODULE, owner_call, [Updater, go]),
@@ -353,6 +357,46 @@ calls_mix_with_caller_writes(#{a := A, b := B, db_a := Db, type := T}) ->
     ?assertMatch(#{pending := 2, canceled := 1}, pcall(B, couch_workers, job_counts, [T])),
     ?assertEqual([], pcall(A, ?MODULE, range, [Db, <<Key/binary, "/2">>])).
 
+%% Several calls on one job in one transaction see each other's writes,
+%% which FoundationDB itself would refuse to read back (versionstamped):
+%% add then get; update, update again, then finish; add then cancel;
+%% add then remove. The counts after the commits are exact.
+same_job_twice_in_one_tx(#{a := A, b := B, db_a := Db, type := T}) ->
+    {{ok, #{state := pending, info := #{<<"v">> := 1}, vs := Vs}}, committed} =
+        pcall(A, ?MODULE, tx, [Db, {add_then_get, T, <<"g">>}]),
+    ?assertMatch(<<255, 255, 255, 255, 255, 255, 255, 255, 255, 255, _:16>>, Vs),
+    {ok, #{state := pending, vs := Committed}} = pcall(B, couch_workers, job_get, [T, <<"g">>]),
+    ?assertNotEqual(Vs, Committed),
+    Owner = pcall(A, ?MODULE, owner_start, [tx_twice_owner, T, <<"w">>]),
+    {ok, H} = pcall(A, ?MODULE, owner_call, [Owner, accept]),
+    ?assertEqual({ok, committed}, pcall(A, ?MODULE, tx, [Db, {update_update_finish, H}])),
+    ?assertMatch({ok, #{state := finished, info := #{<<"u">> := 2}, result := #{<<"r">> := 1}}},
+        pcall(B, couch_workers, job_get, [T, <<"g">>])),
+    ?assertEqual({ok, committed}, pcall(A, ?MODULE, tx, [Db, {add_then, job_cancel, T, <<"c">>}])),
+    ?assertMatch({ok, #{state := canceled}}, pcall(B, couch_workers, job_get, [T, <<"c">>])),
+    ?assertEqual({ok, committed}, pcall(A, ?MODULE, tx, [Db, {add_then, job_remove, T, <<"r">>}])),
+    ?assertEqual({error, not_found}, pcall(B, couch_workers, job_get, [T, <<"r">>])),
+    ?assertEqual(#{scheduled => 0, pending => 0, running => 0, finished => 1, canceled => 1, failed => 0},
+        pcall(B, couch_workers, job_counts, [T])),
+    ?assertEqual(0, pcall(B, couch_workers, job_pending_count, [T])).
+
+%% A job added and canceled in one transaction: its pending key (named
+%% only at the commit) is cleared as the range it may become, with that
+%% range in the read conflict set. Another node's job added into that
+%% range meanwhile fails the commit (1020); the retry commits; the other
+%% job stays pending.
+own_pending_key_cleared_only(#{a := A, b := B, db_a := Db, type := T}) ->
+    Mine = pcall(A, ?MODULE, parked_start, [tx_own_pending, Db, {add_then, job_cancel, T, <<"mine">>}]),
+    {parked, 1} = pcall(A, ?MODULE, owner_call, [Mine, wait_parked]),
+    ok = pcall(B, couch_workers, job_add, [T, <<"theirs">>, #{}, #{}]),
+    ok = pcall(A, ?MODULE, owner_call, [Mine, go]),
+    ?assertEqual({[1020], ok}, pcall(A, ?MODULE, owner_call, [Mine, wait_done])),
+    ?assertMatch({ok, #{state := canceled}}, pcall(B, couch_workers, job_get, [T, <<"mine">>])),
+    ?assertMatch({ok, #{state := pending}}, pcall(B, couch_workers, job_get, [T, <<"theirs">>])),
+    ?assertEqual(1, pcall(B, couch_workers, job_pending_count, [T])),
+    Waiter = pcall(B, ?MODULE, waiter_start, [T, 1]),
+    ?assertMatch([{<<"theirs">>, _}], pcall(B, ?MODULE, waiter_results, [Waiter])).
+
 %% A call with `Tx' from a process other than the one running the
 %% transaction: as erlfdb allows, which is nothing (erlfdb refuses every
 %% call on a transaction from another process than its creator: badarg):
@@ -422,6 +466,17 @@ in_tx(Tx, {cancel, T, Id}) ->
     couch_workers:job_cancel(Tx, T, Id);
 in_tx(Tx, {remove, T, Id}) ->
     couch_workers:job_remove(Tx, T, Id);
+in_tx(Tx, {add_then_get, T, Id}) ->
+    ok = couch_workers:job_add(Tx, T, Id, #{<<"v">> => 1}, #{}),
+    couch_workers:job_get(Tx, T, Id);
+in_tx(Tx, {update_update_finish, H}) ->
+    {ok, H1} = couch_workers:job_update(Tx, H, #{<<"u">> => 1}),
+    {ok, H2} = couch_workers:job_update(Tx, H1, #{<<"u">> => 2}),
+    couch_workers:job_finish(Tx, H2, #{<<"r">> => 1});
+in_tx(Tx, {add_then, Call, T, Id}) ->
+    ok = couch_workers:job_add(Tx, T, Id, #{}, #{}),
+    {ok, #{state := pending}} = couch_workers:job_get(Tx, T, Id),
+    couch_workers:Call(Tx, T, Id);
 in_tx(Tx, {mix, T, Key, Outcome}) ->
     not_found = erlfdb:wait(erlfdb:get(Tx, Key)),
     erlfdb:set(Tx, Key, <<"1">>),
@@ -460,19 +515,20 @@ in_tx(_Tx, {other_cluster, T, Id}) ->
     ok = file:delete(File),
     Answer.
 
-%% An update in a transaction run as erlfdb's loop runs it, its failed
-%% commits' codes kept: the first attempt, once its update answered,
-%% waits for `go' (another node changes the job meanwhile). Its result:
-%% `{Codes, LastAnswer}'.
-fenced_update_start(Name, DbKey, H) ->
+%% A transaction run as erlfdb's loop runs it (in_tx/2's `What'), its
+%% failed commits' codes kept: the first attempt, once `What' answered
+%% `ok' or `{ok, _}', waits for `go' (another node changes the store
+%% meanwhile). Its result: `{Codes, LastAnswer}'.
+parked_start(Name, DbKey, What) ->
     owner_spawn(Name, fun() ->
         Tx = erlfdb:create_transaction(db(DbKey)),
-        attempt(Tx, H, [])
+        attempt(Tx, What, [])
     end).
 
-attempt(Tx, H, Codes) ->
-    Answer = couch_workers:job_update(Tx, H, #{<<"n">> => length(Codes)}),
+attempt(Tx, What, Codes) ->
+    Answer = in_tx(Tx, What),
     case {Codes, Answer} of
+        {[], ok} -> park(1);
         {[], {ok, _}} -> park(1);
         _ -> ok
     end,
@@ -481,7 +537,7 @@ attempt(Tx, H, Codes) ->
     catch
         error:{erlfdb_error, Code} ->
             erlfdb:wait(erlfdb:on_error(Tx, Code)),
-            attempt(Tx, H, [Code | Codes])
+            attempt(Tx, What, [Code | Codes])
     end.
 
 %% Tells whoever asks (`wait_parked') that the transaction waits, then

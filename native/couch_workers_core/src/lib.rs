@@ -131,6 +131,7 @@ pub use jobs::{
 pub mod caller_tx {
     pub use crate::jobs::TxJobs;
     pub use crate::store::forward::{channel, fdb_code_error, Answer, Answers, Request, Sent};
+    pub use crate::store::overlay::Session;
 }
 // Outcomes, the store's configuration and limits.
 pub use error::Error;

@@ -15,8 +15,14 @@
 //! transaction that commits proves the job was still the handle's at the
 //! commit (another node's takeover, cancel or removal fails the commit).
 //!
+//! Several calls in one caller's transaction share a session
+//! (`store::overlay`): a later call reads what an earlier one wrote with
+//! versionstamps (a job added, then read; updated, then finished).
+//!
 //! Only on FoundationDB: the embedded store's keys are not in an erlfdb
 //! transaction's reach (`fdb_only`).
+
+use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -26,6 +32,7 @@ use super::place::wall_ms;
 use super::Jobs;
 use crate::error::Error;
 use crate::store::forward::{self, Answers, Sent};
+use crate::store::overlay::{Overlaid, Session};
 use crate::store::Tx;
 
 /// One call's forwarding transaction: run one call on it, which consumes
@@ -37,17 +44,19 @@ pub struct TxJobs {
 
 impl Jobs {
     /// A forwarding transaction for one call inside a caller's
-    /// transaction, the requests it will make (in id order) and where the
-    /// reads' answers go. `Invalid("fdb_only")` on a store other than
-    /// FoundationDB.
-    pub fn in_caller_tx(&self) -> Result<(TxJobs, UnboundedReceiver<Sent>, Answers), Error> {
+    /// transaction, with the session of the calls made in it before
+    /// (`store::overlay`), the requests it will make (in id order) and
+    /// where the reads' answers go. `Invalid("fdb_only")` on a store other
+    /// than FoundationDB.
+    pub fn in_caller_tx(&self, session: Arc<Session>) -> Result<(TxJobs, UnboundedReceiver<Sent>, Answers), Error> {
         let ctx = self.context();
         ctx.check_open()?;
         if ctx.db.kind() != "fdb" {
             return Err(Error::Invalid("fdb_only"));
         }
         let (forwarded, requests, answers) = forward::channel();
-        Ok((TxJobs { jobs: self.clone(), tx: std::sync::Arc::new(forwarded) }, requests, answers))
+        let tx: Tx = Arc::new(Overlaid::new(forwarded, session));
+        Ok((TxJobs { jobs: self.clone(), tx }, requests, answers))
     }
 }
 

@@ -71,6 +71,12 @@ pub enum Request {
     AddReadConflictKey {
         key: Vec<u8>,
     },
+    /// `[begin, end)` into the read conflict set (`store::overlay`'s clear
+    /// of a versionstamped key its session wrote).
+    AddReadConflictRange {
+        begin: Vec<u8>,
+        end: Vec<u8>,
+    },
 }
 
 impl Request {
@@ -219,6 +225,11 @@ impl Forwarded {
     fn write(&self, request: Request) {
         // Writes register no waiter, so `send` cannot fail for them.
         let _ = self.send(request, None);
+    }
+
+    /// Adds `[begin, end)` to the owner's read conflict set.
+    pub(crate) fn add_read_conflict_range(&self, begin: &[u8], end: &[u8]) {
+        self.write(Request::AddReadConflictRange { begin: begin.to_vec(), end: end.to_vec() });
     }
 }
 

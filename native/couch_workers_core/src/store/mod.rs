@@ -64,6 +64,9 @@ pub mod fdb_client;
 // transaction): every call goes out through a channel.
 pub mod forward;
 pub(crate) mod mutation;
+// What the calls in one caller's transaction wrote with versionstamps,
+// read back by the later calls in it.
+pub mod overlay;
 pub mod receipt;
 mod retry;
 

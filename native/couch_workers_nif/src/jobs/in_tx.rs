@@ -1,6 +1,7 @@
-//! Job calls inside the caller's erlfdb transaction: `job_tx_add/5`,
-//! `job_tx_update/3`, `job_tx_finish/3`, `job_tx_resubmit/6` (each with a
-//! `_dirty` twin), `job_tx_get/3`, `job_tx_remove/4`, `job_tx_cancel/3`;
+//! Job calls inside the caller's erlfdb transaction: `job_tx_add/6`,
+//! `job_tx_update/4`, `job_tx_finish/4`, `job_tx_resubmit/7` (each with a
+//! `_dirty` twin), `job_tx_get/4`, `job_tx_remove/5`, `job_tx_cancel/4`,
+//! each with the attempt's `Session` (`job_tx_session/1`) after its `Ref`;
 //! `job_tx_answer/3` (and `_dirty`), `job_tx_close/1`; the test hook
 //! `test_tx_call/0`.
 //!
@@ -19,7 +20,7 @@
 //! Reverse, Snapshot}`, `get_read_version`, `{set, K, V}`, `{clear, K}`,
 //! `{clear_range, B, E}`, `{add, K, Param}`, `{byte_max, K, V}`,
 //! `{set_versionstamped_key, K, V}`, `{set_versionstamped_value, K, V}`,
-//! `{add_read_conflict_key, K}`. Answers: `{value, Bin | not_found}`,
+//! `{add_read_conflict_key, K}`, `{add_read_conflict_range, B, E}`. Answers: `{value, Bin | not_found}`,
 //! `{range, [{K, V}]}`, `{version, V}`, `{error, FdbCode}`.
 //!
 //! An answer is copied into the core on the calling scheduler only up to
@@ -29,9 +30,10 @@
 //! answer can hold megabytes).
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use couch_workers_core::caller_tx::{
-    fdb_code_error, Answer as TxAnswer, Answers as TxAnswers, Request as TxRequest, Sent as TxSent, TxJobs,
+    fdb_code_error, Answer as TxAnswer, Answers as TxAnswers, Request as TxRequest, Sent as TxSent, Session, TxJobs,
 };
 use futures::FutureExt;
 use rustler::env::SavedTerm;
@@ -59,11 +61,31 @@ pub struct CallResource {
 #[rustler::resource_impl(register = false)]
 impl Resource for CallResource {}
 
-budgeted_nif!(job_tx_add, job_tx_add_dirty, add(reference, job_type, id, info, opts));
+/// The session of one attempt of a caller's transaction (`store::overlay`
+/// in the core): what its calls wrote with versionstamps.
+pub struct SessionResource {
+    session: Arc<Session>,
+}
 
+#[rustler::resource_impl(register = false)]
+impl Resource for SessionResource {}
+
+/// A session for the attempt of a caller's transaction that reads at
+/// `read_version`; every call made in that attempt takes it.
+#[rustler::nif]
+fn job_tx_session(read_version: u64) -> ResourceArc<SessionResource> {
+    ResourceArc::new(SessionResource { session: Session::new(read_version) })
+}
+
+budgeted_nif!(job_tx_add, job_tx_add_dirty, add(reference, session, job_type, id, info, opts));
+
+// The NIF's arguments, the environment and the scheduler: the shape every
+// `budgeted_nif!` body has.
+#[allow(clippy::too_many_arguments)]
 fn add<'a>(
     env: Env<'a>,
     reference: Term<'a>,
+    session: Term<'a>,
     job_type: Term<'a>,
     id: Term<'a>,
     info: Term<'a>,
@@ -79,7 +101,7 @@ fn add<'a>(
     let Some(opts) = opts else {
         return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
     };
-    start(env, reference, move |jobs| async move {
+    start(env, reference, session, move |jobs| async move {
         match jobs.add(&job_type, &id, &info, &opts).await {
             Ok(()) => ok_answer(()),
             Err(e) => core_error(&e),
@@ -88,9 +110,15 @@ fn add<'a>(
 }
 
 #[rustler::nif]
-fn job_tx_get<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
+fn job_tx_get<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    session: Term<'a>,
+    job_type: Term<'a>,
+    id: Term<'a>,
+) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
-    start(env, reference, move |jobs| async move {
+    start(env, reference, session, move |jobs| async move {
         match jobs.get(&job_type, &id).await {
             Ok(job) => job_answer(job),
             Err(e) => core_error(&e),
@@ -98,11 +126,12 @@ fn job_tx_get<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Ter
     })
 }
 
-budgeted_nif!(job_tx_update, job_tx_update_dirty, update(reference, handle, info));
+budgeted_nif!(job_tx_update, job_tx_update_dirty, update(reference, session, handle, info));
 
 fn update<'a>(
     env: Env<'a>,
     reference: Term<'a>,
+    session: Term<'a>,
     handle: Term<'a>,
     info: Term<'a>,
     sched: Sched,
@@ -112,7 +141,7 @@ fn update<'a>(
         Ok(bytes) => bytes,
         Err(answer) => return answer,
     };
-    start(env, reference, move |jobs| async move {
+    start(env, reference, session, move |jobs| async move {
         match jobs.update(&fence, &info).await {
             Ok(handle) => handle_answer(handle),
             Err(e) => core_error(&e),
@@ -120,11 +149,12 @@ fn update<'a>(
     })
 }
 
-budgeted_nif!(job_tx_finish, job_tx_finish_dirty, finish(reference, handle, result));
+budgeted_nif!(job_tx_finish, job_tx_finish_dirty, finish(reference, session, handle, result));
 
 fn finish<'a>(
     env: Env<'a>,
     reference: Term<'a>,
+    session: Term<'a>,
     handle: Term<'a>,
     result: Term<'a>,
     sched: Sched,
@@ -133,17 +163,18 @@ fn finish<'a>(
         Ok(args) => args,
         Err(answer) => return answer,
     };
-    start(env, reference, move |jobs| async move { done(jobs.finish(&fence, &result).await) })
+    start(env, reference, session, move |jobs| async move { done(jobs.finish(&fence, &result).await) })
 }
 
-budgeted_nif!(job_tx_resubmit, job_tx_resubmit_dirty, resubmit(reference, job_type, id, info, opts, if_vs));
+budgeted_nif!(job_tx_resubmit, job_tx_resubmit_dirty, resubmit(reference, session, job_type, id, info, opts, if_vs));
 
-// The NIF's six arguments, the environment and the scheduler: the shape
+// The NIF's seven arguments, the environment and the scheduler: the shape
 // every `budgeted_nif!` body has.
 #[allow(clippy::too_many_arguments)]
 fn resubmit<'a>(
     env: Env<'a>,
     reference: Term<'a>,
+    session: Term<'a>,
     job_type: Term<'a>,
     id: Term<'a>,
     info: Term<'a>,
@@ -161,30 +192,35 @@ fn resubmit<'a>(
     let Some(opts) = opts else {
         return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
     };
-    start(
-        env,
-        reference,
-        move |jobs| async move { done(jobs.resubmit(&job_type, &id, &info, &opts, if_vs.as_ref()).await) },
-    )
+    start(env, reference, session, move |jobs| async move {
+        done(jobs.resubmit(&job_type, &id, &info, &opts, if_vs.as_ref()).await)
+    })
 }
 
 #[rustler::nif]
 fn job_tx_remove<'a>(
     env: Env<'a>,
     reference: Term<'a>,
+    session: Term<'a>,
     job_type: Term<'a>,
     id: Term<'a>,
     vs: Term<'a>,
 ) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
     let vs = vs_arg(vs)?;
-    start(env, reference, move |jobs| async move { done(jobs.remove(&job_type, &id, vs.as_ref()).await) })
+    start(env, reference, session, move |jobs| async move { done(jobs.remove(&job_type, &id, vs.as_ref()).await) })
 }
 
 #[rustler::nif]
-fn job_tx_cancel<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
+fn job_tx_cancel<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    session: Term<'a>,
+    job_type: Term<'a>,
+    id: Term<'a>,
+) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
-    start(env, reference, move |jobs| async move { done(jobs.cancel(&job_type, &id).await) })
+    start(env, reference, session, move |jobs| async move { done(jobs.cancel(&job_type, &id).await) })
 }
 
 fn done(result: Result<(), couch_workers_core::Error>) -> Answer {
@@ -274,19 +310,21 @@ fn answer_arg(term: Term) -> NifResult<TxAnswer> {
     })
 }
 
-/// Starts `call` on the runtime with a forwarding transaction and the
-/// relay of its requests; answers `{ok, Call}` at once, or `{error,
-/// Name}` (`fdb_only`, `not_started`) having started nothing.
-fn start<'a, F, Fut>(env: Env<'a>, reference: Term<'a>, call: F) -> NifResult<Term<'a>>
+/// Starts `call` on the runtime with a forwarding transaction of
+/// `session` and the relay of its requests; answers `{ok, Call}` at once,
+/// or `{error, Name}` (`fdb_only`, `not_started`) having started nothing.
+/// A `session` that is not a session resource is `badarg`.
+fn start<'a, F, Fut>(env: Env<'a>, reference: Term<'a>, session: Term<'a>, call: F) -> NifResult<Term<'a>>
 where
     F: FnOnce(TxJobs) -> Fut,
     Fut: std::future::Future<Output = Answer> + Send + 'static,
 {
+    let session: ResourceArc<SessionResource> = session.decode()?;
     let (jobs, rt) = match super::service(env) {
         Ok(s) => s,
         Err(answer) => return Ok(answer),
     };
-    let (tx_jobs, requests, answers) = match jobs.in_caller_tx() {
+    let (tx_jobs, requests, answers) = match jobs.in_caller_tx(session.session.clone()) {
         Ok(parts) => parts,
         Err(e) => return Ok(error_tuple(env, e.name())),
     };
@@ -368,5 +406,8 @@ fn request_term<'a>(env: Env<'a>, request: &TxRequest) -> Term<'a> {
             (tag("set_versionstamped_value"), b(key), b(value)).encode(env)
         }
         TxRequest::AddReadConflictKey { key } => (tag("add_read_conflict_key"), b(key)).encode(env),
+        TxRequest::AddReadConflictRange { begin, end } => {
+            (tag("add_read_conflict_range"), b(begin), b(end)).encode(env)
+        }
     }
 }
