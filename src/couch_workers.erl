@@ -275,8 +275,8 @@ job_remove(JobType, JobId) ->
 job_add(Tx, JobType, JobId, Info, Opts) ->
     couch_workers_tx:add(Tx, JobType, JobId, Info, Opts).
 
-%% @doc `job_get/2' in `Tx'. A job this transaction wrote is unreadable
-%% until it commits (FoundationDB's `accessed_unreadable', 1036, raised).
+%% @doc `job_get/2' in `Tx'. A job written by an earlier call in `Tx' is
+%% read as that call left it (its `vs' known only at the commit).
 -spec job_get(couch_workers_tx:tx(), job_type(), job_id()) -> {ok, job()} | {error, not_found | term()}.
 job_get(Tx, JobType, JobId) ->
     couch_workers_tx:get(Tx, JobType, JobId).

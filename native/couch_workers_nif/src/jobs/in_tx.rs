@@ -166,7 +166,37 @@ fn finish<'a>(
     start(env, reference, session, move |jobs| async move { done(jobs.finish(&fence, &result).await) })
 }
 
-budgeted_nif!(job_tx_resubmit, job_tx_resubmit_dirty, resubmit(reference, session, job_type, id, info, opts, if_vs));
+// The twins `budgeted_nif!` would declare, written out: seven arguments
+// and the environment are one more than clippy allows.
+#[allow(clippy::too_many_arguments)]
+#[rustler::nif]
+fn job_tx_resubmit<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    session: Term<'a>,
+    job_type: Term<'a>,
+    id: Term<'a>,
+    info: Term<'a>,
+    opts: Term<'a>,
+    if_vs: Term<'a>,
+) -> NifResult<Term<'a>> {
+    resubmit(env, reference, session, job_type, id, info, opts, if_vs, Sched::Normal)
+}
+
+#[allow(clippy::too_many_arguments)]
+#[rustler::nif(schedule = "DirtyCpu")]
+fn job_tx_resubmit_dirty<'a>(
+    env: Env<'a>,
+    reference: Term<'a>,
+    session: Term<'a>,
+    job_type: Term<'a>,
+    id: Term<'a>,
+    info: Term<'a>,
+    opts: Term<'a>,
+    if_vs: Term<'a>,
+) -> NifResult<Term<'a>> {
+    resubmit(env, reference, session, job_type, id, info, opts, if_vs, Sched::Dirty)
+}
 
 // The NIF's seven arguments, the environment and the scheduler: the shape
 // every `budgeted_nif!` body has.
