@@ -32,6 +32,7 @@
     calls_mix_with_caller_writes/1,
     same_job_twice_in_one_tx/1,
     own_pending_key_cleared_only/1,
+    commit_unknown_after_it_landed/1,
     other_process_same_tx/1,
     committed_cancelled_other_cluster/1
 ]).
@@ -44,6 +45,7 @@
     doc_tx_add/5,
     doc_tx_add_at/4,
     range/2,
+    landed_then_unknown/2,
     waiter_start/2,
     waiter_results/1,
     indexer_start/6,
@@ -145,6 +147,7 @@ live_test_() ->
                     named(calls_mix_with_caller_writes, Ctx),
                     named(same_job_twice_in_one_tx, Ctx),
                     named(own_pending_key_cleared_only, Ctx),
+                    named(commit_unknown_after_it_landed, Ctx),
                     named(other_process_same_tx, Ctx),
                     named(committed_cancelled_other_cluster, Ctx)
                 ]
@@ -397,6 +400,18 @@ own_pending_key_cleared_only(#{a := A, b := B, db_a := Db, type := T}) ->
     Waiter = pcall(B, ?MODULE, waiter_start, [T, 1]),
     ?assertMatch([{<<"theirs">>, _}], pcall(B, ?MODULE, waiter_results, [Waiter])).
 
+%% `commit_unknown_result' after a commit that landed: erlfdb's loop
+%% runs the fun again (on_error(1021) resets the transaction), and each
+%% call answers on what the landed attempt left, as documented (couch_jobs
+%% answers `halt' there for the worker's calls).
+commit_unknown_after_it_landed(#{a := A, b := B, db_a := Db, type := T}) ->
+    ?assertEqual({ok, {error, already_exists}}, pcall(A, ?MODULE, landed_then_unknown, [Db, {add, T, <<"u">>}])),
+    Owner = pcall(A, ?MODULE, owner_start, [tx_unknown_owner, T, <<"w">>]),
+    {ok, H} = pcall(A, ?MODULE, owner_call, [Owner, accept]),
+    {{ok, _}, {ok, _}} = pcall(A, ?MODULE, landed_then_unknown, [Db, {update, H, #{<<"n">> => 1}}]),
+    ?assertEqual({ok, {error, not_owner}}, pcall(A, ?MODULE, landed_then_unknown, [Db, {finish, H, #{}}])),
+    ?assertMatch({ok, #{state := finished, info := #{<<"n">> := 1}}}, pcall(B, couch_workers, job_get, [T, <<"u">>])).
+
 %% A call with `Tx' from a process other than the one running the
 %% transaction: as erlfdb allows, which is nothing (erlfdb refuses every
 %% call on a transaction from another process than its creator: badarg):
@@ -466,6 +481,8 @@ in_tx(Tx, {cancel, T, Id}) ->
     couch_workers:job_cancel(Tx, T, Id);
 in_tx(Tx, {remove, T, Id}) ->
     couch_workers:job_remove(Tx, T, Id);
+in_tx(Tx, {add, T, Id}) ->
+    couch_workers:job_add(Tx, T, Id, #{}, #{});
 in_tx(Tx, {add_then_get, T, Id}) ->
     ok = couch_workers:job_add(Tx, T, Id, #{<<"v">> => 1}, #{}),
     couch_workers:job_get(Tx, T, Id);
@@ -566,6 +583,18 @@ doc_tx_add(DbKey, T, J, Doc, Outcome) ->
     catch
         throw:aborted -> aborted
     end.
+
+%% `What' (in_tx/2) in a transaction that commits; then erlfdb's
+%% handling of `commit_unknown_result' (1021), as if that commit's outcome
+%% had been lost, and `What' again on the reset transaction: both answers.
+landed_then_unknown(DbKey, What) ->
+    Tx = erlfdb:create_transaction(db(DbKey)),
+    First = in_tx(Tx, What),
+    erlfdb:wait(erlfdb:commit(Tx)),
+    erlfdb:wait(erlfdb:on_error(Tx, 1021)),
+    Second = in_tx(Tx, What),
+    erlfdb:wait(erlfdb:commit(Tx)),
+    {First, Second}.
 
 %% doc_tx_add/5 committed, and when its commit returned (system time, µs).
 doc_tx_add_at(DbKey, T, J, Doc) ->
