@@ -346,7 +346,11 @@ finish_cancel_remove_get(#{a := A, b := B, db_a := Db, type := T}) ->
     ?assertEqual({ok, committed}, pcall(A, ?MODULE, tx, [Db, {remove, T, <<"c">>}])),
     ?assertEqual({{error, not_found}, committed}, pcall(A, ?MODULE, tx, [Db, {remove, T, <<"c">>}])),
     ?assertEqual({{error, not_found}, committed}, pcall(A, ?MODULE, tx, [Db, {get, T, <<"c">>}])),
-    ?assertMatch(#{finished := 1, canceled := 0, pending := 0, running := 0}, pcall(B, couch_workers, job_counts, [T])).
+    ?assertEqual({ok, committed}, pcall(A, ?MODULE, tx, [Db, {add_scheduled, T, <<"s">>}])),
+    ?assertMatch({ok, #{state := scheduled, run_at := RunAt}} when is_integer(RunAt),
+        pcall(B, couch_workers, job_get, [T, <<"s">>])),
+    ?assertMatch(#{finished := 1, canceled := 0, pending := 0, running := 0, scheduled := 1},
+        pcall(B, couch_workers, job_counts, [T])).
 
 %% Several calls in one transaction, on different jobs, between the
 %% caller's own reads and writes: all land with one commit, or none.
@@ -481,6 +485,8 @@ in_tx(Tx, {cancel, T, Id}) ->
     couch_workers:job_cancel(Tx, T, Id);
 in_tx(Tx, {remove, T, Id}) ->
     couch_workers:job_remove(Tx, T, Id);
+in_tx(Tx, {add_scheduled, T, Id}) ->
+    couch_workers:job_add(Tx, T, Id, #{}, #{delay => 3600000});
 in_tx(Tx, {add, T, Id}) ->
     couch_workers:job_add(Tx, T, Id, #{}, #{});
 in_tx(Tx, {add_then_get, T, Id}) ->
