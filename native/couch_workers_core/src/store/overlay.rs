@@ -148,13 +148,15 @@ impl Transaction for Overlaid {
     }
 
     fn clear(&self, key: &[u8]) {
+        // A versionstamped key stays in the session after its clear: reads
+        // of the range it may become are still refused here, as
+        // FoundationDB still refuses them (its unreadable ranges stay).
         let stamped = {
             let mut w = self.session.lock();
             if let Some(known) = w.values.get_mut(key) {
                 *known = Known::Cleared;
             }
-            let at = w.keys.iter().position(|(bytes, _)| bytes.as_slice() == key);
-            at.map(|i| w.keys.swap_remove(i))
+            w.keys.iter().find(|(bytes, _)| bytes.as_slice() == key).cloned()
         };
         match stamped {
             Some((bytes, offset)) => {
