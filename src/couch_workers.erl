@@ -23,6 +23,7 @@
 %% The job queue (implemented in couch_workers_jobs).
 -export([
     job_add/4,
+    job_add/5,
     job_add_many/2,
     job_accept/2,
     job_update/2,
@@ -31,6 +32,11 @@
     job_cancel/2,
     job_remove/2,
     job_get/2,
+    job_get/3,
+    job_resubmit/5,
+    job_update/3,
+    job_finish/3,
+    job_cancel/3,
     job_pending_count/1,
     job_subscribe/3,
     job_unsubscribe/1,
@@ -255,6 +261,48 @@ job_cancel(JobType, JobId) ->
 job_remove(JobType, JobId) ->
     couch_workers_observe:call(job_removed, JobType, JobId, fun() -> couch_workers_jobs:remove(JobType, JobId) end).
 
+%% ---- inside the caller's FoundationDB transaction (couch_workers_tx) ----------
+%%
+%% `Tx' is an erlfdb transaction, a map holding one under `tx' (fabric2's
+%% `Db' map), or `undefined' (the call without `Tx'). Each call answers as
+%% its own-transaction twin would at `Tx''s read version; its writes land
+%% iff `Tx' commits; the job's record joins `Tx''s read conflict set. An
+%% erlfdb error is raised for the caller's `erlfdb:transactional/2' to
+%% retry. `{error, fdb_only}' on the embedded store. docs/api.md.
+
+%% @doc `job_add/4' in `Tx'.
+-spec job_add(couch_workers_tx:tx(), job_type(), job_id(), map(), map()) -> ok | {error, already_exists | term()}.
+job_add(Tx, JobType, JobId, Info, Opts) ->
+    couch_workers_tx:add(Tx, JobType, JobId, Info, Opts).
+
+%% @doc `job_get/2' in `Tx'. A job written by an earlier call in `Tx' is
+%% read as that call left it (its `vs' known only at the commit).
+-spec job_get(couch_workers_tx:tx(), job_type(), job_id()) -> {ok, job()} | {error, not_found | term()}.
+job_get(Tx, JobType, JobId) ->
+    couch_workers_tx:get(Tx, JobType, JobId).
+
+%% @doc `job_resubmit/4' in `Tx'.
+-spec job_resubmit(couch_workers_tx:tx(), job_type(), job_id(), map(), map()) -> ok | {error, term()}.
+job_resubmit(Tx, JobType, JobId, Info, Opts) ->
+    couch_workers_tx:resubmit(Tx, JobType, JobId, Info, Opts).
+
+%% @doc `job_update/2' in `Tx': `{ok, Handle}' in a transaction that
+%% commits proves the job was still this handle's at the commit. The
+%% handle's `vs' is not known inside `Tx' (12 bytes, the first ten 255).
+-spec job_update(couch_workers_tx:tx(), job_handle(), map()) -> {ok, job_handle()} | {error, term()}.
+job_update(Tx, Job, Info) ->
+    couch_workers_tx:update(Tx, Job, Info).
+
+%% @doc `job_finish/2' in `Tx'.
+-spec job_finish(couch_workers_tx:tx(), job_handle(), map()) -> ok | {error, term()}.
+job_finish(Tx, Job, Result) ->
+    couch_workers_tx:finish(Tx, Job, Result).
+
+%% @doc `job_cancel/2' in `Tx'.
+-spec job_cancel(couch_workers_tx:tx(), job_type(), job_id()) -> ok | {error, not_found | term()}.
+job_cancel(Tx, JobType, JobId) ->
+    couch_workers_tx:cancel(Tx, JobType, JobId).
+
 %% @doc The job (no token: not a handle).
 -spec job_get(job_type(), job_id()) -> {ok, job()} | {error, not_found | term()}.
 job_get(JobType, JobId) ->
@@ -295,9 +343,14 @@ job_resubmit(JobType, JobId, Info, Opts) ->
         couch_workers_jobs:resubmit(JobType, JobId, Info, Opts)
     end).
 
--spec job_remove(job_type(), job_id(), map()) -> ok | {error, not_found | changed | term()}.
-job_remove(JobType, JobId, Opts) ->
-    couch_workers_observe:call(job_removed, JobType, JobId, fun() -> couch_workers_jobs:remove(JobType, JobId, Opts) end).
+%% @doc `job_remove(JobType, JobId, Opts)' (`if_vs'), or, with a `Tx'
+%% first, `job_remove/2' in the caller's transaction (see `job_add/5').
+-spec job_remove(job_type() | couch_workers_tx:tx(), job_id() | job_type(), map() | job_id()) ->
+    ok | {error, not_found | changed | term()}.
+job_remove(JobType, JobId, Opts) when is_binary(JobType) ->
+    couch_workers_observe:call(job_removed, JobType, JobId, fun() -> couch_workers_jobs:remove(JobType, JobId, Opts) end);
+job_remove(Tx, JobType, JobId) ->
+    couch_workers_tx:remove(Tx, JobType, JobId).
 
 -spec job_counts(job_type()) -> #{job_state() => non_neg_integer()} | {error, term()}.
 job_counts(JobType) ->

@@ -43,6 +43,10 @@
     resume/1
 ]).
 
+%% The options' checks, for the calls inside a caller's transaction
+%% (couch_workers_tx).
+-export([add_opts/1, resubmit_opts/1]).
+
 -include_lib("kernel/include/logger.hrl").
 
 %% The largest `after' a receive takes.
@@ -96,17 +100,11 @@ release(_Job, _Opts) ->
 
 -spec resubmit(binary(), binary(), map(), map()) -> ok | {error, term()}.
 resubmit(Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info), is_map(Opts) ->
-    case if_vs(Opts) of
-        {ok, IfVs} ->
-            Rest = maps:without([if_vs, <<"if_vs">>], Opts),
-            case nif_opts(Rest, [priority, schedule, max_attempts, keep]) of
-                {ok, NifOpts} ->
-                    couch_workers_nif:call(fun(Ref) ->
-                        couch_workers_nif:budgeted(job_resubmit, [Ref, Type, Id, Info, NifOpts, IfVs])
-                    end);
-                {error, _} = Error ->
-                    Error
-            end;
+    case resubmit_opts(Opts) of
+        {ok, NifOpts, IfVs} ->
+            couch_workers_nif:call(fun(Ref) ->
+                couch_workers_nif:budgeted(job_resubmit, [Ref, Type, Id, Info, NifOpts, IfVs])
+            end);
         {error, _} = Error ->
             Error
     end;
@@ -376,6 +374,7 @@ accept_timeout(Opts) ->
 
 %% The options of `add/4': every option, `keep' defaulting to the app
 %% env's `job_keep_s'.
+-spec add_opts(map()) -> {ok, couch_workers_nif:job_opts()} | {error, term()}.
 add_opts(Opts) ->
     case nif_opts(Opts, [priority, schedule, max_attempts, keep]) of
         {ok, {P, S, M, undefined}} ->
@@ -385,6 +384,20 @@ add_opts(Opts) ->
             end;
         Other ->
             Other
+    end.
+
+%% The options of `resubmit/4': the NIF's options and `if_vs'.
+-spec resubmit_opts(map()) -> {ok, couch_workers_nif:job_opts(), binary() | undefined} | {error, term()}.
+resubmit_opts(Opts) ->
+    case if_vs(Opts) of
+        {ok, IfVs} ->
+            Rest = maps:without([if_vs, <<"if_vs">>], Opts),
+            case nif_opts(Rest, [priority, schedule, max_attempts, keep]) of
+                {ok, NifOpts} -> {ok, NifOpts, IfVs};
+                {error, _} = Error -> Error
+            end;
+        {error, _} = Error ->
+            Error
     end.
 
 %% The NIF's options tuple `{Priority, Schedule, MaxAttempts, Keep}' from

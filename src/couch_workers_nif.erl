@@ -96,6 +96,22 @@
 %% worker_register_dirty/4, job_add_dirty/5, job_update_dirty/3, job_finish_dirty/3,
 %% job_finish_accept_dirty/4, job_fail_dirty/4, job_release_dirty/4, job_resubmit_dirty/6
 %%                                            the DirtyCpu twins: as above, never `dirty'
+%% job_tx_session(ReadVersion)                -> Session: one attempt of a caller's transaction
+%% job_tx_add(Ref, Session, Type, Id, Info, Opts) -> {ok, Call} | {error, fdb_only | _} | dirty
+%% job_tx_update(Ref, Session, Handle, Info)  -> {ok, Call} | {error, fdb_only | _} | dirty
+%% job_tx_finish(Ref, Session, Handle, Result) -> {ok, Call} | {error, fdb_only | _} | dirty
+%% job_tx_resubmit(Ref, Session, Type, Id, Info, Opts, IfVs) -> {ok, Call} | {error, fdb_only | _} | dirty
+%% job_tx_get(Ref, Session, Type, Id)         -> {ok, Call} | {error, fdb_only | _}
+%% job_tx_remove(Ref, Session, Type, Id, IfVs) -> {ok, Call} | {error, fdb_only | _}
+%% job_tx_cancel(Ref, Session, Type, Id)      -> {ok, Call} | {error, fdb_only | _}
+%%     then {Ref, Seq, Request} (Seq = 0, 1, ...), each performed on the caller's erlfdb transaction,
+%%     a read answered with job_tx_answer(Call, Seq, Answer), and {Ref, N, {done, Result}}, Result as
+%%     job_add's and job_get's (couch_workers_tx; the NIF crate's jobs/in_tx.rs lists Request and Answer)
+%% job_tx_answer(Call, Seq, Answer)           -> true | false (no read Seq waits) | dirty
+%% job_tx_add_dirty/6, job_tx_update_dirty/4, job_tx_finish_dirty/4, job_tx_resubmit_dirty/7,
+%% job_tx_answer_dirty/3                      the DirtyCpu twins: as above, never `dirty'
+%% job_tx_close(Call)                         -> ok; the reads still waiting and later ones fail
+%% test_tx_call()                             -> Call, closed (job_tx_answer/3 answers false)
 %% budgeted(Nif, Args)                        Nif's answer, through its twin when it is `dirty'
 %% '''
 %%
@@ -137,6 +153,22 @@
     job_cancel/3,
     job_remove/3,
     job_get/3,
+    job_tx_session/1,
+    job_tx_add/6,
+    job_tx_add_dirty/6,
+    job_tx_get/4,
+    job_tx_answer/3,
+    job_tx_update/4,
+    job_tx_update_dirty/4,
+    job_tx_finish/4,
+    job_tx_finish_dirty/4,
+    job_tx_resubmit/7,
+    job_tx_resubmit_dirty/7,
+    job_tx_remove/5,
+    job_tx_cancel/4,
+    job_tx_answer_dirty/3,
+    job_tx_close/1,
+    test_tx_call/0,
     job_pending_count/2,
     job_subscribe/5,
     job_unsubscribe/1,
@@ -180,7 +212,8 @@
 -type waiter() :: reference().
 -type job_subscription() :: reference().
 -type budgeted_nif() ::
-    worker_register | job_add | job_update | job_finish | job_finish_accept | job_fail | job_release | job_resubmit.
+    worker_register | job_add | job_tx_add | job_tx_update | job_tx_finish | job_tx_resubmit | job_tx_answer
+    | job_update | job_finish | job_finish_accept | job_fail | job_release | job_resubmit.
 -type job_opts() :: {
     integer() | undefined,
     {delay | run_at, non_neg_integer()} | undefined,
@@ -263,7 +296,7 @@ call(Start) ->
 %% there), calls its DirtyCpu twin `Nif_dirty' with the same arguments.
 %% Either way the answer is the NIF's: `ok', `{error, _}' or a `badarg'
 %% error.
--spec budgeted(budgeted_nif(), [term()]) -> ok | {ok, waiter()} | {error, atom()}.
+-spec budgeted(budgeted_nif(), [term()]) -> ok | {ok, waiter()} | {error, atom()} | boolean().
 budgeted(Nif, Args) ->
     case erlang:apply(?MODULE, Nif, Args) of
         dirty -> erlang:apply(?MODULE, dirty_twin(Nif), Args);
@@ -272,6 +305,11 @@ budgeted(Nif, Args) ->
 
 dirty_twin(worker_register) -> worker_register_dirty;
 dirty_twin(job_add) -> job_add_dirty;
+dirty_twin(job_tx_add) -> job_tx_add_dirty;
+dirty_twin(job_tx_update) -> job_tx_update_dirty;
+dirty_twin(job_tx_finish) -> job_tx_finish_dirty;
+dirty_twin(job_tx_resubmit) -> job_tx_resubmit_dirty;
+dirty_twin(job_tx_answer) -> job_tx_answer_dirty;
 dirty_twin(job_update) -> job_update_dirty;
 dirty_twin(job_finish) -> job_finish_dirty;
 dirty_twin(job_finish_accept) -> job_finish_accept_dirty;
@@ -366,6 +404,59 @@ job_remove(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
 
 -spec job_get(reference(), binary(), binary()) -> ok | {error, atom()}.
 job_get(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_session(non_neg_integer()) -> reference().
+job_tx_session(_ReadVersion) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_add(reference(), reference(), binary(), binary(), map(), job_opts()) ->
+    {ok, reference()} | {error, atom()} | dirty.
+job_tx_add(_Ref, _Session, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_add_dirty(reference(), reference(), binary(), binary(), map(), job_opts()) ->
+    {ok, reference()} | {error, atom()}.
+job_tx_add_dirty(_Ref, _Session, _Type, _Id, _Info, _Opts) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_get(reference(), reference(), binary(), binary()) -> {ok, reference()} | {error, atom()}.
+job_tx_get(_Ref, _Session, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_answer(reference(), non_neg_integer(), term()) -> boolean() | dirty.
+job_tx_answer(_Call, _Seq, _Answer) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_answer_dirty(reference(), non_neg_integer(), term()) -> boolean().
+job_tx_answer_dirty(_Call, _Seq, _Answer) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_update(reference(), reference(), map(), map()) -> {ok, reference()} | {error, atom()} | dirty.
+job_tx_update(_Ref, _Session, _Handle, _Info) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_update_dirty(reference(), reference(), map(), map()) -> {ok, reference()} | {error, atom()}.
+job_tx_update_dirty(_Ref, _Session, _Handle, _Info) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_finish(reference(), reference(), map(), map()) -> {ok, reference()} | {error, atom()} | dirty.
+job_tx_finish(_Ref, _Session, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_finish_dirty(reference(), reference(), map(), map()) -> {ok, reference()} | {error, atom()}.
+job_tx_finish_dirty(_Ref, _Session, _Handle, _Result) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_resubmit(reference(), reference(), binary(), binary(), map(), job_opts(), binary() | undefined) ->
+    {ok, reference()} | {error, atom()} | dirty.
+job_tx_resubmit(_Ref, _Session, _Type, _Id, _Info, _Opts, _IfVs) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_resubmit_dirty(reference(), reference(), binary(), binary(), map(), job_opts(), binary() | undefined) ->
+    {ok, reference()} | {error, atom()}.
+job_tx_resubmit_dirty(_Ref, _Session, _Type, _Id, _Info, _Opts, _IfVs) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_remove(reference(), reference(), binary(), binary(), binary() | undefined) ->
+    {ok, reference()} | {error, atom()}.
+job_tx_remove(_Ref, _Session, _Type, _Id, _IfVs) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_cancel(reference(), reference(), binary(), binary()) -> {ok, reference()} | {error, atom()}.
+job_tx_cancel(_Ref, _Session, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_tx_close(reference()) -> ok.
+job_tx_close(_Call) -> erlang:nif_error(nif_not_loaded).
+
+-spec test_tx_call() -> reference().
+test_tx_call() -> erlang:nif_error(nif_not_loaded).
 
 -spec job_pending_count(reference(), binary()) -> ok | {error, atom()}.
 job_pending_count(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).

@@ -25,7 +25,8 @@
     stop_couch_workers_leaves_erlfdb/1,
     drop_erlfdb_leaves_couch_workers/1,
     vm_exits_cleanly_erlfdb_first/1,
-    vm_exits_cleanly_couch_workers_first/1
+    vm_exits_cleanly_couch_workers_first/1,
+    job_add_in_caller_tx/1
 ]).
 
 %% Run on the peers (through peer:call/4).
@@ -41,8 +42,16 @@
     in_couchdb_dir/3,
     in_dir/4,
     clear_type/2,
+    tx_add/5,
+    tx_get/3,
+    doc_get/2,
+    accept_one/1,
     vm_exit_script/4
 ]).
+
+%% For the suite of job calls inside a caller's transaction
+%% (couch_workers_tx_tests), which runs on the same peers.
+-export([find_erlfdb/0, with_peer/2, call/3, call/4, name/1, db/1]).
 
 -define(API_VERSION, 710).
 
@@ -74,7 +83,8 @@ erlfdb_test_() ->
                             stop_couch_workers_leaves_erlfdb,
                             drop_erlfdb_leaves_couch_workers,
                             vm_exits_cleanly_erlfdb_first,
-                            vm_exits_cleanly_couch_workers_first
+                            vm_exits_cleanly_couch_workers_first,
+                            job_add_in_caller_tx
                         ]
                     ]};
                 {error, Why} ->
@@ -480,6 +490,69 @@ clear_type(DbKey, T) ->
         )
     end),
     ok.
+
+%% ---- job calls inside the caller's transaction ------------------------------
+
+%% A document key and `job_add/5' in one erlfdb transaction: an abort
+%% (throw) leaves neither, a commit both; the committed job is pending, a
+%% `job_get/3' in a later transaction answers what `job_get/2' does, and a
+%% worker accepts it.
+job_add_in_caller_tx(#{cluster := CF} = Ctx) ->
+    with_peer(Ctx, fun(P) ->
+        Db = call(P, erlfdb_start, [CF]),
+        ok = call(P, cw_start, [{fdb_test, CF, name("tx")}]),
+        T = iolist_to_binary(["cw_tx_", name("t")]),
+        Doc = erlfdb_tuple_key(T),
+        ?assertEqual(aborted, call(P, tx_add, [Db, T, <<"j1">>, Doc, abort])),
+        ?assertEqual({error, not_found}, call(P, couch_workers, job_get, [T, <<"j1">>])),
+        ?assertEqual(not_found, call(P, doc_get, [Db, Doc])),
+        ?assertEqual(committed, call(P, tx_add, [Db, T, <<"j1">>, Doc, commit])),
+        ?assertEqual(<<"doc">>, call(P, doc_get, [Db, Doc])),
+        {ok, Job} = call(P, couch_workers, job_get, [T, <<"j1">>]),
+        ?assertMatch(#{state := pending, info := #{<<"doc">> := Doc}}, Job),
+        ?assertEqual({ok, Job}, call(P, tx_get, [Db, T, <<"j1">>])),
+        ?assertEqual({error, not_found}, call(P, tx_get, [Db, T, <<"j2">>])),
+        %% A second add of the id, in a transaction of its own: refused,
+        %% and the refusal is the call's answer (the transaction commits).
+        ?assertEqual({already_exists, committed}, call(P, tx_add, [Db, T, <<"j1">>, Doc, commit])),
+        ?assertMatch({ok, #{id := <<"j1">>}}, call(P, accept_one, [T])),
+        ok = call(P, couch_workers, job_remove, [T, <<"j1">>]),
+        ok = call(P, cw_stop, [])
+    end).
+
+erlfdb_tuple_key(T) ->
+    <<"couch_workers_erlfdb_tests/doc/", T/binary>>.
+
+%% On the peer: in one transaction, the document and the job; then
+%% `commit' returns, `abort' throws out of the transaction.
+tx_add(DbKey, T, J, Doc, Outcome) ->
+    try
+        erlfdb:transactional(db(DbKey), fun(Tx) ->
+            erlfdb:set(Tx, Doc, <<"doc">>),
+            Added = couch_workers:job_add(Tx, T, J, #{<<"doc">> => Doc}, #{}),
+            case {Outcome, Added} of
+                {abort, ok} -> throw(aborted);
+                {commit, ok} -> committed;
+                {commit, {error, Why}} -> {Why, committed}
+            end
+        end)
+    catch
+        throw:aborted -> aborted
+    end.
+
+tx_get(DbKey, T, J) ->
+    erlfdb:transactional(db(DbKey), fun(Tx) -> couch_workers:job_get(#{tx => Tx}, T, J) end).
+
+doc_get(DbKey, Doc) ->
+    erlfdb:get(db(DbKey), Doc).
+
+accept_one(T) ->
+    W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    try
+        couch_workers:job_accept(W, #{timeout => 5000})
+    after
+        couch_workers:worker_unregister(W)
+    end.
 
 %% ---- peers -----------------------------------------------------------------
 

@@ -105,10 +105,14 @@
 %% schedulers, so their time is not measured here.
 -define(DIRTY_NIFS, [
     {job_add_many, 3}, {worker_register_dirty, 4}, {job_add_dirty, 5}, {job_update_dirty, 3}, {job_finish_dirty, 3},
-    {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}, {job_finish_accept_dirty, 4}
+    {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}, {job_finish_accept_dirty, 4},
+    {job_tx_add_dirty, 6}, {job_tx_update_dirty, 4}, {job_tx_finish_dirty, 4}, {job_tx_resubmit_dirty, 7},
+    {job_tx_answer_dirty, 3}
 ]).
 %% Lifecycle and test hooks: no stored term passes through them.
--define(UNMEASURED_NIFS, [{start, 2}, {stop, 1}, {set_log_pid, 1}, {test_panic, 1}, {test_thread_wait_ns, 0}]).
+-define(UNMEASURED_NIFS, [
+    {start, 2}, {stop, 1}, {set_log_pid, 1}, {test_panic, 1}, {test_thread_wait_ns, 0}, {test_tx_call, 0}
+]).
 
 sched_test_() ->
     {
@@ -268,7 +272,17 @@ measured_nifs() ->
         {ops_worker_types, 1},
         {ops_workers, 2},
         {ops_job_paused, 2},
-        {ops_store_counters, 0}
+        {ops_store_counters, 0},
+        {job_tx_session, 1},
+        {job_tx_add, 6},
+        {job_tx_get, 4},
+        {job_tx_update, 4},
+        {job_tx_finish, 4},
+        {job_tx_resubmit, 7},
+        {job_tx_remove, 5},
+        {job_tx_cancel, 4},
+        {job_tx_answer, 3},
+        {job_tx_close, 1}
     ].
 
 %% Runs the iterations in a fresh process (its heap holds only the terms
@@ -385,7 +399,56 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     {ok, 0} = call(job_pending_count, Name, [T]),
     {error, changed} = call(job_remove_if, Name, [T, Id, <<0:96>>]),
     ok = call(job_remove, Name, [T, Id]),
+    in_caller_tx(Name, Info, TooLarge, T, Id, H2),
     ok.
+
+%% The calls inside a caller's transaction: each converts its arguments
+%% and starts (FoundationDB) or refuses (`fdb_only'); a started one is
+%% closed at once (no transaction serves it here) and its end drained.
+%% The answers a transaction gives back: this shape's info as one value,
+%% the most rows and bytes a normal scheduler copies (1,000 rows, 1 MB),
+%% and more rows than that (refused with `dirty', as cheaply).
+in_caller_tx(Name, Info, TooLarge, T, Id, Handle) ->
+    S = sync(job_tx_session, Name, [0]),
+    ok = tx_call(job_tx_add, Name, [S, T, Id, Info, ?OPTS(0)]),
+    {error, value_too_large} = tx_call(job_tx_add, too_large, [S, T, <<"huge">>, TooLarge, ?OPTS(0)]),
+    ok = tx_call(job_tx_get, Name, [S, T, Id]),
+    ok = tx_call(job_tx_update, Name, [S, Handle, Info]),
+    ok = tx_call(job_tx_finish, Name, [S, Handle, Info]),
+    ok = tx_call(job_tx_resubmit, Name, [S, T, Id, Info, ?OPTS(undefined), undefined]),
+    ok = tx_call(job_tx_remove, Name, [S, T, Id, undefined]),
+    ok = tx_call(job_tx_cancel, Name, [S, T, Id]),
+    Call = couch_workers_nif:test_tx_call(),
+    false = sync(job_tx_answer, Name, [Call, 0, {value, term_to_binary(Info)}]),
+    Row = binary:copy(<<"r">>, 1000 - 8),
+    Rows = [{<<I:64>>, Row} || I <- lists:seq(1, 1000)],
+    false = sync(job_tx_answer, rows_max, [Call, 1, {range, Rows}]),
+    dirty = sync(job_tx_answer, too_large, [Call, 2, {range, [{<<I:64>>, <<>>} || I <- lists:seq(1, 5000)]}]),
+    ok = sync(job_tx_close, Name, [Call]).
+
+tx_call(Nif, Shape, Args) ->
+    Ref = make_ref(),
+    Started =
+        case timed(Nif, Shape, [Ref | Args]) of
+            dirty -> erlang:apply(couch_workers_nif, dirty_twin(Nif), [Ref | Args]);
+            Answer -> Answer
+        end,
+    case Started of
+        {error, fdb_only} ->
+            ok;
+        {ok, Call} ->
+            ok = sync(job_tx_close, Shape, [Call]),
+            tx_drain(Ref);
+        {error, _} = Error ->
+            Error
+    end.
+
+tx_drain(Ref) ->
+    receive
+        {Ref, _, {done, _}} -> ok;
+        {Ref, _, _} -> tx_drain(Ref)
+    after ?WAIT_MS -> error({no_end, Ref})
+    end.
 
 %% An asynchronous NIF: timed, then its answer waited for (untimed); on
 %% `dirty' its DirtyCpu twin is called (untimed: it runs on a dirty
@@ -424,7 +487,11 @@ dirty_twin(job_finish) -> job_finish_dirty;
 dirty_twin(job_finish_accept) -> job_finish_accept_dirty;
 dirty_twin(job_fail) -> job_fail_dirty;
 dirty_twin(job_release) -> job_release_dirty;
-dirty_twin(job_resubmit) -> job_resubmit_dirty.
+dirty_twin(job_resubmit) -> job_resubmit_dirty;
+dirty_twin(job_tx_add) -> job_tx_add_dirty;
+dirty_twin(job_tx_update) -> job_tx_update_dirty;
+dirty_twin(job_tx_finish) -> job_tx_finish_dirty;
+dirty_twin(job_tx_resubmit) -> job_tx_resubmit_dirty.
 
 %% The NIF's own time on this scheduler. The minor collection first: a
 %% collection that the VM runs right after the NIF (it does when the

@@ -126,6 +126,13 @@ pub use jobs::{
     AcceptReply, AcceptToken, AddManyError, Fence, GoneSignal, Job, JobEvent, JobHandle, JobOpts, JobService, JobSpec,
     JobState, JobStats, JobSubscription, JobVs, Keep, MaxAttempts, NextFor, OnJobEvent, Retry, Schedule,
 };
+/// Job calls inside a caller's transaction (`jobs/in_tx.rs`): the calls,
+/// the requests they make of the caller, and their answers.
+pub mod caller_tx {
+    pub use crate::jobs::TxJobs;
+    pub use crate::store::forward::{channel, fdb_code_error, Answer, Answers, Request, Sent};
+    pub use crate::store::overlay::Session;
+}
 // Outcomes, the store's configuration and limits.
 pub use error::Error;
 pub use store::{StoreConfig, MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE};

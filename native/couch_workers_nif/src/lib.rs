@@ -25,7 +25,7 @@
 //! | `workers.rs`    | `worker_register/4` (and `_dirty`), `worker_unregister/2`, `worker_notify/3` |
 //! | `membership.rs` | `membership_watch/2`, `membership_unwatch/1`            |
 //! | `ops.rs`        | `ops_worker_types/1`, `ops_workers/2`, `ops_job_paused/2`, `ops_store_counters/0` |
-//! | `jobs/`         | `calls.rs`: `job_add/5`, `job_add_many/3`, `job_update/3`, `job_finish/3`, `job_fail/4`, `job_release/4`, `job_resubmit/6` (each with a `_dirty` twin; `job_add_many/3` always runs dirty), `job_cancel/3`, `job_remove/3`, `job_remove_if/4`, `job_get/3`, `job_pending_count/2`, `job_counts/2`, `job_types/1`, `job_list/5`, `job_set_paused/3`; `accept.rs`: `job_accept/4`, `job_accept_abandon/1`; `subscribe.rs`: `job_subscribe/5`, `job_unsubscribe/1` |
+//! | `jobs/`         | `calls.rs`: `job_add/5`, `job_add_many/3`, `job_update/3`, `job_finish/3`, `job_fail/4`, `job_release/4`, `job_resubmit/6` (each with a `_dirty` twin; `job_add_many/3` always runs dirty), `job_cancel/3`, `job_remove/3`, `job_remove_if/4`, `job_get/3`, `job_pending_count/2`, `job_counts/2`, `job_types/1`, `job_list/5`, `job_set_paused/3`; `accept.rs`: `job_accept/4`, `job_accept_abandon/1`; `subscribe.rs`: `job_subscribe/5`, `job_unsubscribe/1`; `in_tx.rs`: `job_tx_session/1`, `job_tx_add/6`, `job_tx_update/4`, `job_tx_finish/4`, `job_tx_resubmit/7` (each with a `_dirty` twin), `job_tx_get/4`, `job_tx_remove/5`, `job_tx_cancel/4`, `job_tx_answer/3` (and `_dirty`), `job_tx_close/1`, `test_tx_call/0` |
 
 mod atoms;
 mod jobs;

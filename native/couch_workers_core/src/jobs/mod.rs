@@ -45,6 +45,8 @@
 //! * `pruner.rs`: removes ended jobs past their `keep`;
 //! * `wake.rs`: the promoter's and the pruner's wait (a deadline or a
 //!   watched key's change);
+//! * `in_tx.rs`: [`TxJobs`], calls inside a caller's FoundationDB
+//!   transaction (`store::forward`);
 //! * `take.rs`: one accept now (timeout 0), no dispatcher;
 //! * `api.rs`: [`Jobs`], the stateless job API on a context (every call
 //!   that needs no running task; the command line's);
@@ -60,6 +62,7 @@ mod api;
 mod commit;
 pub mod dispatcher;
 mod finish_next;
+mod in_tx;
 pub mod job;
 pub mod ops;
 pub(crate) mod place;
@@ -77,6 +80,7 @@ pub use dispatcher::{AcceptReply, GoneSignal};
 #[cfg(feature = "internals")]
 pub use dispatcher::ReplyFn;
 pub use finish_next::NextFor;
+pub use in_tx::TxJobs;
 pub use job::{
     AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts,
     Schedule,

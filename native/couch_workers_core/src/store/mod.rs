@@ -60,7 +60,13 @@ pub mod cluster_file;
 // without libfdb_c.
 #[cfg(any(feature = "fdb", test, feature = "internals"))]
 pub mod fdb_client;
+// A transaction someone else owns and commits (the caller's erlfdb
+// transaction): every call goes out through a channel.
+pub mod forward;
 pub(crate) mod mutation;
+// What the calls in one caller's transaction wrote with versionstamps,
+// read back by the later calls in it.
+pub mod overlay;
 pub mod receipt;
 mod retry;
 

@@ -40,6 +40,7 @@
 //! | `terms.rs` | a job as a map; the answers the NIFs reply with |
 //! | `calls.rs` | the NIFs that are one service call and one reply (add, update, finish, fail, release, resubmit, cancel, remove, get, counts, list, pause) |
 //! | `accept.rs` | `job_accept/4`, `job_finish_accept/4`, `job_accept_abandon/1`: the waiter resource and its one answer |
+//! | `in_tx.rs` | `job_tx_session/1`, `job_tx_add/6`, `job_tx_update/4`, `job_tx_finish/4`, `job_tx_resubmit/7`, `job_tx_get/4`, `job_tx_remove/5`, `job_tx_cancel/4`, `job_tx_answer/3`, `job_tx_close/1`: calls inside the caller's erlfdb transaction, their requests relayed to it |
 //! | `subscribe.rs` | `job_subscribe/5`, `job_unsubscribe/1`: the subscription resource and its notifier |
 
 use std::future::Future;
@@ -133,9 +134,13 @@ macro_rules! try_json {
 mod accept;
 mod args;
 mod calls;
+mod in_tx;
 mod subscribe;
 mod terms;
 
 pub fn load(env: Env) -> bool {
-    env.register::<accept::WaiterResource>().is_ok() && env.register::<subscribe::SubscriptionResource>().is_ok()
+    env.register::<accept::WaiterResource>().is_ok()
+        && env.register::<subscribe::SubscriptionResource>().is_ok()
+        && env.register::<in_tx::CallResource>().is_ok()
+        && env.register::<in_tx::SessionResource>().is_ok()
 }
