@@ -39,7 +39,7 @@ LAYERS = [
     ["tasks"],
     ["context"],
     ["workers", "jobs", "inspect"],
-    ["liveness", "roster"],
+    ["liveness", "roster", "leadership"],
     ["services"],
     ["node"],
     ["conformance", "test_store"],

@@ -31,6 +31,8 @@ const MEMBER: &[u8] = b"member";
 const HEALTH: &[u8] = b"health";
 const LOG: &[u8] = b"log";
 const LOG_FLOOR: &[u8] = b"log_floor";
+const REGISTERED: &[u8] = b"registered";
+const SENIORITY: &[u8] = b"seniority";
 
 /// The keys strictly inside a packed tuple prefix: `prefix ++ 0x00` up to
 /// `prefix ++ 0xff` (foundationdb-rs `Subspace::range`, erlfdb
@@ -76,6 +78,17 @@ pub enum WorkerKey {
     },
     /// A membership change log entry: the 10-byte commit VS and the worker.
     Log {
+        worker_type: Vec<u8>,
+        vs: Versionstamp,
+        worker: Vec<u8>,
+    },
+    /// The commit VS of a worker's current registration.
+    Registered {
+        worker_type: Vec<u8>,
+        worker: Vec<u8>,
+    },
+    /// A registration in the order of its commit: the oldest leads.
+    Seniority {
         worker_type: Vec<u8>,
         vs: Versionstamp,
         worker: Vec<u8>,
@@ -179,16 +192,21 @@ impl Keyspace {
             return match &*kind {
                 MEMBER => Some(WorkerKey::Member { worker_type: t.into_owned(), worker: id.into_owned() }),
                 HEALTH => Some(WorkerKey::Health { worker_type: t.into_owned(), worker: id.into_owned() }),
+                REGISTERED => Some(WorkerKey::Registered { worker_type: t.into_owned(), worker: id.into_owned() }),
                 _ => None,
             };
         }
         if let Ok((w, t, kind, vs, id)) = unpack::<(Bytes, Bytes, Bytes, TupleVersionstamp, Bytes)>(rest) {
             let vs: Versionstamp = vs.transaction_version().try_into().ok()?;
-            return (&*w == WORKERS && &*kind == LOG).then(|| WorkerKey::Log {
-                worker_type: t.into_owned(),
-                vs,
-                worker: id.into_owned(),
-            });
+            if &*w != WORKERS {
+                return None;
+            }
+            let (worker_type, worker) = (t.into_owned(), id.into_owned());
+            return match &*kind {
+                LOG => Some(WorkerKey::Log { worker_type, vs, worker }),
+                SENIORITY => Some(WorkerKey::Seniority { worker_type, vs, worker }),
+                _ => None,
+            };
         }
         let (w, t, kind) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
         if &*w != WORKERS {
@@ -239,6 +257,41 @@ impl Keyspace {
     /// Every log key of one worker type.
     pub fn membership_log_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
         tuple_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(LOG))))
+    }
+
+    // ---- leadership ---------------------------------------------------
+
+    /// `("couch_workers", "workers", WorkerType, "registered", Worker)`:
+    /// the 10-byte commit versionstamp of the worker's current
+    /// registration (a bare VS value, [`Keyspace::vs_placeholder_value`]),
+    /// which names its [`Keyspace::seniority`] key, so that a removal
+    /// clears it without a scan.
+    pub fn registered(&self, worker_type: &[u8], worker: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(WORKERS), b(worker_type), b(REGISTERED), b(worker)))
+    }
+
+    /// `("couch_workers", "workers", WorkerType, "seniority", VS, Worker)`
+    /// with an incomplete versionstamp (user version 0), for
+    /// `set_versionstamped_key`, written with the registration. The first
+    /// key of [`Keyspace::seniority_range`] is the type's leader.
+    pub fn seniority_new(&self, worker_type: &[u8], worker: &[u8]) -> Vec<u8> {
+        self.root.pack_with_versionstamp(&(
+            b(WORKERS),
+            b(worker_type),
+            b(SENIORITY),
+            TupleVersionstamp::incomplete(0),
+            b(worker),
+        ))
+    }
+
+    /// The seniority key of the registration committed at `vs`.
+    pub fn seniority(&self, worker_type: &[u8], vs: &Versionstamp, worker: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(WORKERS), b(worker_type), b(SENIORITY), TupleVersionstamp::complete(*vs, 0), b(worker)))
+    }
+
+    /// Every seniority key of one worker type, oldest registration first.
+    pub fn seniority_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(SENIORITY))))
     }
 
     /// The health value to write with `set_versionstamped_value`: the

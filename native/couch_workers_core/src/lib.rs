@@ -18,7 +18,7 @@
 //! | `tasks` | what every long-lived task uses: its live count, jittered and cancellable sleeps, supervision, the watch-limit episode |
 //! | `context` | [`Context`]: one node's store handle, key space, logger, transaction options, cancellation and (supervised) spawning, shared by every service and call; alone it runs nothing |
 //! | `workers`, `jobs`, `inspect` | side by side: worker records (the worker keys' writes, membership reads); the job queue: records, indexes, `ops` (every job write), [`Jobs`] (the stateless job API on a context), `JobService` (the node's: `Jobs` plus accept, subscribe and the daemons), the accept dispatcher, subscriptions, sweeper, pruner, promoter; operations' read side (worker types, workers, a type's pause flag), as calls on a [`Context`] |
-//! | `liveness`, `roster` | the liveness rule: what a reaper must have seen before it calls a worker dead (uses one limit of `workers`); the registration writes that can end one (register, heartbeat, remove, reap) with the requeue of its running jobs in the same transaction |
+//! | `liveness`, `roster`, `leadership` | the liveness rule: what a reaper must have seen before it calls a worker dead (uses one limit of `workers`); the registration writes that can end one (register, heartbeat, remove, reap) with the requeue of its running jobs in the same transaction; a worker type's leader (its oldest registration) and the writes fenced by it (`if_leader`) |
 //! | `services` | a node's background services: the heartbeat service, reapers, membership watchers, owner events |
 //! | `node` | [`Node`]: a context and the daemons of one Erlang VM (the only starter of daemons); [`Registration`] |
 //! | `conformance`, `test_store` | the store conformance suite every store runs; the store a test runs on (embedded, sim, a live FoundationDB) and `store_tests!`, one test body per store (feature `testkit`, for tests only) |
@@ -84,6 +84,7 @@ internal_modules! {
     inspect;
     jobs;
     keyspace;
+    leadership;
     liveness;
     metrics;
     node;
@@ -126,6 +127,9 @@ pub use jobs::{
     AcceptReply, AcceptToken, AddManyError, Fence, GoneSignal, Job, JobEvent, JobHandle, JobOpts, JobService, JobSpec,
     JobState, JobStats, JobSubscription, JobVs, Keep, MaxAttempts, NextFor, OnJobEvent, Retry, Schedule,
 };
+// Leadership of a worker type, and fenced writes.
+pub use leadership::{LeaderFence, Leadership};
+pub use services::leadership::LeaderEvent;
 // Outcomes, the store's configuration and limits.
 pub use error::Error;
 pub use store::{StoreConfig, MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE};

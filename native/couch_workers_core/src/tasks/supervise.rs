@@ -65,11 +65,12 @@ pub enum ServiceKind {
     Promoter,
     Pruner,
     Sweeper,
+    Leadership,
 }
 
 impl ServiceKind {
     #[cfg(feature = "testkit")]
-    pub const ALL: [ServiceKind; 8] = [
+    pub const ALL: [ServiceKind; 9] = [
         ServiceKind::Heartbeat,
         ServiceKind::Reaper,
         ServiceKind::Membership,
@@ -78,6 +79,7 @@ impl ServiceKind {
         ServiceKind::Promoter,
         ServiceKind::Pruner,
         ServiceKind::Sweeper,
+        ServiceKind::Leadership,
     ];
 
     /// The `service` field of the events.
@@ -91,6 +93,7 @@ impl ServiceKind {
             ServiceKind::Promoter => "job_promoter",
             ServiceKind::Pruner => "job_pruner",
             ServiceKind::Sweeper => "job_sweeper",
+            ServiceKind::Leadership => "leadership_watcher",
         }
     }
 
