@@ -54,6 +54,9 @@
     metrics/1
 ]).
 
+%% Leadership (implemented in couch_workers_leader).
+-export([leader/1]).
+
 -export_type([worker_type/0, worker_id/0, workers/0, vs/0]).
 -export_type([job_type/0, job_id/0, job/0, job_handle/0, job_state/0]).
 
@@ -361,3 +364,16 @@ flush_membership(Ref) ->
         {couch_workers_membership, _Type, _Workers, _VS, Ref} -> flush_membership(Ref)
     after 0 -> ok
     end.
+
+%% ---- leadership ----------------------------------------------------------------
+
+%% @doc The leader of `WorkerType': its member with the oldest current
+%% registration, read from the store at one version. `Epoch' names this
+%% leadership (a later leader's compares greater); `if_leader =>
+%% {WorkerType, Epoch}' on `job_add/4' and `job_resubmit/4' writes only
+%% while it leads. The leader's owner gets `{couch_workers_leader, Ref,
+%% Epoch}' when it becomes leader and `{couch_workers_leader_lost, Ref,
+%% Epoch}' when it stops.
+-spec leader(worker_type()) -> {ok, worker_id(), binary()} | {error, not_found | term()}.
+leader(WorkerType) ->
+    couch_workers_leader:leader(WorkerType).

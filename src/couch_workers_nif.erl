@@ -97,6 +97,18 @@
 %% job_finish_accept_dirty/4, job_fail_dirty/4, job_release_dirty/4, job_resubmit_dirty/6
 %%                                            the DirtyCpu twins: as above, never `dirty'
 %% budgeted(Nif, Args)                        Nif's answer, through its twin when it is `dirty'
+%%
+%% Leadership (couch_workers_leader):
+%% leader(Ref, WorkerType)                    -> ok | {error, _}  then {Ref, {ok, Id, Epoch} | {error, not_found | Name}}
+%% job_add_if_leader(Ref, Type, Id, Info, Opts, {WorkerType, Epoch})
+%%                                            as job_add/5, written only while Epoch leads WorkerType
+%%                                            (checked in the same transaction), else {Ref, {error, not_leader}}
+%% job_resubmit_if_leader(Ref, Type, Id, Info, Opts, VS | undefined, {WorkerType, Epoch})
+%%                                            as job_resubmit/6, fenced alike
+%% job_add_if_leader_dirty/6, job_resubmit_if_leader_dirty/7: their DirtyCpu twins
+%% worker_notify(Registration, Owner, Tag) also sends the registration's leadership to Owner:
+%%     {couch_workers_leader, Tag, Epoch} when it becomes its type's leader (at once if it leads),
+%%     {couch_workers_leader_lost, Tag, Epoch} when it stops
 %% '''
 %%
 %% This list is the one description of the NIF protocol; argument shapes
@@ -168,6 +180,15 @@
     job_fail_dirty/4,
     job_release_dirty/4,
     job_resubmit_dirty/6
+]).
+
+%% Leadership (see the "leadership" section at the end).
+-export([
+    leader/2,
+    job_add_if_leader/6,
+    job_resubmit_if_leader/7,
+    job_add_if_leader_dirty/6,
+    job_resubmit_if_leader_dirty/7
 ]).
 
 -export([wait/2, call/1, budgeted/2]).
@@ -424,3 +445,26 @@ ops_job_paused(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).
 
 -spec ops_store_counters() -> #{atom() => non_neg_integer()}.
 ops_store_counters() -> erlang:nif_error(nif_not_loaded).
+
+%% ---- leadership --------------------------------------------------------------
+
+-spec leader(reference(), binary()) -> ok | {error, atom()}.
+leader(_Ref, _WorkerType) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_add_if_leader(reference(), binary(), binary(), map(), job_opts(), {binary(), binary()}) ->
+    ok | {error, atom()} | dirty.
+job_add_if_leader(_Ref, _Type, _Id, _Info, _Opts, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_add_if_leader_dirty(reference(), binary(), binary(), map(), job_opts(), {binary(), binary()}) ->
+    ok | {error, atom()}.
+job_add_if_leader_dirty(_Ref, _Type, _Id, _Info, _Opts, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_resubmit_if_leader(
+    reference(), binary(), binary(), map(), job_opts(), binary() | undefined, {binary(), binary()}
+) -> ok | {error, atom()} | dirty.
+job_resubmit_if_leader(_Ref, _Type, _Id, _Info, _Opts, _VS, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_resubmit_if_leader_dirty(
+    reference(), binary(), binary(), map(), job_opts(), binary() | undefined, {binary(), binary()}
+) -> ok | {error, atom()}.
+job_resubmit_if_leader_dirty(_Ref, _Type, _Id, _Info, _Opts, _VS, _Fence) -> erlang:nif_error(nif_not_loaded).

@@ -105,7 +105,8 @@
 %% schedulers, so their time is not measured here.
 -define(DIRTY_NIFS, [
     {job_add_many, 3}, {worker_register_dirty, 4}, {job_add_dirty, 5}, {job_update_dirty, 3}, {job_finish_dirty, 3},
-    {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}, {job_finish_accept_dirty, 4}
+    {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}, {job_finish_accept_dirty, 4},
+    {job_add_if_leader_dirty, 6}, {job_resubmit_if_leader_dirty, 7}
 ]).
 %% Lifecycle and test hooks: no stored term passes through them.
 -define(UNMEASURED_NIFS, [{start, 2}, {stop, 1}, {set_log_pid, 1}, {test_panic, 1}, {test_thread_wait_ns, 0}]).
@@ -268,7 +269,10 @@ measured_nifs() ->
         {ops_worker_types, 1},
         {ops_workers, 2},
         {ops_job_paused, 2},
-        {ops_store_counters, 0}
+        {ops_store_counters, 0},
+        {leader, 2},
+        {job_add_if_leader, 6},
+        {job_resubmit_if_leader, 7}
     ].
 
 %% Runs the iterations in a fresh process (its heap holds only the terms
@@ -385,6 +389,13 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     {ok, 0} = call(job_pending_count, Name, [T]),
     {error, changed} = call(job_remove_if, Name, [T, Id, <<0:96>>]),
     ok = call(job_remove, Name, [T, Id]),
+    %% Leadership: the type's leader (the worker `w', registered first),
+    %% and a job with this info added and resubmitted fenced by its epoch,
+    %% then removed.
+    {ok, <<"w">>, Epoch} = call(leader, Name, [T]),
+    ok = call(job_add_if_leader, Name, [T, Id, Info, ?OPTS(0), {T, Epoch}]),
+    ok = call(job_resubmit_if_leader, Name, [T, Id, Info, ?OPTS(undefined), undefined, {T, Epoch}]),
+    ok = call(job_remove, Name, [T, Id]),
     ok.
 
 %% An asynchronous NIF: timed, then its answer waited for (untimed); on
@@ -424,7 +435,9 @@ dirty_twin(job_finish) -> job_finish_dirty;
 dirty_twin(job_finish_accept) -> job_finish_accept_dirty;
 dirty_twin(job_fail) -> job_fail_dirty;
 dirty_twin(job_release) -> job_release_dirty;
-dirty_twin(job_resubmit) -> job_resubmit_dirty.
+dirty_twin(job_resubmit) -> job_resubmit_dirty;
+dirty_twin(job_add_if_leader) -> job_add_if_leader_dirty;
+dirty_twin(job_resubmit_if_leader) -> job_resubmit_if_leader_dirty.
 
 %% The NIF's own time on this scheduler. The minor collection first: a
 %% collection that the VM runs right after the NIF (it does when the

@@ -42,6 +42,8 @@ rustler::atoms! {
     couch_workers_membership_changed,
     couch_workers_membership_delta,
     couch_workers_worker_reaped,
+    couch_workers_leader,
+    couch_workers_leader_lost,
     couch_workers_worker_at_risk,
     heartbeat_failing,
     couch_workers_worker_lost,
