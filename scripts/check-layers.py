@@ -40,6 +40,7 @@ LAYERS = [
     ["context"],
     ["workers", "jobs", "inspect"],
     ["liveness", "roster", "leadership"],
+    ["schedules"],
     ["services"],
     ["node"],
     ["conformance", "test_store"],

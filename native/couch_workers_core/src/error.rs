@@ -25,6 +25,9 @@ pub enum Error {
     /// epoch's, or none.
     #[error("not the leader")]
     NotLeader,
+    /// A schedule's spec that cannot be used, and why.
+    #[error("bad schedule: {0}")]
+    BadSchedule(String),
     /// Bad input that passed the NIF's shape checks (an empty worker id,
     /// a zero timeout, ...).
     #[error("invalid argument: {0}")]
@@ -43,6 +46,7 @@ impl Error {
             Error::Canceled => "canceled",
             Error::Changed => "changed",
             Error::NotLeader => "not_leader",
+            Error::BadSchedule(_) => "bad_schedule",
             Error::Invalid(what) => what,
             Error::Store(e) => e.name(),
         }

@@ -53,6 +53,11 @@ impl Leadership {
         Leadership { ctx }
     }
 
+    /// The fence `if_leader => {WorkerType, Epoch}`.
+    pub fn fence(worker_type: &[u8], epoch: &[u8]) -> LeaderFence {
+        LeaderFence { worker_type: worker_type.to_vec(), epoch: epoch.to_vec() }
+    }
+
     /// The type's leader, `(id, epoch)`, at one read version; `None`
     /// when it has no registered worker.
     pub async fn leader(&self, worker_type: &[u8]) -> Result<Option<(Vec<u8>, Vec<u8>)>, Error> {
@@ -72,7 +77,7 @@ impl Leadership {
         check_key(&self.ctx.ks.seniority_range(&fence.worker_type).1)?;
         let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
         let (ks, j) = (&self.ctx.ks, &job);
-        self.run_fenced(fence, |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await }).await
+        run_once_fenced(&self.ctx, Some(fence), |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await }).await
     }
 
     /// `job_resubmit/4` with `if_leader` (and `if_vs`, as
@@ -90,33 +95,38 @@ impl Leadership {
         check_key(&self.ctx.ks.seniority_range(&fence.worker_type).1)?;
         ops::check_job_key(&self.ctx.ks, job_type, id)?;
         let ks = &self.ctx.ks;
-        self.run_fenced(fence, |tx| async move {
+        run_once_fenced(&self.ctx, Some(fence), |tx| async move {
             ops::resubmit(&tx, ks, job_type, id, info, opts, if_vs, wall_ms()).await
         })
         .await
     }
 
-    /// Runs `write` after the fence's check, in one transaction, once (its
-    /// receipt answers a retry after an unknown commit, as the unfenced
-    /// calls do): a fence that fails writes nothing and sets no receipt.
-    async fn run_fenced<F, Fut>(&self, fence: &LeaderFence, write: F) -> Result<(), Error>
-    where
-        F: Fn(Tx) -> Fut,
-        Fut: std::future::Future<Output = Result<Result<(), Error>, StoreError>>,
-    {
-        let (ks, write) = (&self.ctx.ks, &write);
-        let (outcome, _) = run_retry_safe(self.ctx.db.as_ref(), self.ctx.write, ks, |tx, landed| async move {
-            if landed.is_some() {
-                return Ok((Ok(()), None));
-            }
+}
+
+/// Runs `write` after the fence's check (when there is a fence), in one
+/// transaction, once: its receipt answers a retry after an unknown
+/// commit, as the unfenced job writes do (`store::receipt`). A fence that
+/// fails, or a write that answers an error, wrote nothing and sets no
+/// receipt.
+pub(crate) async fn run_once_fenced<F, Fut>(ctx: &Context, fence: Option<&LeaderFence>, write: F) -> Result<(), Error>
+where
+    F: Fn(Tx) -> Fut,
+    Fut: std::future::Future<Output = Result<Result<(), Error>, StoreError>>,
+{
+    let (ks, write) = (&ctx.ks, &write);
+    let (outcome, _) = run_retry_safe(ctx.db.as_ref(), ctx.write, ks, |tx, landed| async move {
+        if landed.is_some() {
+            return Ok((Ok(()), None));
+        }
+        if let Some(fence) = fence {
             if !leads(&tx, ks, fence).await? {
                 return Ok((Err(Error::NotLeader), None));
             }
-            let outcome = write(tx).await?;
-            let done = outcome.is_ok().then(|| receipt::DONE.to_vec());
-            Ok((outcome, done))
-        })
-        .await?;
-        outcome
-    }
+        }
+        let outcome = write(tx).await?;
+        let done = outcome.is_ok().then(|| receipt::DONE.to_vec());
+        Ok((outcome, done))
+    })
+    .await?;
+    outcome
 }

@@ -24,6 +24,7 @@ use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipU
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
 use crate::roster;
+use crate::schedules::runner::ScheduleRunner;
 use crate::services::{wall_clock_s, TaskCounts};
 use crate::tasks::supervise::ServiceKind;
 use crate::tasks::Live;
@@ -114,6 +115,9 @@ impl Node {
             move || service.clone().run(),
             Some(on_failing),
         );
+        let cancel = ctx.cancel.child_token();
+        let runner = ScheduleRunner { ctx: ctx.clone(), cancel: cancel.clone() };
+        ctx.spawn_supervised(ServiceKind::Schedules, Vec::new(), cancel, None, move || runner.clone().run(), None);
         let cancel = ctx.cancel.child_token();
         let reaper = Reaper {
             ctx: ctx.clone(),

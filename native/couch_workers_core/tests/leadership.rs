@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use couch_workers_core::jobs::{JobOpts, JobState};
 use couch_workers_core::leadership::leads;
+use couch_workers_core::leadership::LeaderFence;
 use couch_workers_core::services::leadership::{LeaderEvent, OnLeaderEvent};
 use couch_workers_core::store::{StoreError, TxOptions};
 use couch_workers_core::workers::WorkerSpec;
-use couch_workers_core::{Error, Jobs, LeaderFence, Leadership, Node, Settings};
+use couch_workers_core::{Error, Jobs, Leadership, Node, Settings};
 use jobs_common::*;
 use tokio::sync::mpsc;
 

@@ -66,11 +66,12 @@ pub enum ServiceKind {
     Pruner,
     Sweeper,
     Leadership,
+    Schedules,
 }
 
 impl ServiceKind {
     #[cfg(feature = "testkit")]
-    pub const ALL: [ServiceKind; 9] = [
+    pub const ALL: [ServiceKind; 10] = [
         ServiceKind::Heartbeat,
         ServiceKind::Reaper,
         ServiceKind::Membership,
@@ -80,6 +81,7 @@ impl ServiceKind {
         ServiceKind::Pruner,
         ServiceKind::Sweeper,
         ServiceKind::Leadership,
+        ServiceKind::Schedules,
     ];
 
     /// The `service` field of the events.
@@ -94,6 +96,7 @@ impl ServiceKind {
             ServiceKind::Pruner => "job_pruner",
             ServiceKind::Sweeper => "job_sweeper",
             ServiceKind::Leadership => "leadership_watcher",
+            ServiceKind::Schedules => "schedule_runner",
         }
     }
 

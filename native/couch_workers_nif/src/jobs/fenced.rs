@@ -9,7 +9,7 @@
 // eight arguments, in the NIF that `budgeted_nif!` expands to as well.
 #![allow(clippy::too_many_arguments)]
 
-use couch_workers_core::{LeaderFence, Leadership};
+use couch_workers_core::Leadership;
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, NifResult, Term};
 
@@ -21,9 +21,9 @@ use crate::json::{budgeted_nif, Sched};
 use crate::term::bytes_arg;
 
 /// `{WorkerType, Epoch}`; `badarg` for any other shape.
-fn fence_arg(term: Term) -> NifResult<LeaderFence> {
+pub(crate) fn fence_arg(term: Term) -> NifResult<(Vec<u8>, Vec<u8>)> {
     let [worker_type, epoch] = get_tuple(term)?[..] else { return Err(rustler::Error::BadArg) };
-    Ok(LeaderFence { worker_type: bytes_arg(worker_type)?.to_vec(), epoch: bytes_arg(epoch)?.to_vec() })
+    Ok((bytes_arg(worker_type)?.to_vec(), bytes_arg(epoch)?.to_vec()))
 }
 
 budgeted_nif!(job_add_if_leader, job_add_if_leader_dirty, add(reference, job_type, id, info, opts, fence));
@@ -40,7 +40,8 @@ fn add<'a>(
 ) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
     let opts = opts_arg(opts)?;
-    let fence = fence_arg(fence)?;
+    let (worker_type, epoch) = fence_arg(fence)?;
+    let fence = Leadership::fence(&worker_type, &epoch);
     let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
     let Some(opts) = opts else {
         return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
@@ -73,7 +74,8 @@ fn resubmit<'a>(
     let (job_type, id) = job_args(reference, job_type, id)?;
     let opts = opts_arg(opts)?;
     let if_vs = vs_arg(if_vs)?;
-    let fence = fence_arg(fence)?;
+    let (worker_type, epoch) = fence_arg(fence)?;
+    let fence = Leadership::fence(&worker_type, &epoch);
     let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
     let Some(opts) = opts else {
         return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
