@@ -43,6 +43,9 @@
     resume/1
 ]).
 
+%% The options of `add/4' for the recurring jobs' slots (couch_workers_schedules).
+-export([add_opts/1]).
+
 -include_lib("kernel/include/logger.hrl").
 
 %% The largest `after' a receive takes.
@@ -374,6 +377,7 @@ accept_timeout(Opts) ->
 
 %% The options of `add/4': every option, `keep' defaulting to the app
 %% env's `job_keep_s'.
+-spec add_opts(map()) -> {ok, couch_workers_nif:job_opts()} | {error, term()}.
 add_opts(Opts) ->
     case nif_opts(Opts, [priority, schedule, max_attempts, keep]) of
         {ok, {P, S, M, undefined}} ->

@@ -106,6 +106,14 @@
 %% job_resubmit_if_leader(Ref, Type, Id, Info, Opts, VS | undefined, {WorkerType, Epoch})
 %%                                            as job_resubmit/6, fenced alike
 %% job_add_if_leader_dirty/6, job_resubmit_if_leader_dirty/7: their DirtyCpu twins
+%%
+%% Recurring jobs (couch_workers_schedules):
+%% schedule_set(Ref, Type, Id, Spec, Info, Opts, {WorkerType, Epoch} | undefined)
+%%                                            -> ok | {error, _} | dirty  then {Ref, ok | {error, {bad_schedule, Why} | not_leader | Name}}
+%% schedule_set_dirty/7: its DirtyCpu twin
+%% schedule_remove(Ref, Type, Id)             -> ok | {error, _}  then {Ref, ok | {error, not_found | Name}}
+%% schedules(Ref, Type)                       -> ok | {error, _}  then {Ref, {ok, [#{id, spec, info, opts := {Priority, MaxAttempts, Keep},
+%%                                                                  next_run_at, last_run}]} | {error, Name}}
 %% worker_notify(Registration, Owner, Tag) also sends the registration's leadership to Owner:
 %%     {couch_workers_leader, Tag, Epoch} when it becomes its type's leader (at once if it leads),
 %%     {couch_workers_leader_lost, Tag, Epoch} when it stops
@@ -189,6 +197,14 @@
     job_resubmit_if_leader/7,
     job_add_if_leader_dirty/6,
     job_resubmit_if_leader_dirty/7
+]).
+
+%% Recurring jobs (see the "recurring jobs" section at the end).
+-export([
+    schedule_set/7,
+    schedule_set_dirty/7,
+    schedule_remove/3,
+    schedules/2
 ]).
 
 -export([wait/2, call/1, budgeted/2]).
@@ -468,3 +484,19 @@ job_resubmit_if_leader(_Ref, _Type, _Id, _Info, _Opts, _VS, _Fence) -> erlang:ni
     reference(), binary(), binary(), map(), job_opts(), binary() | undefined, {binary(), binary()}
 ) -> ok | {error, atom()}.
 job_resubmit_if_leader_dirty(_Ref, _Type, _Id, _Info, _Opts, _VS, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+%% ---- recurring jobs ------------------------------------------------------------
+
+-spec schedule_set(reference(), binary(), binary(), map(), map(), job_opts(), {binary(), binary()} | undefined) ->
+    ok | {error, term()} | dirty.
+schedule_set(_Ref, _Type, _Id, _Spec, _Info, _Opts, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+-spec schedule_set_dirty(reference(), binary(), binary(), map(), map(), job_opts(), {binary(), binary()} | undefined) ->
+    ok | {error, term()}.
+schedule_set_dirty(_Ref, _Type, _Id, _Spec, _Info, _Opts, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+-spec schedule_remove(reference(), binary(), binary()) -> ok | {error, atom()}.
+schedule_remove(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+
+-spec schedules(reference(), binary()) -> ok | {error, atom()}.
+schedules(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).

@@ -106,7 +106,7 @@
 -define(DIRTY_NIFS, [
     {job_add_many, 3}, {worker_register_dirty, 4}, {job_add_dirty, 5}, {job_update_dirty, 3}, {job_finish_dirty, 3},
     {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}, {job_finish_accept_dirty, 4},
-    {job_add_if_leader_dirty, 6}, {job_resubmit_if_leader_dirty, 7}
+    {job_add_if_leader_dirty, 6}, {job_resubmit_if_leader_dirty, 7}, {schedule_set_dirty, 7}
 ]).
 %% Lifecycle and test hooks: no stored term passes through them.
 -define(UNMEASURED_NIFS, [{start, 2}, {stop, 1}, {set_log_pid, 1}, {test_panic, 1}, {test_thread_wait_ns, 0}]).
@@ -272,7 +272,10 @@ measured_nifs() ->
         {ops_store_counters, 0},
         {leader, 2},
         {job_add_if_leader, 6},
-        {job_resubmit_if_leader, 7}
+        {job_resubmit_if_leader, 7},
+        {schedule_set, 7},
+        {schedule_remove, 3},
+        {schedules, 2}
     ].
 
 %% Runs the iterations in a fresh process (its heap holds only the terms
@@ -396,6 +399,11 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     ok = call(job_add_if_leader, Name, [T, Id, Info, ?OPTS(0), {T, Epoch}]),
     ok = call(job_resubmit_if_leader, Name, [T, Id, Info, ?OPTS(undefined), undefined, {T, Epoch}]),
     ok = call(job_remove, Name, [T, Id]),
+    %% A schedule with this info (an hour apart: no slot falls due),
+    %% listed (the reply holds the info), removed.
+    ok = call(schedule_set, Name, [T, Id, #{every => 3600000}, Info, ?OPTS(undefined), undefined]),
+    {ok, [_ | _]} = call(schedules, Name, [T]),
+    ok = call(schedule_remove, Name, [T, Id]),
     ok.
 
 %% An asynchronous NIF: timed, then its answer waited for (untimed); on
@@ -437,7 +445,8 @@ dirty_twin(job_fail) -> job_fail_dirty;
 dirty_twin(job_release) -> job_release_dirty;
 dirty_twin(job_resubmit) -> job_resubmit_dirty;
 dirty_twin(job_add_if_leader) -> job_add_if_leader_dirty;
-dirty_twin(job_resubmit_if_leader) -> job_resubmit_if_leader_dirty.
+dirty_twin(job_resubmit_if_leader) -> job_resubmit_if_leader_dirty;
+dirty_twin(schedule_set) -> schedule_set_dirty.
 
 %% The NIF's own time on this scheduler. The minor collection first: a
 %% collection that the VM runs right after the NIF (it does when the

@@ -44,6 +44,12 @@ rustler::atoms! {
     couch_workers_worker_reaped,
     couch_workers_leader,
     couch_workers_leader_lost,
+    // recurring jobs
+    bad_schedule,
+    spec,
+    opts,
+    next_run_at,
+    last_run,
     couch_workers_worker_at_risk,
     heartbeat_failing,
     couch_workers_worker_lost,

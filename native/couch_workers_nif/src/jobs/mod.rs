@@ -41,6 +41,7 @@
 //! | `calls.rs` | the NIFs that are one service call and one reply (add, update, finish, fail, release, resubmit, cancel, remove, get, counts, list, pause) |
 //! | `accept.rs` | `job_accept/4`, `job_finish_accept/4`, `job_accept_abandon/1`: the waiter resource and its one answer |
 //! | `fenced.rs` | `job_add_if_leader/6`, `job_resubmit_if_leader/7`: add and resubmit fenced by a leadership (`if_leader`) |
+//! | `schedules.rs` | `schedule_set/7`, `schedule_remove/3`, `schedules/2`: recurring jobs |
 //! | `subscribe.rs` | `job_subscribe/5`, `job_unsubscribe/1`: the subscription resource and its notifier |
 
 use std::future::Future;
@@ -135,6 +136,7 @@ mod accept;
 mod args;
 mod calls;
 mod fenced;
+mod schedules;
 mod subscribe;
 mod terms;
 
