@@ -20,7 +20,8 @@ leader_test_() ->
         ?TDEF_FE(owner_exit_hands_leadership_on),
         ?TDEF_FE(if_leader_adds_only_while_its_epoch_leads),
         ?TDEF_FE(if_leader_resubmits_only_while_its_epoch_leads),
-        ?TDEF_FE(bad_if_leader_is_refused)
+        ?TDEF_FE(bad_if_leader_is_refused),
+        ?TDEF_FE(readme_example_runs)
     ]).
 
 setup() ->
@@ -113,6 +114,25 @@ bad_if_leader_is_refused(#{type := T, jobs := J}) ->
     ],
     ?assertEqual({error, invalid_if_leader}, couch_workers:job_resubmit(J, <<"x">>, #{}, #{if_leader => T})),
     ?assertEqual({error, not_found}, couch_workers:job_get(J, <<"x">>)).
+
+%% The README's CouchDB-shaped example, line for line: database
+%% expiration as a schedule, and a cleanup only the replicator type's
+%% leader starts, fenced by `if_leader'.
+readme_example_runs(#{}) ->
+    ok = couch_workers:schedule_set(<<"db_expiration">>, <<"db_expire">>, #{every => 3600000}, #{}, #{}),
+    R = couch_workers:worker_register(<<"replicator">>, <<"n1-r1">>, #{}, self()),
+    E = receive {couch_workers_leader, R, Ep} -> Ep after ?WAIT_MS -> error(no_leader) end,
+    ok = couch_workers:job_add(<<"repl_cleanup">>, <<"cleanup">>, #{}, #{if_leader => {<<"replicator">>, E}}),
+    ?assertMatch([#{id := <<"db_expire">>, next_run_at := N}] when N rem 3600000 =:= 0, couch_workers:schedules(<<"db_expiration">>)),
+    ?assertMatch({ok, #{state := pending}}, couch_workers:job_get(<<"repl_cleanup">>, <<"cleanup">>)),
+    ok = couch_workers:worker_unregister(R),
+    ?assertEqual(E, recv_lost(R)),
+    ?assertEqual(
+        {error, not_leader},
+        couch_workers:job_add(<<"repl_cleanup">>, <<"cleanup2">>, #{}, #{if_leader => {<<"replicator">>, E}})
+    ),
+    ok = couch_workers:schedule_remove(<<"db_expiration">>, <<"db_expire">>),
+    ok = couch_workers:job_remove(<<"repl_cleanup">>, <<"cleanup">>).
 
 %% ---- helpers ---------------------------------------------------------------
 
