@@ -60,6 +60,12 @@
     metrics/1
 ]).
 
+%% Leadership (implemented in couch_workers_leader).
+-export([leader/1]).
+
+%% Recurring jobs (implemented in couch_workers_schedules).
+-export([schedule_set/5, schedule_remove/2, schedules/1]).
+
 -export_type([worker_type/0, worker_id/0, workers/0, vs/0]).
 -export_type([job_type/0, job_id/0, job/0, job_handle/0, job_state/0]).
 
@@ -414,3 +420,42 @@ flush_membership(Ref) ->
         {couch_workers_membership, _Type, _Workers, _VS, Ref} -> flush_membership(Ref)
     after 0 -> ok
     end.
+
+%% ---- leadership ----------------------------------------------------------------
+
+%% @doc The leader of `WorkerType': its member with the oldest current
+%% registration, read from the store at one version. `Epoch' names this
+%% leadership (a later leader's compares greater); `if_leader =>
+%% {WorkerType, Epoch}' on `job_add/4' and `job_resubmit/4' writes only
+%% while it leads. The leader's owner gets `{couch_workers_leader, Ref,
+%% Epoch}' when it becomes leader and `{couch_workers_leader_lost, Ref,
+%% Epoch}' when it stops.
+-spec leader(worker_type()) -> {ok, worker_id(), binary()} | {error, not_found | term()}.
+leader(WorkerType) ->
+    couch_workers_leader:leader(WorkerType).
+
+%% ---- recurring jobs ----------------------------------------------------------
+
+%% @doc Sets (or replaces, from its next due slot) the schedule
+%% `ScheduleId' of `JobType': each due slot `T' (Unix ms) creates one job
+%% with id `<<ScheduleId/binary, "@", (integer_to_binary(T))/binary>>',
+%% `Info' and the options of `Opts' (those of `job_add/4', and
+%% `if_leader'). `Spec': `#{every => Ms}' (at least 1000) or `#{cron =>
+%% <<"m h dom mon dow">>}' (UTC), with optional `start_at' (Unix ms),
+%% `overlap' (default `false') and `catch_up' (`latest' | `none' |
+%% `all'). A bad spec is `{error, {bad_schedule, Why}}'.
+-spec schedule_set(job_type(), binary(), map(), map(), map()) ->
+    ok | {error, {bad_schedule, binary()} | not_leader | term()}.
+schedule_set(JobType, ScheduleId, Spec, Info, Opts) ->
+    couch_workers_schedules:set(JobType, ScheduleId, Spec, Info, Opts).
+
+%% @doc Removes a schedule; the jobs its slots created stay.
+-spec schedule_remove(job_type(), binary()) -> ok | {error, not_found | term()}.
+schedule_remove(JobType, ScheduleId) ->
+    couch_workers_schedules:remove(JobType, ScheduleId).
+
+%% @doc The schedules of `JobType': `[#{id, spec, info, opts, next_run_at,
+%% last_run => JobId | null}]', in id order.
+-spec schedules(job_type()) -> [map()] | {error, term()}.
+schedules(JobType) ->
+    couch_workers_schedules:list(JobType).

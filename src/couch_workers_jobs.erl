@@ -44,7 +44,8 @@
 ]).
 
 %% The options' checks, for the calls inside a caller's transaction
-%% (couch_workers_tx).
+%% (couch_workers_tx) and for the recurring jobs' slots
+%% (couch_workers_schedules).
 -export([add_opts/1, resubmit_opts/1]).
 
 -include_lib("kernel/include/logger.hrl").
@@ -60,7 +61,7 @@
 -spec add(binary(), binary(), map(), map()) -> ok | {error, term()}.
 add(Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info), is_map(Opts) ->
     case add_opts(Opts) of
-        {ok, NifOpts} -> couch_workers_nif:call(fun(Ref) -> couch_workers_nif:budgeted(job_add, [Ref, Type, Id, Info, NifOpts]) end);
+        {ok, NifOpts} -> add_nif(Type, Id, Info, NifOpts, Opts);
         {error, _} = Error -> Error
     end;
 add(_Type, _Id, _Info, _Opts) ->
@@ -102,9 +103,7 @@ release(_Job, _Opts) ->
 resubmit(Type, Id, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Info), is_map(Opts) ->
     case resubmit_opts(Opts) of
         {ok, NifOpts, IfVs} ->
-            couch_workers_nif:call(fun(Ref) ->
-                couch_workers_nif:budgeted(job_resubmit, [Ref, Type, Id, Info, NifOpts, IfVs])
-            end);
+            resubmit_nif(Type, Id, Info, NifOpts, IfVs, Opts);
         {error, _} = Error ->
             Error
     end;
@@ -463,6 +462,30 @@ retry(Opts) ->
             {error, invalid_delay};
         {_, _} ->
             {error, invalid_retry}
+    end.
+
+%% ---- if_leader: add and resubmit fenced by a leadership (couch_workers_leader)
+
+add_nif(Type, Id, Info, NifOpts, Opts) ->
+    case couch_workers_leader:fence(Opts) of
+        {ok, undefined} ->
+            couch_workers_nif:call(fun(Ref) -> couch_workers_nif:budgeted(job_add, [Ref, Type, Id, Info, NifOpts]) end);
+        {ok, Fence} ->
+            couch_workers_leader:add(Type, Id, Info, NifOpts, Fence);
+        {error, _} = Error ->
+            Error
+    end.
+
+resubmit_nif(Type, Id, Info, NifOpts, IfVs, Opts) ->
+    case couch_workers_leader:fence(Opts) of
+        {ok, undefined} ->
+            couch_workers_nif:call(fun(Ref) ->
+                couch_workers_nif:budgeted(job_resubmit, [Ref, Type, Id, Info, NifOpts, IfVs])
+            end);
+        {ok, Fence} ->
+            couch_workers_leader:resubmit(Type, Id, Info, NifOpts, IfVs, Fence);
+        {error, _} = Error ->
+            Error
     end.
 
 %% `if_vs' (atom or binary key): a job's `vs' binary.

@@ -113,6 +113,26 @@
 %% job_tx_close(Call)                         -> ok; the reads still waiting and later ones fail
 %% test_tx_call()                             -> Call, closed (job_tx_answer/3 answers false)
 %% budgeted(Nif, Args)                        Nif's answer, through its twin when it is `dirty'
+%%
+%% Leadership (couch_workers_leader):
+%% leader(Ref, WorkerType)                    -> ok | {error, _}  then {Ref, {ok, Id, Epoch} | {error, not_found | Name}}
+%% job_add_if_leader(Ref, Type, Id, Info, Opts, {WorkerType, Epoch})
+%%                                            as job_add/5, written only while Epoch leads WorkerType
+%%                                            (checked in the same transaction), else {Ref, {error, not_leader}}
+%% job_resubmit_if_leader(Ref, Type, Id, Info, Opts, VS | undefined, {WorkerType, Epoch})
+%%                                            as job_resubmit/6, fenced alike
+%% job_add_if_leader_dirty/6, job_resubmit_if_leader_dirty/7: their DirtyCpu twins
+%%
+%% Recurring jobs (couch_workers_schedules):
+%% schedule_set(Ref, Type, Id, Spec, Info, Opts, {WorkerType, Epoch} | undefined)
+%%                                            -> ok | {error, _} | dirty  then {Ref, ok | {error, {bad_schedule, Why} | not_leader | Name}}
+%% schedule_set_dirty/7: its DirtyCpu twin
+%% schedule_remove(Ref, Type, Id)             -> ok | {error, _}  then {Ref, ok | {error, not_found | Name}}
+%% schedules(Ref, Type)                       -> ok | {error, _}  then {Ref, {ok, [#{id, spec, info, opts := {Priority, MaxAttempts, Keep},
+%%                                                                  next_run_at, last_run}]} | {error, Name}}
+%% worker_notify(Registration, Owner, Tag) also sends the registration's leadership to Owner:
+%%     {couch_workers_leader, Tag, Epoch} when it becomes its type's leader (at once if it leads),
+%%     {couch_workers_leader_lost, Tag, Epoch} when it stops
 %% '''
 %%
 %% This list is the one description of the NIF protocol; argument shapes
@@ -200,6 +220,23 @@
     job_fail_dirty/4,
     job_release_dirty/4,
     job_resubmit_dirty/6
+]).
+
+%% Leadership (see the "leadership" section at the end).
+-export([
+    leader/2,
+    job_add_if_leader/6,
+    job_resubmit_if_leader/7,
+    job_add_if_leader_dirty/6,
+    job_resubmit_if_leader_dirty/7
+]).
+
+%% Recurring jobs (see the "recurring jobs" section at the end).
+-export([
+    schedule_set/7,
+    schedule_set_dirty/7,
+    schedule_remove/3,
+    schedules/2
 ]).
 
 -export([wait/2, call/1, budgeted/2]).
@@ -515,3 +552,42 @@ ops_job_paused(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).
 
 -spec ops_store_counters() -> #{atom() => non_neg_integer()}.
 ops_store_counters() -> erlang:nif_error(nif_not_loaded).
+
+%% ---- leadership --------------------------------------------------------------
+
+-spec leader(reference(), binary()) -> ok | {error, atom()}.
+leader(_Ref, _WorkerType) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_add_if_leader(reference(), binary(), binary(), map(), job_opts(), {binary(), binary()}) ->
+    ok | {error, atom()} | dirty.
+job_add_if_leader(_Ref, _Type, _Id, _Info, _Opts, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_add_if_leader_dirty(reference(), binary(), binary(), map(), job_opts(), {binary(), binary()}) ->
+    ok | {error, atom()}.
+job_add_if_leader_dirty(_Ref, _Type, _Id, _Info, _Opts, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_resubmit_if_leader(
+    reference(), binary(), binary(), map(), job_opts(), binary() | undefined, {binary(), binary()}
+) -> ok | {error, atom()} | dirty.
+job_resubmit_if_leader(_Ref, _Type, _Id, _Info, _Opts, _VS, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_resubmit_if_leader_dirty(
+    reference(), binary(), binary(), map(), job_opts(), binary() | undefined, {binary(), binary()}
+) -> ok | {error, atom()}.
+job_resubmit_if_leader_dirty(_Ref, _Type, _Id, _Info, _Opts, _VS, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+%% ---- recurring jobs ------------------------------------------------------------
+
+-spec schedule_set(reference(), binary(), binary(), map(), map(), job_opts(), {binary(), binary()} | undefined) ->
+    ok | {error, term()} | dirty.
+schedule_set(_Ref, _Type, _Id, _Spec, _Info, _Opts, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+-spec schedule_set_dirty(reference(), binary(), binary(), map(), map(), job_opts(), {binary(), binary()} | undefined) ->
+    ok | {error, term()}.
+schedule_set_dirty(_Ref, _Type, _Id, _Spec, _Info, _Opts, _Fence) -> erlang:nif_error(nif_not_loaded).
+
+-spec schedule_remove(reference(), binary(), binary()) -> ok | {error, atom()}.
+schedule_remove(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
+
+-spec schedules(reference(), binary()) -> ok | {error, atom()}.
+schedules(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).

@@ -4,7 +4,9 @@
 %% (`job_types/0') its exact counts by state (`job_counts/1'), its latest
 %% failures with their errors (`job_list/2' of state `failed'), whether
 %% it is paused (`couch_workers_ops:job_paused/1': the public API has no
-%% call that reads the flag) and this node's throughput history.
+%% call that reads the flag) and this node's throughput history; each
+%% worker type's leader (`leader/1') and each job type's schedules with
+%% their next run (`schedules/1').
 %%
 %% A read that fails shows as `unknown' (the page says "n/a") rather than
 %% a guess.
@@ -33,7 +35,16 @@ collect(History) ->
 
 worker_type(T) ->
     Workers = list_or_empty(couch_workers:workers(T)),
-    #{type => T, total => length(Workers), workers => lists:sublist(Workers, ?MAX_LISTED)}.
+    #{type => T, total => length(Workers), workers => lists:sublist(Workers, ?MAX_LISTED), leader => leader(T)}.
+
+%% The type's leader's id, `null' when it has none, `unknown' when the
+%% read failed.
+leader(T) ->
+    case couch_workers:leader(T) of
+        {ok, Id, _Epoch} -> Id;
+        {error, not_found} -> null;
+        {error, _} -> unknown
+    end.
 
 job_types() ->
     list_or_empty(couch_workers:job_types()).
@@ -44,8 +55,16 @@ job_type(T, History) ->
         counts => counts(T),
         failures => failures(T),
         paused => paused(T),
-        throughput => maps:get(T, History, [])
+        throughput => maps:get(T, History, []),
+        schedules => schedules(T)
     }.
+
+%% The type's schedules: id, spec, next run and last run.
+schedules(T) ->
+    case couch_workers:schedules(T) of
+        L when is_list(L) -> [maps:with([id, spec, next_run_at, last_run], S) || S <- L];
+        {error, _} -> unknown
+    end.
 
 counts(T) ->
     case couch_workers:job_counts(T) of

@@ -8,7 +8,8 @@
 %% jobs and options. Per job type: its counts by state, a chart of the
 %% jobs this node finished per sample interval, its latest failed jobs
 %% with their errors and its paused flag (each shown as "n/a" when its
-%% read failed). Every id, type and option is HTML-escaped; bytes that are not
+%% read failed). Each worker type's leader, and each job type's schedules
+%% with their next and last run. Every id, type and option is HTML-escaped; bytes that are not
 %% UTF-8 are shown as `\xNN'.
 -module(couch_workers_status_page).
 
@@ -35,6 +36,8 @@ render(#{node := Node, worker_types := WTs, job_types := JTs}) ->
             [] -> <<"<p class=\"none\">No job types known.</p>">>;
             _ -> job_table(JTs)
         end,
+        <<"<h2>Schedules</h2>">>,
+        schedule_table(JTs),
         <<"</body></html>\n">>
     ].
 
@@ -53,10 +56,10 @@ css() ->
 
 %% ---- workers ---------------------------------------------------------------------
 
-worker_type(#{type := T, total := Total, workers := Workers}) ->
+worker_type(#{type := T, total := Total, workers := Workers} = WT) ->
     [
         <<"<h3>">>, escape(T), <<" <span class=\"none\">(">>, integer_to_binary(Total),
-        <<" live)</span></h3><table><tr><th>worker</th><th>heartbeat age</th><th></th>"
+        <<" live; leader ">>, leader(maps:get(leader, WT, unknown)), <<")</span></h3><table><tr><th>worker</th><th>heartbeat age</th><th></th>"
           "<th class=\"num\">timeout</th><th class=\"num\">running</th><th>options</th></tr>">>,
         [worker_row(W) || W <- Workers],
         case Total > length(Workers) of
@@ -73,6 +76,10 @@ worker_row(#{id := Id, opts := Opts, timeout := Timeout, heartbeat_age_ms := Age
         integer_to_binary(Running), <<"</td><td class=\"opts\">">>,
         escape(iolist_to_binary(couch_workers_json:encode(Opts))), <<"</td></tr>">>
     ].
+
+leader(Id) when is_binary(Id) -> [<<"<b>">>, escape(Id), <<"</b>">>];
+leader(null) -> <<"none">>;
+leader(_) -> <<"n/a">>.
 
 age_bar(Age, Timeout) when is_integer(Age), is_integer(Timeout), Timeout > 0 ->
     Share = Age / (Timeout * 1000),
@@ -92,6 +99,35 @@ age_text(_) -> <<"&ndash;">>.
 
 timeout_text(T) when is_integer(T) -> [integer_to_binary(T), <<" s">>];
 timeout_text(_) -> <<"&ndash;">>.
+
+%% ---- schedules -------------------------------------------------------------------
+
+schedule_table(JTs) ->
+    Rows = [schedule_row(T, S) || #{type := T, schedules := L} <- JTs, is_list(L), S <- L],
+    Unknown = [T || #{type := T, schedules := unknown} <- JTs],
+    [
+        case Rows of
+            [] -> <<"<p class=\"none\">No schedules of the job types above.</p>">>;
+            _ -> [<<"<table><tr><th>job type</th><th>schedule</th><th>spec</th><th>next run (UTC)</th><th>last run</th></tr>">>, Rows, <<"</table>">>]
+        end,
+        [[<<"<p class=\"none\">Schedules of ">>, escape(T), <<": n/a</p>">>] || T <- Unknown]
+    ].
+
+schedule_row(T, #{id := Id, spec := Spec, next_run_at := Next, last_run := Last}) ->
+    [
+        <<"<tr><td>">>, escape(T), <<"</td><td>">>, escape(Id), <<"</td><td class=\"opts\">">>,
+        escape(iolist_to_binary(couch_workers_json:encode(Spec))), <<"</td><td>">>, utc(Next), <<"</td><td>">>,
+        case Last of
+            null -> <<"<span class=\"none\">none yet</span>">>;
+            _ -> escape(Last)
+        end,
+        <<"</td></tr>">>
+    ].
+
+utc(Ms) when is_integer(Ms) ->
+    escape(list_to_binary(calendar:system_time_to_rfc3339(Ms, [{unit, millisecond}, {offset, "Z"}])));
+utc(_) ->
+    <<"n/a">>.
 
 %% ---- jobs ------------------------------------------------------------------------
 

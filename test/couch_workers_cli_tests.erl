@@ -22,7 +22,8 @@ cli_test_() ->
                     {timeout, 120, {"pause and resume, seen by the node's acceptors", ?_test(pause_resume(Dir))}},
                     {timeout, 120, {"jobs --state: from each state's index, past 10,000 jobs of other states", ?_test(jobs_by_state(Dir))}},
                     {timeout, 120, {"jobs pages: --after the printed cursor, --all", ?_test(jobs_pages(Dir))}},
-                    {timeout, 120, {"errors: exit 1 and a reason", ?_test(errors(Dir))}}
+                    {timeout, 120, {"errors: exit 1 and a reason", ?_test(errors(Dir))}},
+                    {timeout, 120, {"schedules, schedule-remove, and each type's leader", ?_test(schedules_and_leaders(Dir))}}
                 ]
             end
         }
@@ -43,7 +44,7 @@ reads(Dir) ->
     %% scheduled, pending, running, finished, canceled, failed, paused
     ?assertMatch({match, _}, re:run(Status, <<"\\n", T/binary, " +0 +2 +1 +0 +0 +0 +no\\n">>)),
     {0, Json, _} = cli(Dir, ["--json", "workers", T]),
-    ?assertMatch({match, _}, re:run(Json, <<"^\\{\"type\":\"", T/binary, "\",\"id\":\"w1\",\"opts\":\\{\"slots\":2\\},\"timeout\":15,\"heartbeat_age_ms\":[0-9]+,\"running\":1\\}\\n$">>)),
+    ?assertMatch({match, _}, re:run(Json, <<"^\\{\"type\":\"", T/binary, "\",\"id\":\"w1\",\"opts\":\\{\"slots\":2\\},\"timeout\":15,\"heartbeat_age_ms\":[0-9]+,\"running\":1,\"leader\":true\\}\\n$">>)),
     {0, Jobs, _} = cli(Dir, ["--json", "jobs", T, "--state", "pending", "--limit", "5"]),
     ?assertEqual(2, length(binary:split(Jobs, <<"\n">>, [global, trim_all]))),
     ?assertEqual(nomatch, binary:match(Jobs, <<"\"id\":\"j1\"">>)),
@@ -66,6 +67,32 @@ actions(Dir) ->
     W = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
     ?assertMatch({ok, #{id := <<"j3">>}}, couch_workers:job_accept(W, #{timeout => 5000})),
     ok = couch_workers:worker_unregister(W).
+
+schedules_and_leaders(Dir) ->
+    T = unique_type("cli_sched"),
+    W1 = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    W2 = couch_workers:worker_register(T, <<"w2">>, #{}, self()),
+    {0, Workers, _} = cli(Dir, ["workers", T]),
+    ?assertMatch({match, _}, re:run(Workers, <<"\n", T/binary, " +w1 +15 s +[0-9.]+ s +0 +leader +\\{\\}\n">>)),
+    ?assertMatch({match, _}, re:run(Workers, <<"\n", T/binary, " +w2 +15 s +[0-9.]+ s +0 +- +\\{\\}\n">>)),
+    {0, Status, _} = cli(Dir, ["--json", "status"]),
+    ?assertMatch({match, _}, re:run(Status, <<"\"worker_type\":\"", T/binary, "\",\"workers\":2,[^\n]*\"leader\":\"w1\"">>)),
+    ok = couch_workers:worker_unregister(W1),
+    {0, Json, _} = cli(Dir, ["--json", "workers", T]),
+    ?assertMatch({match, _}, re:run(Json, <<"\"id\":\"w2\",[^\n]*\"leader\":true">>)),
+    ok = couch_workers:schedule_set(T, <<"nightly">>, #{cron => <<"30 2 * * *">>}, #{<<"db">> => <<"a">>}, #{}),
+    [#{next_run_at := Next}] = couch_workers:schedules(T),
+    NextText = list_to_binary(calendar:system_time_to_rfc3339(Next, [{unit, millisecond}, {offset, "Z"}])),
+    {0, Table, _} = cli(Dir, ["schedules", T]),
+    ?assertMatch({match, _}, re:run(Table, <<"^TYPE +SCHEDULE +NEXT RUN \\(UTC\\) +LAST RUN +SPEC +INFO\n">>)),
+    ?assertMatch({match, _}, re:run(Table, <<"\n", T/binary, " +nightly +", NextText/binary, " +- +">>)),
+    {0, Line, _} = cli(Dir, ["--json", "schedules", T]),
+    ?assertMatch({match, _}, re:run(Line, <<"\"id\":\"nightly\",\"spec\":\\{\"cron\":\"30 2 \\* \\* \\*\"[^\n]*\"next_run_at\":", (integer_to_binary(Next))/binary, ",\"last_run\":null">>)),
+    {0, _, _} = cli(Dir, ["schedule-remove", T, "nightly"]),
+    ?assertEqual([], couch_workers:schedules(T)),
+    {1, _, E} = cli(Dir, ["schedule-remove", T, "nightly"]),
+    ?assertMatch({match, _}, re:run(E, <<"no schedule">>)),
+    ok = couch_workers:worker_unregister(W2).
 
 errors(Dir) ->
     T = unique_type("cli_err"),

@@ -27,6 +27,7 @@ http_test_() ->
                     {"bound to 127.0.0.1 by default", ?_test(bound_to_loopback())},
                     {"/ shows a worker type and a job type", ?_test(page_shows_workers_and_jobs())},
                     {"/ shows a job type's counts by state, latest failures and paused flag", ?_test(page_shows_job_states())},
+                    {"/ shows each worker type's leader and each job type's schedules", ?_test(page_shows_leaders_and_schedules())},
                     {"/metrics is Prometheus text", ?_test(metrics_endpoint())},
                     {"/api/... is JSON", ?_test(api_endpoints())},
                     {"unknown paths 404, bad encodings 400, other methods 405", ?_test(bad_requests_are_4xx())},
@@ -146,6 +147,27 @@ page_shows_job_states() ->
     ?assertMatch({match, _}, re:run(Json, <<"\"paused\":true[^}]*\"type\":\"", T/binary, "\"|\"type\":\"", T/binary, "\"[^]]*\"paused\":true">>)),
     ok = couch_workers:job_resume(T),
     ok = couch_workers:worker_unregister(W).
+
+page_shows_leaders_and_schedules() ->
+    T = unique_type("ls"),
+    W1 = couch_workers:worker_register(T, <<"w1">>, #{}, self()),
+    W2 = couch_workers:worker_register(T, <<"w2">>, #{}, self()),
+    ok = couch_workers:job_add(T, <<"j1">>, #{}, #{}),
+    ok = couch_workers:schedule_set(T, <<"nightly">>, #{cron => <<"30 2 * * *">>}, #{}, #{}),
+    [#{next_run_at := Next}] = couch_workers:schedules(T),
+    NextText = list_to_binary(calendar:system_time_to_rfc3339(Next, [{unit, millisecond}, {offset, "Z"}])),
+    {200, _, Page} = http_get("/"),
+    ?assertNotEqual(nomatch, binary:match(Page, <<T/binary, " <span class=\"none\">(2 live; leader <b>w1</b>)">>)),
+    ?assertNotEqual(nomatch, binary:match(Page, <<"<td>", T/binary, "</td><td>nightly</td>">>)),
+    ?assertNotEqual(nomatch, binary:match(Page, <<"<td>", NextText/binary, "</td><td><span class=\"none\">none yet</span>">>)),
+    {200, _, Json} = http_get("/api/status"),
+    ?assertNotEqual(nomatch, binary:match(Json, <<"\"leader\":\"w1\"">>)),
+    ?assertNotEqual(nomatch, binary:match(Json, <<"\"next_run_at\":", (integer_to_binary(Next))/binary>>)),
+    ok = couch_workers:worker_unregister(W1),
+    {200, _, After} = http_get("/"),
+    ?assertNotEqual(nomatch, binary:match(After, <<T/binary, " <span class=\"none\">(1 live; leader <b>w2</b>)">>)),
+    ok = couch_workers:schedule_remove(T, <<"nightly">>),
+    ok = couch_workers:worker_unregister(W2).
 
 metrics_endpoint() ->
     T = unique_type("mt"),

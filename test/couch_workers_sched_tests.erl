@@ -107,7 +107,8 @@
     {job_add_many, 3}, {worker_register_dirty, 4}, {job_add_dirty, 5}, {job_update_dirty, 3}, {job_finish_dirty, 3},
     {job_fail_dirty, 4}, {job_release_dirty, 4}, {job_resubmit_dirty, 6}, {job_finish_accept_dirty, 4},
     {job_tx_add_dirty, 6}, {job_tx_update_dirty, 4}, {job_tx_finish_dirty, 4}, {job_tx_resubmit_dirty, 7},
-    {job_tx_answer_dirty, 3}
+    {job_tx_answer_dirty, 3},
+    {job_add_if_leader_dirty, 6}, {job_resubmit_if_leader_dirty, 7}, {schedule_set_dirty, 7}
 ]).
 %% Lifecycle and test hooks: no stored term passes through them.
 -define(UNMEASURED_NIFS, [
@@ -282,7 +283,13 @@ measured_nifs() ->
         {job_tx_remove, 5},
         {job_tx_cancel, 4},
         {job_tx_answer, 3},
-        {job_tx_close, 1}
+        {job_tx_close, 1},
+        {leader, 2},
+        {job_add_if_leader, 6},
+        {job_resubmit_if_leader, 7},
+        {schedule_set, 7},
+        {schedule_remove, 3},
+        {schedules, 2}
     ].
 
 %% Runs the iterations in a fresh process (its heap holds only the terms
@@ -399,6 +406,18 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     {ok, 0} = call(job_pending_count, Name, [T]),
     {error, changed} = call(job_remove_if, Name, [T, Id, <<0:96>>]),
     ok = call(job_remove, Name, [T, Id]),
+    %% Leadership: the type's leader (the worker `w', registered first),
+    %% and a job with this info added and resubmitted fenced by its epoch,
+    %% then removed.
+    {ok, <<"w">>, Epoch} = call(leader, Name, [T]),
+    ok = call(job_add_if_leader, Name, [T, Id, Info, ?OPTS(0), {T, Epoch}]),
+    ok = call(job_resubmit_if_leader, Name, [T, Id, Info, ?OPTS(undefined), undefined, {T, Epoch}]),
+    ok = call(job_remove, Name, [T, Id]),
+    %% A schedule with this info (an hour apart: no slot falls due),
+    %% listed (the reply holds the info), removed.
+    ok = call(schedule_set, Name, [T, Id, #{every => 3600000}, Info, ?OPTS(undefined), undefined]),
+    {ok, [_ | _]} = call(schedules, Name, [T]),
+    ok = call(schedule_remove, Name, [T, Id]),
     in_caller_tx(Name, Info, TooLarge, T, Id, H2),
     ok.
 
@@ -491,7 +510,10 @@ dirty_twin(job_resubmit) -> job_resubmit_dirty;
 dirty_twin(job_tx_add) -> job_tx_add_dirty;
 dirty_twin(job_tx_update) -> job_tx_update_dirty;
 dirty_twin(job_tx_finish) -> job_tx_finish_dirty;
-dirty_twin(job_tx_resubmit) -> job_tx_resubmit_dirty.
+dirty_twin(job_tx_resubmit) -> job_tx_resubmit_dirty;
+dirty_twin(job_add_if_leader) -> job_add_if_leader_dirty;
+dirty_twin(job_resubmit_if_leader) -> job_resubmit_if_leader_dirty;
+dirty_twin(schedule_set) -> schedule_set_dirty.
 
 %% The NIF's own time on this scheduler. The minor collection first: a
 %% collection that the VM runs right after the NIF (it does when the

@@ -7,6 +7,8 @@
 -module(couch_workers_test_owner).
 
 -export([start/4, accept/1, finish_old/1, events/1, stop/1]).
+%% Leadership messages, kept apart from `events/1'.
+-export([leader_events/1]).
 
 -define(WAIT, 10000).
 
@@ -18,7 +20,7 @@ start(Name, Type, Id, Opts) ->
         Result = couch_workers:worker_register(Type, Id, Opts, self()),
         Caller ! {registered, self(), Result},
         case is_reference(Result) of
-            true -> loop(#{ref => Result, events => [], job => undefined});
+            true -> loop(#{ref => Result, events => [], job => undefined, leader => []});
             false -> ok
         end
     end),
@@ -41,6 +43,11 @@ finish_old(Name) -> ask(Name, finish_old).
 -spec events(atom()) -> [term()].
 events(Name) -> ask(Name, events).
 
+%% The leadership messages for its own `Ref' so far, oldest first:
+%% `{leader, Epoch}' and `{leader_lost, Epoch}'.
+-spec leader_events(atom()) -> [{leader | leader_lost, binary()}].
+leader_events(Name) -> ask(Name, leader_events).
+
 -spec stop(atom()) -> ok.
 stop(Name) ->
     case whereis(Name) of
@@ -61,6 +68,13 @@ loop(#{ref := Ref, events := Events} = St) ->
             loop(St#{events := [reaped | Events]});
         {couch_workers_worker_lost, Ref, Reason} ->
             loop(St#{events := [{lost, Reason} | Events]});
+        {couch_workers_leader, Ref, Epoch} ->
+            loop(St#{leader := [{leader, Epoch} | maps:get(leader, St)]});
+        {couch_workers_leader_lost, Ref, Epoch} ->
+            loop(St#{leader := [{leader_lost, Epoch} | maps:get(leader, St)]});
+        {leader_events, From} ->
+            reply(From, lists:reverse(maps:get(leader, St))),
+            loop(St);
         {couch_workers_worker_reaped, _} = Msg ->
             loop(St#{events := [{other_ref, Msg} | Events]});
         {couch_workers_worker_lost, _, _} = Msg ->

@@ -16,6 +16,8 @@ commands:
   cancel TYPE ID | remove TYPE ID          act on one job
   retry TYPE ID                            a failed job back to pending (attempts 0)
   pause TYPE | resume TYPE                 no worker on any node takes TYPE's jobs / again
+  schedules TYPE                           TYPE's recurring jobs: spec, next run, last run
+  schedule-remove TYPE ID                  remove a schedule (the jobs it created stay)
 --store defaults to embedded:couch_workers_data (the app's default store).
 --store fdb-test:NAME:CLUSTER_FILE is the test store of the EUnit suites on
 FoundationDB (the directory couch_workers_test/NAME), left in place.
@@ -43,6 +45,8 @@ pub enum Command {
     Retry(Vec<u8>, Vec<u8>),
     Pause(Vec<u8>),
     Resume(Vec<u8>),
+    Schedules(Vec<u8>),
+    ScheduleRemove(Vec<u8>, Vec<u8>),
 }
 
 /// Which pages of `jobs` to print.
@@ -141,9 +145,13 @@ pub fn parse(args: Vec<OsString>) -> Result<Options, String> {
         ("retry", [t, id]) => Command::Retry(t.clone(), id.clone()),
         ("pause", [t]) => Command::Pause(t.clone()),
         ("resume", [t]) => Command::Resume(t.clone()),
-        ("status" | "workers" | "jobs" | "job" | "cancel" | "remove" | "retry" | "pause" | "resume", _) => {
-            return Err(format!("wrong arguments for {name}"))
-        }
+        ("schedules", [t]) => Command::Schedules(t.clone()),
+        ("schedule-remove", [t, id]) => Command::ScheduleRemove(t.clone(), id.clone()),
+        (
+            "status" | "workers" | "jobs" | "job" | "cancel" | "remove" | "retry" | "pause" | "resume" | "schedules"
+            | "schedule-remove",
+            _,
+        ) => return Err(format!("wrong arguments for {name}")),
         _ => return Err(format!("unknown command {name:?}")),
     };
     Ok(Options { store, json, command })
@@ -180,6 +188,17 @@ mod tests {
 
     fn p(args: &[&str]) -> Result<Options, String> {
         parse(args.iter().map(OsString::from).collect())
+    }
+
+    #[test]
+    fn schedule_commands() {
+        assert_eq!(p(&["schedules", "t"]).unwrap().command, Command::Schedules(b"t".to_vec()));
+        assert_eq!(
+            p(&["schedule-remove", "t", "nightly"]).unwrap().command,
+            Command::ScheduleRemove(b"t".to_vec(), b"nightly".to_vec())
+        );
+        assert!(p(&["schedules"]).unwrap_err().contains("wrong arguments"));
+        assert!(p(&["schedule-remove", "t"]).unwrap_err().contains("wrong arguments"));
     }
 
     #[test]

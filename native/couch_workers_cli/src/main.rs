@@ -5,7 +5,7 @@
 //! pruner (a test below counts the context's spawns). It is safe beside
 //! running nodes: reads are snapshot reads in read-only transactions (they
 //! conflict with nobody). Its only writes are the actions asked for
-//! (`cancel`, `remove`, `retry`, `pause`, `resume`), each one ordinary
+//! (`cancel`, `remove`, `retry`, `pause`, `resume`, `schedule-remove`), each one ordinary
 //! transaction of the stateless job API (`Jobs`), the same that a node's
 //! `job_cancel/2`, `job_remove/2`, `job_resubmit/4`, `job_pause/1` and
 //! `job_resume/1` run, so running nodes see them as they see each other's
@@ -20,6 +20,8 @@ mod output;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use couch_workers_core::leaders::Leadership;
+use couch_workers_core::recurring::Schedules;
 use couch_workers_core::{Context, Error, JobOpts, JobState, Jobs, StoreConfig};
 
 use args::{Command, Options, Page, Store};
@@ -119,8 +121,9 @@ async fn command(cmd: &Command, ctx: &Arc<Context>, out: &mut Out) -> Result<(),
                 if ws.is_empty() && only.is_some() {
                     return Err(format!("no registered workers of type {:?}", show(t)));
                 }
+                let leader = leader(ctx, t).await?;
                 for w in &ws {
-                    out.worker(t, w);
+                    out.worker(t, w, leader.as_deref() == Some(w.id.as_slice()));
                 }
             }
             Ok(())
@@ -172,6 +175,23 @@ async fn command(cmd: &Command, ctx: &Arc<Context>, out: &mut Out) -> Result<(),
             })?;
             let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
             out.done("retried", &job);
+            Ok(())
+        }
+        Command::Schedules(t) => {
+            let list = Schedules::new(ctx.clone()).list(t).await.map_err(store_error)?;
+            out.schedules_header();
+            for e in &list {
+                out.schedule(t, e);
+            }
+            Ok(())
+        }
+        Command::ScheduleRemove(t, id) => {
+            Schedules::new(ctx.clone()).remove(t, id).await.map_err(|e| match e.name() {
+                "not_found" => format!("no schedule {:?} of type {:?}", show(id), show(t)),
+                "key_too_large" => "the type or id is over the key limit".into(),
+                _ => format!("store error: {e}"),
+            })?;
+            out.schedule_removed(t, id);
             Ok(())
         }
         Command::Pause(t) | Command::Resume(t) => {
@@ -241,12 +261,18 @@ fn job_error(e: &Error, t: &[u8], id: &[u8]) -> String {
     }
 }
 
-async fn status(ctx: &Context, api: &Jobs, out: &mut Out) -> Result<(), String> {
+/// The id of the type's leader (its oldest registration), if it has one.
+async fn leader(ctx: &Arc<Context>, t: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    Ok(Leadership::new(ctx.clone()).leader(t).await.map_err(store_error)?.map(|(id, _epoch)| id))
+}
+
+async fn status(ctx: &Arc<Context>, api: &Jobs, out: &mut Out) -> Result<(), String> {
     let types = ctx.worker_types().await.map_err(store_error)?;
     out.status_workers_header();
     for t in &types {
         let ws = ctx.workers(t).await.map_err(store_error)?;
-        out.status_workers(t, &ws);
+        let leader = leader(ctx, t).await?;
+        out.status_workers(t, &ws, leader.as_deref());
     }
     let job_types = api.job_types().await.map_err(store_error)?;
     out.status_jobs_header();

@@ -2,6 +2,7 @@
 //! object per line (`--json`) for scripts. Ids and types are bytes; they
 //! are shown as UTF-8, with the bytes that are not replaced by U+FFFD.
 
+use couch_workers_core::recurring::ScheduleEntry;
 use couch_workers_core::{Job, JobState, WorkerInfo};
 use serde_json::{json, Value};
 
@@ -19,6 +20,14 @@ fn text(bytes: &[u8]) -> String {
 /// A stored JSON object as a value (stored bytes that are no JSON as a string).
 fn stored_json(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(text(bytes)))
+}
+
+/// Unix ms as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
+fn utc(ms: u64) -> String {
+    i64::try_from(ms)
+        .ok()
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map_or_else(|| format!("{ms} ms"), |at| at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
 }
 
 fn age(ms: Option<u64>) -> String {
@@ -61,13 +70,14 @@ impl Out {
     }
 
     pub fn workers_header(&mut self) {
-        self.header(vec!["TYPE", "ID", "TIMEOUT", "HEARTBEAT AGE", "RUNNING", "OPTIONS"]);
+        self.header(vec!["TYPE", "ID", "TIMEOUT", "HEARTBEAT AGE", "RUNNING", "LEADER", "OPTIONS"]);
     }
 
-    pub fn worker(&mut self, t: &[u8], w: &WorkerInfo) {
+    /// A worker; `leader`: it is its type's leader (its oldest registration).
+    pub fn worker(&mut self, t: &[u8], w: &WorkerInfo, leader: bool) {
         let value = json!({
             "type": text(t), "id": text(&w.id), "opts": stored_json(&w.options_json),
-            "timeout": w.timeout_s, "heartbeat_age_ms": w.heartbeat_age_ms, "running": w.running,
+            "timeout": w.timeout_s, "heartbeat_age_ms": w.heartbeat_age_ms, "running": w.running, "leader": leader,
         });
         let cells = vec![
             text(t),
@@ -75,6 +85,7 @@ impl Out {
             w.timeout_s.map_or("-".into(), |s| format!("{s} s")),
             age(w.heartbeat_age_ms),
             w.running.to_string(),
+            if leader { "leader".into() } else { "-".into() },
             text(&w.options_json),
         ];
         self.row(cells, value);
@@ -127,15 +138,44 @@ impl Out {
     }
 
     pub fn status_workers_header(&mut self) {
-        self.header(vec!["WORKER TYPE", "WORKERS", "RUNNING", "OLDEST HEARTBEAT"]);
+        self.header(vec!["WORKER TYPE", "WORKERS", "RUNNING", "OLDEST HEARTBEAT", "LEADER"]);
     }
 
-    pub fn status_workers(&mut self, t: &[u8], ws: &[WorkerInfo]) {
+    pub fn status_workers(&mut self, t: &[u8], ws: &[WorkerInfo], leader: Option<&[u8]>) {
         let running: u64 = ws.iter().map(|w| w.running).sum();
         let oldest = ws.iter().filter_map(|w| w.heartbeat_age_ms).max();
         self.row(
-            vec![text(t), ws.len().to_string(), running.to_string(), age(oldest)],
-            json!({"worker_type": text(t), "workers": ws.len(), "running": running, "oldest_heartbeat_age_ms": oldest}),
+            vec![text(t), ws.len().to_string(), running.to_string(), age(oldest), leader.map_or("-".into(), text)],
+            json!({"worker_type": text(t), "workers": ws.len(), "running": running, "oldest_heartbeat_age_ms": oldest,
+                   "leader": leader.map(text)}),
+        );
+    }
+
+    pub fn schedules_header(&mut self) {
+        self.header(vec!["TYPE", "SCHEDULE", "NEXT RUN (UTC)", "LAST RUN", "SPEC", "INFO"]);
+    }
+
+    pub fn schedule(&mut self, t: &[u8], e: &ScheduleEntry) {
+        let value = json!({
+            "type": text(t), "id": text(&e.id), "spec": stored_json(&e.spec_json), "info": stored_json(&e.info),
+            "next_run_at": e.next_run_at, "last_run": e.last_run.as_deref().map(text),
+        });
+        let cells = vec![
+            text(t),
+            text(&e.id),
+            utc(e.next_run_at),
+            e.last_run.as_deref().map_or("-".into(), text),
+            text(&e.spec_json),
+            text(&e.info),
+        ];
+        self.row(cells, value);
+    }
+
+    pub fn schedule_removed(&mut self, t: &[u8], id: &[u8]) {
+        self.header(vec!["ACTION", "TYPE", "SCHEDULE"]);
+        self.row(
+            vec!["schedule removed".into(), text(t), text(id)],
+            json!({"action": "schedule_removed", "type": text(t), "id": text(id)}),
         );
     }
 

@@ -21,6 +21,13 @@ pub enum Error {
     /// A conditional write (`if_vs`) found the job changed or gone.
     #[error("changed")]
     Changed,
+    /// A fenced write (`if_leader`) found another leadership than its
+    /// epoch's, or none.
+    #[error("not the leader")]
+    NotLeader,
+    /// A schedule's spec that cannot be used, and why.
+    #[error("bad schedule: {0}")]
+    BadSchedule(String),
     /// Bad input that passed the NIF's shape checks (an empty worker id,
     /// a zero timeout, ...).
     #[error("invalid argument: {0}")]
@@ -38,6 +45,8 @@ impl Error {
             Error::NotOwner => "not_owner",
             Error::Canceled => "canceled",
             Error::Changed => "changed",
+            Error::NotLeader => "not_leader",
+            Error::BadSchedule(_) => "bad_schedule",
             Error::Invalid(what) => what,
             Error::Store(e) => e.name(),
         }

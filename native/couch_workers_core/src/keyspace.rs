@@ -27,11 +27,16 @@ const REAPER_PULSE: &[u8] = b"reaper_pulse";
 const HEALTH_VS: &[u8] = b"health_vs";
 const SCHEDULED_VS: &[u8] = b"scheduled_vs";
 const EXPIRY_VS: &[u8] = b"expiry_vs";
+const SCHEDULES: &[u8] = b"schedules";
+const SCHEDULE_DUE: &[u8] = b"schedule_due";
+const SCHEDULES_VS: &[u8] = b"schedules_vs";
 const VS: &[u8] = b"vs";
 const MEMBER: &[u8] = b"member";
 const HEALTH: &[u8] = b"health";
 const LOG: &[u8] = b"log";
 const LOG_FLOOR: &[u8] = b"log_floor";
+const REGISTERED: &[u8] = b"registered";
+const SENIORITY: &[u8] = b"seniority";
 
 /// The keys strictly inside a packed tuple prefix: `prefix ++ 0x00` up to
 /// `prefix ++ 0xff` (foundationdb-rs `Subspace::range`, erlfdb
@@ -77,6 +82,17 @@ pub enum WorkerKey {
     },
     /// A membership change log entry: the 10-byte commit VS and the worker.
     Log {
+        worker_type: Vec<u8>,
+        vs: Versionstamp,
+        worker: Vec<u8>,
+    },
+    /// The commit VS of a worker's current registration.
+    Registered {
+        worker_type: Vec<u8>,
+        worker: Vec<u8>,
+    },
+    /// A registration in the order of its commit: the oldest leads.
+    Seniority {
         worker_type: Vec<u8>,
         vs: Versionstamp,
         worker: Vec<u8>,
@@ -180,16 +196,21 @@ impl Keyspace {
             return match &*kind {
                 MEMBER => Some(WorkerKey::Member { worker_type: t.into_owned(), worker: id.into_owned() }),
                 HEALTH => Some(WorkerKey::Health { worker_type: t.into_owned(), worker: id.into_owned() }),
+                REGISTERED => Some(WorkerKey::Registered { worker_type: t.into_owned(), worker: id.into_owned() }),
                 _ => None,
             };
         }
         if let Ok((w, t, kind, vs, id)) = unpack::<(Bytes, Bytes, Bytes, TupleVersionstamp, Bytes)>(rest) {
             let vs: Versionstamp = vs.transaction_version().try_into().ok()?;
-            return (&*w == WORKERS && &*kind == LOG).then(|| WorkerKey::Log {
-                worker_type: t.into_owned(),
-                vs,
-                worker: id.into_owned(),
-            });
+            if &*w != WORKERS {
+                return None;
+            }
+            let (worker_type, worker) = (t.into_owned(), id.into_owned());
+            return match &*kind {
+                LOG => Some(WorkerKey::Log { worker_type, vs, worker }),
+                SENIORITY => Some(WorkerKey::Seniority { worker_type, vs, worker }),
+                _ => None,
+            };
         }
         let (w, t, kind) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
         if &*w != WORKERS {
@@ -240,6 +261,41 @@ impl Keyspace {
     /// Every log key of one worker type.
     pub fn membership_log_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
         tuple_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(LOG))))
+    }
+
+    // ---- leadership ---------------------------------------------------
+
+    /// `("couch_workers", "workers", WorkerType, "registered", Worker)`:
+    /// the 10-byte commit versionstamp of the worker's current
+    /// registration (a bare VS value, [`Keyspace::vs_placeholder_value`]),
+    /// which names its [`Keyspace::seniority`] key, so that a removal
+    /// clears it without a scan.
+    pub fn registered(&self, worker_type: &[u8], worker: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(WORKERS), b(worker_type), b(REGISTERED), b(worker)))
+    }
+
+    /// `("couch_workers", "workers", WorkerType, "seniority", VS, Worker)`
+    /// with an incomplete versionstamp (user version 0), for
+    /// `set_versionstamped_key`, written with the registration. The first
+    /// key of [`Keyspace::seniority_range`] is the type's leader.
+    pub fn seniority_new(&self, worker_type: &[u8], worker: &[u8]) -> Vec<u8> {
+        self.root.pack_with_versionstamp(&(
+            b(WORKERS),
+            b(worker_type),
+            b(SENIORITY),
+            TupleVersionstamp::incomplete(0),
+            b(worker),
+        ))
+    }
+
+    /// The seniority key of the registration committed at `vs`.
+    pub fn seniority(&self, worker_type: &[u8], vs: &Versionstamp, worker: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(WORKERS), b(worker_type), b(SENIORITY), TupleVersionstamp::complete(*vs, 0), b(worker)))
+    }
+
+    /// Every seniority key of one worker type, oldest registration first.
+    pub fn seniority_range(&self, worker_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(WORKERS), b(worker_type), b(SENIORITY))))
     }
 
     /// The health value to write with `set_versionstamped_value`: the
@@ -537,6 +593,60 @@ impl ReceiptKeys for Keyspace {
 
     fn receipts_before(&self, minute: i64) -> (Vec<u8>, Vec<u8>) {
         Keyspace::receipts_before(self, minute)
+    }
+}
+
+// ---- recurring jobs (`schedules/`) -------------------------------------------
+
+impl Keyspace {
+    /// `("couch_workers", "schedules", JobType, ScheduleId)`: a recurring
+    /// job's record.
+    pub fn schedule(&self, job_type: &[u8], schedule_id: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(SCHEDULES), b(job_type), b(schedule_id)))
+    }
+
+    /// Every schedule record of one job type, in id order.
+    pub fn schedules_range(&self, job_type: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(SCHEDULES), b(job_type))))
+    }
+
+    /// The schedule id of a record key of `job_type`.
+    pub fn parse_schedule(&self, job_type: &[u8], key: &[u8]) -> Option<Vec<u8>> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (s, t, id) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
+        (&*s == SCHEDULES && &*t == job_type).then(|| id.into_owned())
+    }
+
+    /// `("couch_workers", "schedule_due", NextRunAt, JobType, ScheduleId)`:
+    /// a schedule by the Unix ms of its next due slot, across every type,
+    /// so that a node's runner reads one first key to know when to wake.
+    pub fn schedule_due(&self, next_run_at: i64, job_type: &[u8], schedule_id: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(SCHEDULE_DUE), next_run_at, b(job_type), b(schedule_id)))
+    }
+
+    /// Every due key.
+    pub fn schedule_due_range(&self) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(SCHEDULE_DUE),)))
+    }
+
+    /// The first due key after every slot at or before `at`.
+    pub fn schedule_due_after(&self, at: i64) -> Vec<u8> {
+        // (at + 1,) sorts before every key of `at + 1` and after all of `at`.
+        self.root.pack(&(b(SCHEDULE_DUE), at.saturating_add(1)))
+    }
+
+    /// Decodes a due key: `(next_run_at, job type, schedule id)`.
+    pub fn parse_schedule_due(&self, key: &[u8]) -> Option<(i64, Vec<u8>, Vec<u8>)> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (d, at, t, id) = unpack::<(Bytes, i64, Bytes, Bytes)>(rest).ok()?;
+        (&*d == SCHEDULE_DUE).then(|| (at, t.into_owned(), id.into_owned()))
+    }
+
+    /// `("couch_workers", "schedules_vs")`: the versionstamp of the last
+    /// transaction that set or removed a schedule. Every node's runner
+    /// watches it, so that a schedule due before its wake-up is seen.
+    pub fn schedules_vs(&self) -> Vec<u8> {
+        self.root.pack(&(b(SCHEDULES_VS),))
     }
 }
 

@@ -18,7 +18,8 @@
 //! | `tasks` | what every long-lived task uses: its live count, jittered and cancellable sleeps, supervision, the watch-limit episode |
 //! | `context` | [`Context`]: one node's store handle, key space, logger, transaction options, cancellation and (supervised) spawning, shared by every service and call; alone it runs nothing |
 //! | `workers`, `jobs`, `inspect` | side by side: worker records (the worker keys' writes, membership reads); the job queue: records, indexes, `ops` (every job write), [`Jobs`] (the stateless job API on a context), `JobService` (the node's: `Jobs` plus accept, subscribe and the daemons), the accept dispatcher, subscriptions, sweeper, pruner, promoter; operations' read side (worker types, workers, a type's pause flag), as calls on a [`Context`] |
-//! | `liveness`, `roster` | the liveness rule: what a reaper must have seen before it calls a worker dead (uses one limit of `workers`); the registration writes that can end one (register, heartbeat, remove, reap) with the requeue of its running jobs in the same transaction |
+//! | `liveness`, `roster`, `leadership` | the liveness rule: what a reaper must have seen before it calls a worker dead (uses one limit of `workers`); the registration writes that can end one (register, heartbeat, remove, reap) with the requeue of its running jobs in the same transaction; a worker type's leader (its oldest registration) and the writes fenced by it (`if_leader`) |
+//! | `schedules` | recurring jobs: a schedule's spec (every, cron) and record, its slots fired once each by any node (the slot's job created in the transaction that moves the schedule on), the node's runner that sleeps until the earliest slot |
 //! | `services` | a node's background services: the heartbeat service, reapers, membership watchers, owner events |
 //! | `node` | [`Node`]: a context and the daemons of one Erlang VM (the only starter of daemons); [`Registration`] |
 //! | `conformance`, `test_store` | the store conformance suite every store runs; the store a test runs on (embedded, sim, a live FoundationDB) and `store_tests!`, one test body per store (feature `testkit`, for tests only) |
@@ -84,10 +85,12 @@ internal_modules! {
     inspect;
     jobs;
     keyspace;
+    leadership;
     liveness;
     metrics;
     node;
     roster;
+    schedules;
     services;
     stage;
     store;
@@ -132,6 +135,16 @@ pub mod caller_tx {
     pub use crate::jobs::TxJobs;
     pub use crate::store::forward::{channel, fdb_code_error, Answer, Answers, Request, Sent};
     pub use crate::store::overlay::Session;
+}
+/// Leadership of a worker type (`leadership.rs`), fenced writes, and the
+/// events its owner is told (`services/leadership.rs`).
+pub mod leaders {
+    pub use crate::leadership::Leadership;
+    pub use crate::services::leadership::LeaderEvent;
+}
+/// Recurring jobs (`schedules/`).
+pub mod recurring {
+    pub use crate::schedules::{ScheduleEntry, Schedules};
 }
 // Outcomes, the store's configuration and limits.
 pub use error::Error;

@@ -19,10 +19,12 @@ use crate::keyspace::{Incarnation, Keyspace};
 use crate::log::{Logger, Sink};
 use crate::log_event;
 use crate::services::heartbeat::{HeartbeatService, Heartbeats};
+use crate::services::leadership::{LeaderSlot, Leaderships, OnLeaderEvent};
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
 use crate::services::reaper::Reaper;
 use crate::roster;
+use crate::schedules::runner::ScheduleRunner;
 use crate::services::{wall_clock_s, TaskCounts};
 use crate::tasks::supervise::ServiceKind;
 use crate::tasks::Live;
@@ -71,6 +73,8 @@ pub struct Node {
     jobs: crate::jobs::JobService,
     /// The registrations the heartbeat service renews.
     heartbeats: Arc<Heartbeats>,
+    /// The registrations' leadership slots and their types' watchers.
+    leaderships: Arc<Leaderships>,
 }
 
 impl Node {
@@ -94,6 +98,7 @@ impl Node {
             counts: Arc::new(TaskCounts::default()),
             jobs,
             heartbeats: Arc::new(Heartbeats::default()),
+            leaderships: Arc::new(Leaderships::default()),
         });
         let cancel = ctx.cancel.child_token();
         let service =
@@ -110,6 +115,9 @@ impl Node {
             move || service.clone().run(),
             Some(on_failing),
         );
+        let cancel = ctx.cancel.child_token();
+        let runner = ScheduleRunner { ctx: ctx.clone(), cancel: cancel.clone() };
+        ctx.spawn_supervised(ServiceKind::Schedules, Vec::new(), cancel, None, move || runner.clone().run(), None);
         let cancel = ctx.cancel.child_token();
         let reaper = Reaper {
             ctx: ctx.clone(),
@@ -237,6 +245,8 @@ impl Node {
         let events = Arc::new(OwnerEvents::default());
         let live = Live::new(&self.counts.heartbeats);
         self.heartbeats.add(spec.clone(), incarnation, cancel.clone(), events.clone(), written, live);
+        let leadership = LeaderSlot::new(spec.id.clone(), incarnation);
+        self.leaderships.add(&self.ctx, &spec.worker_type, leadership.clone());
         Ok(Registration {
             node: Arc::downgrade(self),
             spec,
@@ -244,6 +254,7 @@ impl Node {
             cancel,
             removed: AtomicBool::new(false),
             events,
+            leadership,
         })
     }
 
@@ -273,11 +284,20 @@ impl Node {
             return Ok(());
         }
         let result = self.remove_worker(&reg.spec.worker_type, &reg.spec.id, &reg.incarnation, died).await;
-        if result.is_err() {
+        if result.is_ok() {
+            self.end_leadership(&reg.spec.worker_type, &reg.leadership);
+        } else {
             // Let a later unregister (or the drop) try again.
             reg.removed.store(false, Ordering::SeqCst);
         }
         result
+    }
+
+    /// The registration is gone from the store: its owner loses a
+    /// leadership it was told of, and the type's watcher forgets it.
+    fn end_leadership(&self, worker_type: &[u8], slot: &Arc<LeaderSlot>) {
+        self.leaderships.remove(worker_type, slot);
+        slot.end();
     }
 
     async fn remove_worker(
@@ -402,6 +422,8 @@ pub struct Registration {
     removed: AtomicBool,
     /// What its heartbeat found that its owner must know.
     events: Arc<OwnerEvents>,
+    /// Its leadership of its type, as its node's watcher reads it.
+    leadership: Arc<LeaderSlot>,
 }
 
 impl Registration {
@@ -410,6 +432,19 @@ impl Registration {
     /// this one first. Returns whether the registration was superseded.
     pub fn listen(&self, listener: OnOwnerEvent) -> bool {
         self.events.listen(listener)
+    }
+
+    /// Sets (or replaces) where this registration's leadership events go
+    /// (`services::leadership`): `Leader(Epoch)` when it becomes its
+    /// type's leader (at once, if it leads and this owner was not told),
+    /// `LeaderLost(Epoch)` when it stops.
+    pub fn listen_leadership(&self, listener: OnLeaderEvent) {
+        self.leadership.listen(listener);
+    }
+
+    /// The epoch it leads its type with, as its node last read it.
+    pub fn leading(&self) -> Option<Vec<u8>> {
+        self.leadership.leading()
     }
 
     /// Whether another registration of the same id replaced this one.
@@ -454,10 +489,14 @@ impl Drop for Registration {
         if node.is_stopped() {
             return;
         }
-        let (spec, incarnation) = (self.spec.clone(), self.incarnation);
+        let (spec, incarnation, slot) = (self.spec.clone(), self.incarnation, self.leadership.clone());
         let n = node.clone();
         node.spawn(async move {
-            if let Err(e) = n.remove_worker(&spec.worker_type, &spec.id, &incarnation, false).await {
+            let removed = n.remove_worker(&spec.worker_type, &spec.id, &incarnation, false).await;
+            if removed.is_ok() {
+                n.end_leadership(&spec.worker_type, &slot);
+            }
+            if let Err(e) = removed {
                 log_event!(
                     n.ctx.log,
                     Warning,

@@ -180,7 +180,84 @@ pub(crate) async fn write_registration(
     write_health(tx, ks, spec, incarnation, tstamp);
     mark_health_written(tx, ks);
     record_change(tx, ks, &spec.worker_type, &spec.id, Change::Join).await?;
+    write_seniority(tx, ks, &spec.worker_type, &spec.id, incarnation).await?;
     Ok(replaced)
+}
+
+// ---- leadership: the order of registrations ----------------------------
+
+/// The leader of a worker type, as one read saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderRecord {
+    pub id: Vec<u8>,
+    /// [`epoch`] of its registration.
+    pub epoch: Vec<u8>,
+    /// The registration's incarnation (`None`: a value of no known shape).
+    pub incarnation: Option<Incarnation>,
+}
+
+/// A registration's epoch: the 10-byte versionstamp of the commit that
+/// registered it, then the worker id. Two registrations never share one
+/// (one id per registration and commit), and the next leader's compares
+/// greater as bytes: it registered later, or in the same commit with an
+/// id that sorts after (the tuple layer keeps the bytes' order).
+pub fn epoch(vs: &Versionstamp, worker: &[u8]) -> Vec<u8> {
+    let mut epoch = Vec::with_capacity(vs.len() + worker.len());
+    epoch.extend_from_slice(vs);
+    epoch.extend_from_slice(worker);
+    epoch
+}
+
+/// Writes the seniority of a new registration (its key versionstamped
+/// with this commit, its incarnation as the value) and the `registered`
+/// key that names it, clearing a replaced registration's first.
+async fn write_seniority(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    id: &[u8],
+    incarnation: &Incarnation,
+) -> Result<(), StoreError> {
+    clear_seniority(tx, ks, worker_type, id).await?;
+    tx.set_versionstamped_value(&ks.registered(worker_type, id), &Keyspace::vs_placeholder_value());
+    tx.set_versionstamped_key(&ks.seniority_new(worker_type, id), incarnation);
+    Ok(())
+}
+
+/// Clears the seniority of the id's registration, if it has one (one
+/// written before leadership has none: it never leads).
+async fn clear_seniority(tx: &Tx, ks: &Keyspace, worker_type: &[u8], id: &[u8]) -> Result<(), StoreError> {
+    let registered = ks.registered(worker_type, id);
+    if let Some(raw) = tx.get(&registered, false).await? {
+        if let Ok(vs) = Versionstamp::try_from(raw.as_slice()) {
+            tx.clear(&ks.seniority(worker_type, &vs, id));
+        }
+        tx.clear(&registered);
+    }
+    Ok(())
+}
+
+/// The type's leader: its oldest current registration, the first key of
+/// its seniority range. Read not as a snapshot (`snapshot` false), a
+/// change of who leads that commits before this transaction does makes
+/// it conflict: what a fenced write checks.
+pub async fn read_leader(
+    tx: &Tx,
+    ks: &Keyspace,
+    worker_type: &[u8],
+    snapshot: bool,
+) -> Result<Option<LeaderRecord>, StoreError> {
+    let (begin, end) = ks.seniority_range(worker_type);
+    let rows = tx.get_range(&RangeRequest::new(begin, end).limit(1).snapshot(snapshot)).await?;
+    let Some((key, value)) = rows.into_iter().next() else { return Ok(None) };
+    match ks.parse_worker_key(&key) {
+        Some(crate::keyspace::WorkerKey::Seniority { vs, worker, .. }) => Ok(Some(LeaderRecord {
+            epoch: epoch(&vs, &worker),
+            id: worker,
+            incarnation: Incarnation::try_from(value.as_slice()).ok(),
+        })),
+        _ => Err(StoreError::Invalid("a seniority key of no known shape".into())),
+    }
 }
 
 /// What a heartbeat of `incarnation` does, given the health record
@@ -213,6 +290,7 @@ pub(crate) async fn clear_registration(
     }
     tx.clear(&member_key);
     tx.clear(&ks.health(worker_type, id));
+    clear_seniority(tx, ks, worker_type, id).await?;
     record_change(tx, ks, worker_type, id, Change::Leave).await?;
     Ok(true)
 }

@@ -30,6 +30,7 @@
 mod atoms;
 mod jobs;
 mod json;
+mod leader;
 mod log;
 mod membership;
 mod node;

@@ -27,10 +27,13 @@
 //! superseded before the call, the caller gets
 //! `{couch_workers_worker_superseded, Tag}` again (the owner is not told
 //! twice), so a restarted server learns it too. The listener is set on the
-//! runtime, so the call returns at once.
+//! runtime, so the call returns at once. The same call sends the
+//! registration's leadership events to `Owner` (`leader.rs`): a
+//! leadership that began before it is told then.
 
 use std::sync::{Arc, Weak};
 
+use couch_workers_core::leaders::LeaderEvent;
 use couch_workers_core::log_event;
 use couch_workers_core::Incarnation;
 use couch_workers_core::Logger;
@@ -218,10 +221,15 @@ fn worker_notify<'a>(
     let target = Arc::new(OwnerTarget { owner, server: env.pid(), tag: tag.to_binary().as_slice().to_vec() });
     let listener_target = target.clone();
     let listener: OnOwnerEvent = Box::new(move |event| listener_target.send(event));
+    let leader_target = target.clone();
+    let on_leader: Box<dyn Fn(LeaderEvent) + Send + Sync> = Box::new(move |event| {
+        leader_target.send_to(&leader_target.owner, |env, tag| crate::leader::event_message(env, tag, &event))
+    });
     node.runtime().spawn(async move {
         if registration.reg.listen(listener) {
             target.send_server_superseded();
         }
+        registration.reg.listen_leadership(on_leader);
     });
     Ok(atoms::ok().encode(env))
 }

@@ -4,6 +4,7 @@
 //! (its own, a child of the node's) and stops when its owner goes.
 
 pub mod heartbeat;
+pub mod leadership;
 pub mod membership;
 pub mod owner_events;
 pub mod reaper;

@@ -427,7 +427,9 @@ impl Reaper {
                         | Some(WorkerKey::Member { worker_type, .. })
                         | Some(WorkerKey::Health { worker_type, .. })
                         | Some(WorkerKey::Log { worker_type, .. })
-                        | Some(WorkerKey::LogFloor { worker_type }) => {
+                        | Some(WorkerKey::LogFloor { worker_type })
+                        | Some(WorkerKey::Registered { worker_type, .. })
+                        | Some(WorkerKey::Seniority { worker_type, .. }) => {
                             let begin = self.ctx.ks.health_range(&worker_type).0;
                             ScanAt::Health { worker_type, begin }
                         }

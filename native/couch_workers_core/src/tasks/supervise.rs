@@ -65,11 +65,13 @@ pub enum ServiceKind {
     Promoter,
     Pruner,
     Sweeper,
+    Leadership,
+    Schedules,
 }
 
 impl ServiceKind {
     #[cfg(feature = "testkit")]
-    pub const ALL: [ServiceKind; 8] = [
+    pub const ALL: [ServiceKind; 10] = [
         ServiceKind::Heartbeat,
         ServiceKind::Reaper,
         ServiceKind::Membership,
@@ -78,6 +80,8 @@ impl ServiceKind {
         ServiceKind::Promoter,
         ServiceKind::Pruner,
         ServiceKind::Sweeper,
+        ServiceKind::Leadership,
+        ServiceKind::Schedules,
     ];
 
     /// The `service` field of the events.
@@ -91,6 +95,8 @@ impl ServiceKind {
             ServiceKind::Promoter => "job_promoter",
             ServiceKind::Pruner => "job_pruner",
             ServiceKind::Sweeper => "job_sweeper",
+            ServiceKind::Leadership => "leadership_watcher",
+            ServiceKind::Schedules => "schedule_runner",
         }
     }
 

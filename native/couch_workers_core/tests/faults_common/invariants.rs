@@ -102,6 +102,10 @@ pub struct Snapshot {
     pub type_counts: BTreeMap<Vec<u8>, i64>,
     pub members: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>>,
     pub health: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>>,
+    /// type → the workers with a `registered` key, and with a
+    /// `seniority` key (the leadership order).
+    pub registered: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>>,
+    pub seniority: BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
     pub orphans: Vec<(Vec<u8>, Vec<u8>)>,
     /// Keys of no known shape.
     pub unknown: Vec<Vec<u8>>,
@@ -181,6 +185,14 @@ pub async fn snapshot(db: &dyn Database, ks: &Keyspace) -> Snapshot {
             (b"receipts", 3) => {}
             // The membership change log: (workers, T, log, VS, Worker).
             (b"workers", 5) if b(2).as_deref() == Some(b"log") => {}
+            (b"workers", 4) if b(2).as_deref() == Some(b"registered") => {
+                s.registered.entry(b(1).unwrap_or_default()).or_default().insert(b(3).unwrap_or_default());
+            }
+            (b"workers", 5) if b(2).as_deref() == Some(b"seniority") => {
+                s.seniority.entry(b(1).unwrap_or_default()).or_default().push(b(4).unwrap_or_default());
+            }
+            // Recurring jobs: a record, its due key, the runners' key.
+            (b"schedules", 3) | (b"schedule_due", 4) | (b"schedules_vs", 1) => {}
             (b"orphans", 3) => s.orphans.push((b(1).unwrap_or_default(), b(2).unwrap_or_default())),
             _ => s.unknown.push(key.clone()),
         }
@@ -209,8 +221,9 @@ impl Snapshot {
     ///   neither;
     /// * every pending key and every active key belongs to such a record;
     /// * each type's pending counter equals its pending keys and records;
-    /// * member and health records come in pairs; no orphan marker is
-    ///   left; no key of unknown shape;
+    /// * member and health records come in pairs; each registration's
+    ///   `seniority` key is named by its `registered` key, for a member;
+    ///   no orphan marker is left; no key of unknown shape;
     /// * (format 2) each state's counter equals its records, each state's
     ///   index lists exactly its records, a scheduled record has exactly
     ///   its scheduled key, an ended record with an expiry exactly its
@@ -309,6 +322,27 @@ impl Snapshot {
             let h = self.health.get(t).unwrap_or(&no_set);
             if m != h {
                 v.push(format!("worker type {}: members {} vs health records {}", show(t), m.len(), h.len()));
+            }
+        }
+        // Every registration's seniority key is named by its registered
+        // key, one per worker, and belongs to a member (a registration
+        // written before them has neither).
+        let mut ltypes: BTreeSet<&Vec<u8>> = self.registered.keys().collect();
+        ltypes.extend(self.seniority.keys());
+        for t in ltypes {
+            let r = self.registered.get(t).unwrap_or(&no_set);
+            let sen = self.seniority.get(t).cloned().unwrap_or_default();
+            let sen_set: BTreeSet<Vec<u8>> = sen.iter().cloned().collect();
+            let m = self.members.get(t).unwrap_or(&no_set);
+            if sen.len() != sen_set.len() || &sen_set != r || !r.is_subset(m) {
+                v.push(format!(
+                    "worker type {}: registered {} vs seniority keys {} ({} distinct) vs members {}",
+                    show(t),
+                    r.len(),
+                    sen.len(),
+                    sen_set.len(),
+                    m.len()
+                ));
             }
         }
         if !self.orphans.is_empty() {

@@ -299,3 +299,43 @@ fn scheduled_vs_and_expiry_vs_keys() {
         assert_eq!(ks.parse_expiry(&ks.expiry_vs()), None);
     }
 }
+
+// ---- recurring jobs -----------------------------------------------------------
+
+#[test]
+fn schedule_keys() {
+    for (ks, p) in both() {
+        let record = hs(&[p, ROOT, "01 'schedules' 00", "01 'db_expiration' 00", "01 's1' 00"]);
+        same(&ks.schedule(b"db_expiration", b"s1"), &record);
+        assert_eq!(ks.parse_schedule(b"db_expiration", &record), Some(b"s1".to_vec()));
+        assert_eq!(ks.parse_schedule(b"other", &record), None);
+        let (b, e) = ks.schedules_range(b"db_expiration");
+        same(&b, &hs(&[p, ROOT, "01 'schedules' 00", "01 'db_expiration' 00", "00"]));
+        same(&e, &hs(&[p, ROOT, "01 'schedules' 00", "01 'db_expiration' 00", "ff"]));
+        // 1_700_000_000 packs as 18 6553f100.
+        let due = hs(&[p, ROOT, "01 'schedule_due' 00", "18 6553f100", "01 't' 00", "01 's' 00"]);
+        same(&ks.schedule_due(1_700_000_000, b"t", b"s"), &due);
+        assert_eq!(ks.parse_schedule_due(&due), Some((1_700_000_000, b"t".to_vec(), b"s".to_vec())));
+        same(&ks.schedule_due_after(1_700_000_000), &hs(&[p, ROOT, "01 'schedule_due' 00", "18 6553f101"]));
+        assert!(ks.schedule_due_after(1_700_000_000) > due);
+        let (b, e) = ks.schedule_due_range();
+        same(&b, &hs(&[p, ROOT, "01 'schedule_due' 00", "00"]));
+        same(&e, &hs(&[p, ROOT, "01 'schedule_due' 00", "ff"]));
+        same(&ks.schedules_vs(), &hs(&[p, ROOT, "01 'schedules_vs' 00"]));
+    }
+}
+
+#[test]
+fn schedule_record_value_bytes() {
+    use couch_workers_core::jobs::{JobOpts, Keep};
+    use couch_workers_core::schedules::record::Record;
+    let rec = Record {
+        spec_json: b"{}".to_vec(),
+        info: b"{}".to_vec(),
+        opts: JobOpts { priority: Some(1), keep: Some(Keep::Infinity), ..JobOpts::default() },
+        next_run_at: 1_700_000_000,
+        last_run: Some(b"s@1".to_vec()),
+    };
+    // (1, "{}", "{}", 1, nil, -1, 1700000000, "s@1")
+    same(&rec.encode(), &h("15 01  01 '{}' 00  01 '{}' 00  15 01  00  13 fe  18 6553f100  01 's@1' 00"));
+}

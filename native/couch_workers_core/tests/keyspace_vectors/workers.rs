@@ -178,3 +178,56 @@ fn membership_log_keys() {
         assert!(ks.membership_log_at_version(b"repl", 8) > complete);
     }
 }
+
+// ---- leadership: the order of registrations ---------------------------------
+
+#[test]
+fn registered_and_seniority_keys() {
+    for (ks, p) in both() {
+        same(
+            &ks.registered(b"repl", b"w1"),
+            &hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'registered' 00", "01 'w1' 00"]),
+        );
+        // ("couch_workers", "workers", "repl", "seniority", <incomplete VS>, "w1") ++ offset
+        let mut expect =
+            hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'seniority' 00", "33 ffffffffffffffffffff 0000", "01 'w1' 00"]);
+        // prefix + root (15) + "workers" (9) + "repl" (6) + "seniority" (11) + the 0x33 code (1).
+        let placeholder_at = h(p).len() + 42;
+        expect.extend_from_slice(&(placeholder_at as u32).to_le_bytes());
+        let key = ks.seniority_new(b"repl", b"w1");
+        assert_eq!(&key[placeholder_at..placeholder_at + 10], &[0xff; 10]);
+        same(&key, &expect);
+        // The committed key, found again from the `registered` value.
+        let vs = [0, 0, 0, 0, 0, 0, 0, 7, 0, 1];
+        let complete =
+            hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'seniority' 00", "33 00000000000000070001 0000", "01 'w1' 00"]);
+        same(&ks.seniority(b"repl", &vs, b"w1"), &complete);
+        assert_eq!(
+            ks.parse_worker_key(&complete),
+            Some(WorkerKey::Seniority { worker_type: b"repl".to_vec(), vs, worker: b"w1".to_vec() })
+        );
+        assert_eq!(
+            ks.parse_worker_key(&ks.registered(b"repl", b"w1")),
+            Some(WorkerKey::Registered { worker_type: b"repl".to_vec(), worker: b"w1".to_vec() })
+        );
+        let (b, e) = ks.seniority_range(b"repl");
+        same(&b, &hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'seniority' 00", "00"]));
+        same(&e, &hs(&[p, ROOT, WORKERS, "01 'repl' 00", "01 'seniority' 00", "ff"]));
+        // An older registration's key sorts first: the leader.
+        assert!(ks.seniority(b"repl", &[0, 0, 0, 0, 0, 0, 0, 6, 0, 9], b"zz") < complete);
+    }
+}
+
+#[test]
+fn epochs_order_as_their_seniority_keys() {
+    use couch_workers_core::workers::epoch;
+    let (a, b) = ([0, 0, 0, 0, 0, 0, 0, 7, 0, 1], [0, 0, 0, 0, 0, 0, 0, 8, 0, 0]);
+    assert_eq!(epoch(&a, b"w1"), h("00000000000000070001 'w1'"));
+    // One commit, two ids: the id that sorts first leads first, with the smaller epoch.
+    for (x, y) in [(&b"w"[..], &b"w\x00"[..]), (b"w\x00", b"w\x01"), (b"a", b"b"), (b"zz", b"zz\xff")] {
+        let ks = Keyspace::new(b"");
+        assert!(ks.seniority(b"t", &a, x) < ks.seniority(b"t", &a, y));
+        assert!(epoch(&a, x) < epoch(&a, y));
+    }
+    assert!(epoch(&a, b"zzzz") < epoch(&b, b"a"), "a later commit's epoch is greater");
+}

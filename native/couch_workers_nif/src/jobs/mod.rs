@@ -41,6 +41,8 @@
 //! | `calls.rs` | the NIFs that are one service call and one reply (add, update, finish, fail, release, resubmit, cancel, remove, get, counts, list, pause) |
 //! | `accept.rs` | `job_accept/4`, `job_finish_accept/4`, `job_accept_abandon/1`: the waiter resource and its one answer |
 //! | `in_tx.rs` | `job_tx_session/1`, `job_tx_add/6`, `job_tx_update/4`, `job_tx_finish/4`, `job_tx_resubmit/7`, `job_tx_get/4`, `job_tx_remove/5`, `job_tx_cancel/4`, `job_tx_answer/3`, `job_tx_close/1`: calls inside the caller's erlfdb transaction, their requests relayed to it |
+//! | `fenced.rs` | `job_add_if_leader/6`, `job_resubmit_if_leader/7`: add and resubmit fenced by a leadership (`if_leader`) |
+//! | `schedules.rs` | `schedule_set/7`, `schedule_remove/3`, `schedules/2`: recurring jobs |
 //! | `subscribe.rs` | `job_subscribe/5`, `job_unsubscribe/1`: the subscription resource and its notifier |
 
 use std::future::Future;
@@ -134,7 +136,9 @@ macro_rules! try_json {
 mod accept;
 mod args;
 mod calls;
+mod fenced;
 mod in_tx;
+mod schedules;
 mod subscribe;
 mod terms;
 
