@@ -282,6 +282,10 @@ flush_about(Refs, Timeout) ->
 
 flush_refs(Set, Timeout) ->
     receive
+        %% A registration's leadership messages are a stream of their own
+        %% (couch_workers_leader_tests): the type's leader changes as the
+        %% node's registrations end.
+        {Tag, _, _} when Tag =:= couch_workers_leader; Tag =:= couch_workers_leader_lost -> flush_refs(Set, Timeout);
         Msg when tuple_size(Msg) >= 2, is_map_key(element(2, Msg), Set) -> [Msg | flush_refs(Set, Timeout)]
     after Timeout -> []
     end.
