@@ -103,6 +103,9 @@ else
     trap 'scripts/fdb-cluster.sh stop "$FDB_CLUSTER_DIR"; stage_report' EXIT
     echo "==> cluster file $FDB_CLUSTER_FILE"
 
+    # Each binary's FoundationDB tests (the fdb:: module of store_tests!,
+    # and its tests of FoundationDB alone); its embedded:: and sim:: ones
+    # ran in the core crate's stage above.
     stage "FoundationDB live: the store and key-space conformance suites, a clean process exit, the job, worker and membership tests"
     FDB_CLUSTER_FILE=$FDB_CLUSTER_FILE scripts/live-cargo-test.sh \
         -p couch_workers_core --features fdb --test conformance_fdb --test fdb_exit --test fdb_commit_errors \
@@ -111,7 +114,8 @@ else
         --test jobs_value_room --test jobs_departure_rules --test jobs_give_back \
         --test workers_heartbeat_service --test workers_owner_events --test workers_incarnation \
         --test sim_value_sizes --test sim_membership_log --test reaper_wake --test workers_unregister_race \
-        --test jobs_take_contention --test jobs_subscribe_gap --test leadership --test schedules
+        --test jobs_take_contention --test jobs_subscribe_gap --test leadership --test schedules \
+        -- --skip embedded:: --skip sim::
 
     # One at a time, so that the cluster is quiet (nothing else commits):
     # the case in which versions move in lumps.
