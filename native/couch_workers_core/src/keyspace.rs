@@ -576,3 +576,15 @@ impl Keyspace {
         }
     }
 }
+
+// ---- job type settings ------------------------------------------------------
+
+impl Keyspace {
+    /// `("couch_workers", "type_settings", JobType)`: the type's settings
+    /// (`jobs/type_settings.rs`), absent until first set.
+    pub fn type_settings(&self, job_type: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(TYPE_SETTINGS), b(job_type)))
+    }
+}
+
+const TYPE_SETTINGS: &[u8] = b"type_settings";

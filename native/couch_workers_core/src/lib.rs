@@ -135,6 +135,8 @@ pub use log::{set_process_sink, Event, Level, Logger, Sink, Value};
 // without them no sink sees an event and the store's counters stay still.
 pub use log::{count, forward, Count, Forward};
 pub use metrics::{SERVICES, STORE};
+// A job type's settings (`job_type_get/1`, `job_type_set/2`).
+pub use jobs::{TypeSetting, TypeSettings};
 pub use stage::mark as stage_mark;
 // What `log_event!` expands to.
 #[doc(hidden)]

@@ -299,3 +299,23 @@ fn scheduled_vs_and_expiry_vs_keys() {
         assert_eq!(ks.parse_expiry(&ks.expiry_vs()), None);
     }
 }
+
+// ---- job type settings ----------------------------------------------------
+
+/// `("couch_workers", "type_settings", JobType)` and its value, format 1:
+/// `(1, ActivityTimeout, MaxRunning, MaxRunningPerGroup)`, `-1` for
+/// infinity.
+#[test]
+fn type_settings_key_and_value() {
+    use couch_workers_core::jobs::{TypeSetting, TypeSettings};
+    for (ks, p) in both() {
+        same(&ks.type_settings(b"repl"), &hs(&[p, ROOT, "01 'type_settings' 00 01 'repl' 00"]));
+        let (begin, end) = ks.job_types_range();
+        assert!(!(begin <= ks.type_settings(b"t") && ks.type_settings(b"t") < end));
+    }
+    let s = TypeSettings::default()
+        .with(&[TypeSetting::ActivityTimeout(Some(300)), TypeSetting::MaxRunningPerGroup(Some(8))])
+        .expect("valid");
+    same(&s.encode(), &h("15 01 16 012c 13 fe 15 08"));
+    same(&TypeSettings::default().encode(), &h("15 01 13 fe 13 fe 13 fe"));
+}
