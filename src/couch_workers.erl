@@ -46,6 +46,12 @@
     job_resume/1
 ]).
 
+%% Job type settings (implemented in couch_workers_types).
+-export([
+    job_type_get/1,
+    job_type_set/2
+]).
+
 %% Operations (implemented in couch_workers_ops and couch_workers_metrics).
 -export([
     worker_types/0,
@@ -322,6 +328,23 @@ job_pause(JobType) ->
 -spec job_resume(job_type()) -> ok | {error, term()}.
 job_resume(JobType) ->
     couch_workers_jobs:resume(JobType).
+
+%% ---- job type settings -------------------------------------------------------
+
+%% @doc The type's settings, cluster-wide, every key present:
+%% `#{activity_timeout, max_running, max_running_per_group}', each a
+%% positive integer or `infinity' (the default). See couch_workers_types.
+-spec job_type_get(job_type()) -> couch_workers_types:settings() | {error, term()}.
+job_type_get(JobType) ->
+    couch_workers_types:get(JobType).
+
+%% @doc Changes the settings named in `Settings' for the whole cluster;
+%% the others keep their values. `{error, {bad_setting, Key}}' (nothing
+%% written) for an unknown key or a value that is not a positive integer
+%% or `infinity'.
+-spec job_type_set(job_type(), couch_workers_types:settings()) -> ok | {error, term()}.
+job_type_set(JobType, Settings) ->
+    couch_workers_types:set(JobType, Settings).
 
 %% ---- operations --------------------------------------------------------------
 

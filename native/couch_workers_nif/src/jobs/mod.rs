@@ -41,6 +41,7 @@
 //! | `calls.rs` | the NIFs that are one service call and one reply (add, update, finish, fail, release, resubmit, cancel, remove, get, counts, list, pause) |
 //! | `accept.rs` | `job_accept/4`, `job_finish_accept/4`, `job_accept_abandon/1`: the waiter resource and its one answer |
 //! | `subscribe.rs` | `job_subscribe/5`, `job_unsubscribe/1`: the subscription resource and its notifier |
+//! | `types.rs` | `job_type_get/2`, `job_type_set/3`: a job type's settings |
 
 use std::future::Future;
 
@@ -135,6 +136,7 @@ mod args;
 mod calls;
 mod subscribe;
 mod terms;
+mod types;
 
 pub fn load(env: Env) -> bool {
     env.register::<accept::WaiterResource>().is_ok() && env.register::<subscribe::SubscriptionResource>().is_ok()
