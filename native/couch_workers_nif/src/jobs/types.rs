@@ -3,7 +3,7 @@
 //! positive integer or `infinity`; any other shape is `badarg`, a value
 //! the core refuses (zero) `{error, Name}`.
 
-use couch_workers_core::{TypeSetting, TypeSettings};
+use couch_workers_core::job_controls::{TypeSetting, TypeSettings};
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
 use super::args::type_args;
