@@ -588,3 +588,16 @@ impl Keyspace {
 }
 
 const TYPE_SETTINGS: &[u8] = b"type_settings";
+
+// ---- unique keys ------------------------------------------------------------
+
+impl Keyspace {
+    /// `("couch_workers", "unique", JobType, Key)`: the id of the
+    /// scheduled, pending or running job of the type that holds `Key`
+    /// (`jobs/ops/unique.rs`).
+    pub fn unique(&self, job_type: &[u8], key: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(UNIQUE), b(job_type), b(key)))
+    }
+}
+
+const UNIQUE: &[u8] = b"unique";

@@ -319,3 +319,16 @@ fn type_settings_key_and_value() {
     same(&s.encode(), &h("15 01 16 012c 13 fe 15 08"));
     same(&TypeSettings::default().encode(), &h("15 01 13 fe 13 fe 13 fe"));
 }
+
+// ---- unique keys ----------------------------------------------------------
+
+/// `("couch_workers", "unique", JobType, Key)`, beside the subspaces it
+/// could be confused with.
+#[test]
+fn unique_key() {
+    for (ks, p) in both() {
+        same(&ks.unique(b"repl", b"k\x00"), &hs(&[p, ROOT, "01 'unique' 00 01 'repl' 00 01 6b 00ff 00"]));
+        let (begin, end) = ks.jobs_range(b"unique");
+        assert!(!(begin <= ks.unique(b"t", b"k") && ks.unique(b"t", b"k") < end));
+    }
+}

@@ -37,7 +37,8 @@
 //! * `resubmit`: add the job or run it again;
 //! * `requeue`: failover of a removed worker's jobs, and the orphan sweep;
 //! * `query`: one job, counts, types, pages; `pause`; `prune`;
-//! * `type_settings`: a type's settings, read and changed.
+//! * `type_settings`: a type's settings, read and changed;
+//! * `unique`: a job's unique key, claimed while it is queued or running.
 
 mod accept;
 mod helpers;
@@ -50,6 +51,7 @@ mod requeue;
 mod resubmit;
 mod run_end;
 mod type_settings;
+mod unique;
 
 pub use accept::{accept, new_tokens, pending_version, pending_watch, promote_due, Acceptors, Claims, Take};
 // For the contention tests' takes (`tests/jobs_take_contention.rs`).
