@@ -46,6 +46,10 @@ type_settings(Dir) ->
     ok = couch_workers:job_type_set(T, #{max_running_per_group => 2}),
     {0, Again, _} = cli(Dir, ["type", T, "--max-running", "infinity"]),
     ?assertMatch({match, _}, re:run(Again, <<"\\n", T/binary, " +30 +infinity +2\\n">>)),
+    %% A job's unique key, in its JSON line (`null` without one).
+    ok = couch_workers:job_add(T, <<"u">>, #{}, #{unique => <<"db1">>}),
+    {0, UJob, _} = cli(Dir, ["--json", "job", T, "u"]),
+    ?assertMatch({match, _}, re:run(UJob, <<"\"unique\":\"db1\"">>)),
     {1, _, Bad} = cli(Dir, ["type", T, "--max-running", "0"]),
     ?assertMatch({match, _}, re:run(Bad, <<"not a positive integer">>)),
     ?assertEqual(

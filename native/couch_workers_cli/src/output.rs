@@ -91,6 +91,7 @@ impl Out {
             "info": stored_json(&j.info), "result": j.result.as_deref().map(stored_json),
             "attempts": j.attempts, "cancel_requested": j.cancel_requested,
             "error": j.error.as_deref().map(stored_json),
+            "unique": j.unique.as_deref().map(text),
         })
     }
 
