@@ -48,6 +48,8 @@
 //! * `take.rs`: one accept now (timeout 0), no dispatcher;
 //! * `api.rs`: [`Jobs`], the stateless job API on a context (every call
 //!   that needs no running task; the command line's);
+//! * [`history`]: a job's last runs, written by the accept and the run's
+//!   end (`place.rs`, `ops/run_end.rs`);
 //! * [`type_settings`]: a type's stored settings (timeouts, limits) and
 //!   `type_api.rs`, their calls on [`Jobs`];
 //! * [`service`]: [`JobService`], the node's: [`Jobs`] plus accept and
@@ -62,6 +64,7 @@ mod api;
 mod commit;
 pub mod dispatcher;
 mod finish_next;
+pub mod history;
 pub mod job;
 pub mod ops;
 pub(crate) mod place;

@@ -23,6 +23,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::history;
 use super::job::{JobState, Keep, Schedule};
 use super::record::{self, incomplete_vs, Record};
 use crate::keyspace::Keyspace;
@@ -124,6 +125,8 @@ pub(crate) fn place(
         JobState::Running => {
             if let Some(worker) = &rec.worker {
                 tx.set_versionstamped_value(&ks.active(job_type, worker, id), &record::encode_active(user_version));
+                // Only an accept makes a job running: a run starts.
+                history::write_start(tx, ks, job_type, id, rec.attempts, worker, now_ms);
             }
         }
         JobState::Finished | JobState::Canceled | JobState::Failed => {

@@ -1,6 +1,9 @@
 //! The stateless calls on a job type's settings (`job_type_get/1`,
-//! `job_type_set/2`, the command line's `type`).
+//! `job_type_set/2`, the command line's `type`), and a job with its run
+//! history (`job_get/2`, the command line's `job`).
 
+use super::history::{self, Run};
+use super::job::Job;
 use super::ops;
 use super::type_settings::{TypeSetting, TypeSettings};
 use super::Jobs;
@@ -16,6 +19,25 @@ impl Jobs {
         let ks = &ctx.ks;
         Ok(run(ctx.db.as_ref(), ctx.read, |tx| async move { ops::type_settings(&tx, ks, job_type, true).await })
             .await?)
+    }
+
+    /// The job and its last runs, newest first, read in one transaction
+    /// (`job_get/2`, the command line's `job`).
+    pub async fn get_with_history(&self, job_type: &[u8], id: &[u8]) -> Result<(Job, Vec<Run>), Error> {
+        let ctx = self.context();
+        ctx.check_open()?;
+        ops::check_job_key(&ctx.ks, job_type, id)?;
+        let ks = &ctx.ks;
+        let (job, runs) = run(ctx.db.as_ref(), ctx.read, |tx| async move {
+            let job = ops::get(&tx, ks, job_type, id).await?;
+            let runs = match job {
+                Some(_) => history::read(&tx, ks, job_type, id, true).await?,
+                None => Vec::new(),
+            };
+            Ok((job, runs))
+        })
+        .await?;
+        Ok((job.ok_or(Error::NotFound)?, runs))
     }
 
     /// Changes the settings `changes` names, cluster-wide, and returns

@@ -332,3 +332,20 @@ fn unique_key() {
         assert!(!(begin <= ks.unique(b"t", b"k") && ks.unique(b"t", b"k") < end));
     }
 }
+
+// ---- run history ----------------------------------------------------------
+
+/// `("couch_workers", "history", JobType, JobId, Run, Part)`, a run's
+/// prefix and the job's range.
+#[test]
+fn history_keys() {
+    for (ks, p) in both() {
+        same(&ks.history_part(b"t", b"j", 256, 1), &hs(&[p, ROOT, "01 'history' 00 01 74 00 01 6a 00 16 0100 15 01"]));
+        same(&ks.history_run(b"t", b"j", 0), &hs(&[p, ROOT, "01 'history' 00 01 74 00 01 6a 00 14"]));
+        let (begin, end) = ks.history_range(b"t", b"j");
+        same(&begin, &hs(&[p, ROOT, "01 'history' 00 01 74 00 01 6a 00 00"]));
+        same(&end, &hs(&[p, ROOT, "01 'history' 00 01 74 00 01 6a 00 ff"]));
+        assert_eq!(ks.parse_history(b"t", b"j", &ks.history_part(b"t", b"j", 7, 0)), Some((7, 0)));
+        assert_eq!(ks.parse_history(b"t", b"j\0", &ks.history_part(b"t", b"j", 7, 0)), None);
+    }
+}

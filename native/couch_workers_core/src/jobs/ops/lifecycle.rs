@@ -350,6 +350,7 @@ pub(crate) fn remove_record(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], 
         place::give_up_unique(tx, ks, job_type, rec);
     }
     unplace(tx, ks, job_type, id, rec);
+    crate::jobs::history::clear(tx, ks, job_type, id);
     tx.clear(&ks.job(job_type, id));
     tx.atomic_add(&ks.job_type_count(job_type), -1);
 }
