@@ -62,6 +62,7 @@
 
 -export_type([worker_type/0, worker_id/0, workers/0, vs/0]).
 -export_type([job_type/0, job_id/0, job/0, job_handle/0, job_state/0]).
+-export_type([job_run/0]).
 
 -type worker_type() :: binary().
 -type worker_id() :: binary().
@@ -92,7 +93,20 @@
     error := map() | null,
     max_attempts := pos_integer() | infinity,
     run_at := non_neg_integer() | null,
-    keep := non_neg_integer() | infinity
+    keep := non_neg_integer() | infinity,
+    unique := binary() | null,
+    %% Only in the job `job_get/2' returns: its last 10 runs, newest first.
+    history => [job_run()]
+}.
+%% One run of a job: `ended_at' and `error' `null' when there is none;
+%% times are Unix ms on the writing node's wall clock (informational).
+-type job_run() :: #{
+    attempt := pos_integer(),
+    worker := worker_id(),
+    started_at := non_neg_integer(),
+    ended_at := non_neg_integer() | null,
+    outcome := running | finished | failed | retried | released | lost | canceled,
+    error := map() | null
 }.
 %% What `job_accept/2' and `job_update/2' return: the job and `token', the
 %% 16-byte fencing token of that one accept. `job_update/2' and

@@ -50,6 +50,15 @@ type_settings(Dir) ->
     ok = couch_workers:job_add(T, <<"u">>, #{}, #{unique => <<"db1">>}),
     {0, UJob, _} = cli(Dir, ["--json", "job", T, "u"]),
     ?assertMatch({match, _}, re:run(UJob, <<"\"unique\":\"db1\"">>)),
+    ?assertMatch({match, _}, re:run(UJob, <<"\"history\":\\[\\]">>)),
+    %% Its runs: a table after the job's row, or `history' in the JSON line.
+    W = couch_workers:worker_register(T, <<"w">>, #{}, self()),
+    {ok, _} = couch_workers:job_accept(W, #{}),
+    {0, Runs, _} = cli(Dir, ["job", T, "u"]),
+    ?assertMatch({match, _}, re:run(Runs, <<"\\nRUN +WORKER.*\\n1 +w +[0-9]+ +- +running +-\\n">>)),
+    {0, RunsJson, _} = cli(Dir, ["--json", "job", T, "u"]),
+    ?assertMatch({match, _}, re:run(RunsJson, <<"\"history\":\\[\\{\"attempt\":1,\"worker\":\"w\"">>)),
+    ok = couch_workers:worker_unregister(W),
     {1, _, Bad} = cli(Dir, ["type", T, "--max-running", "0"]),
     ?assertMatch({match, _}, re:run(Bad, <<"not a positive integer">>)),
     ?assertEqual(

@@ -129,9 +129,9 @@ async fn command(cmd: &Command, ctx: &Arc<Context>, out: &mut Out) -> Result<(),
         Command::Jobs { job_type, states, limit, page } => jobs(&jobs_api, out, job_type, states, *limit, page).await,
         Command::Job(t, id) => {
             let service = &jobs_api;
-            let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
+            let (job, runs) = service.get_with_history(t, id).await.map_err(|e| job_error(&e, t, id))?;
             out.jobs_header();
-            out.job(&job);
+            out.job_with_history(&job, &runs);
             Ok(())
         }
         Command::Cancel(t, id) => {

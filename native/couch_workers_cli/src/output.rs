@@ -172,6 +172,39 @@ impl Out {
         );
     }
 
+    /// One job and its last runs, newest first (`job`): the job's row,
+    /// then a table of its runs; with `--json`, one line with `history`.
+    pub fn job_with_history(&mut self, j: &Job, runs: &[couch_workers_core::job_controls::Run]) {
+        if self.json {
+            let mut value = Self::job_value(j);
+            value["history"] = runs
+                .iter()
+                .map(|r| {
+                    json!({
+                        "attempt": r.attempt, "worker": text(&r.worker), "started_at": r.started_at,
+                        "ended_at": r.ended_at, "outcome": r.outcome.name(),
+                        "error": r.error.as_deref().map(stored_json),
+                    })
+                })
+                .collect();
+            self.lines.push(value.to_string());
+            return;
+        }
+        self.job(j);
+        self.header(vec!["RUN", "WORKER", "STARTED (UNIX MS)", "ENDED (UNIX MS)", "OUTCOME", "ERROR"]);
+        for r in runs {
+            let cells = vec![
+                r.attempt.to_string(),
+                text(&r.worker),
+                r.started_at.to_string(),
+                r.ended_at.map_or("-".into(), |t| t.to_string()),
+                r.outcome.name().into(),
+                r.error.as_deref().map_or("-".into(), text),
+            ];
+            self.row(cells, Value::Null);
+        }
+    }
+
     /// A job type's settings (`type`), `infinity` where unset.
     pub fn type_settings(&mut self, t: &[u8], s: &couch_workers_core::job_controls::TypeSettings) {
         let cell = |v: Option<u64>| v.map_or("infinity".to_string(), |n| n.to_string());

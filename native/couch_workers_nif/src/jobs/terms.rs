@@ -78,6 +78,9 @@ pub(super) fn handle_answer(handle: JobHandle) -> Answer {
     })
 }
 
+// `job_get/3` answers with the history (`types.rs`); this is the answer
+// of a call that gives a bare job.
+#[allow(dead_code)]
 pub(super) fn job_answer(job: Job) -> Answer {
     Box::new(move |env| (atoms::ok(), job_to_term(env, &job, None)).encode(env))
 }

@@ -1,15 +1,19 @@
 //! The job type settings NIFs: `job_type_get/2` and `job_type_set/3`
 //! (`couch_workers:job_type_get/1`, `job_type_set/2`). A setting is a
 //! positive integer or `infinity`; any other shape is `badarg`, a value
-//! the core refuses (zero) `{error, Name}`.
+//! the core refuses (zero) `{error, Name}`. And a job's run history, as
+//! the `history` of the job map `job_get/3` answers.
 
-use couch_workers_core::job_controls::{TypeSetting, TypeSettings};
+use couch_workers_core::job_controls::{Run, TypeSetting, TypeSettings};
+use couch_workers_core::Job;
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
 use super::args::type_args;
 use super::spawn_call;
+use super::terms::job_to_term;
 use crate::atoms;
 use crate::reply::Answer;
+use crate::term::{atom, binary};
 
 rustler::atoms! {
     activity_timeout,
@@ -85,4 +89,29 @@ fn settings_answer(s: TypeSettings) -> Answer {
         .expect("distinct keys");
         (atoms::ok(), map).encode(env)
     })
+}
+
+/// `{ok, Job}` with `history`: `[#{attempt, worker, started_at, ended_at,
+/// outcome, error}]`, newest first (`ended_at`, `error` `null` when there
+/// is none; `error` decoded from JSON).
+pub(super) fn job_with_history_answer((job, runs): (Job, Vec<Run>)) -> Answer {
+    Box::new(move |env| {
+        let map = job_to_term(env, &job, None);
+        let runs: Vec<Term> = runs.iter().map(|r| run_to_term(env, r)).collect();
+        let map = map.map_put(atom(env, "history"), runs.encode(env)).unwrap_or(map);
+        (atoms::ok(), map).encode(env)
+    })
+}
+
+fn run_to_term<'a>(env: Env<'a>, r: &Run) -> Term<'a> {
+    let null = || atoms::null().encode(env);
+    let pairs = [
+        (atom(env, "attempt"), r.attempt.encode(env)),
+        (atom(env, "worker"), binary(env, &r.worker)),
+        (atom(env, "started_at"), r.started_at.encode(env)),
+        (atom(env, "ended_at"), r.ended_at.map_or_else(null, |t| t.encode(env))),
+        (atom(env, "outcome"), atom(env, r.outcome.name())),
+        (atom(env, "error"), r.error.as_deref().map_or_else(null, |e| crate::json::json_bytes_to_term(env, e))),
+    ];
+    Term::map_from_pairs(env, &pairs).expect("distinct keys")
 }
