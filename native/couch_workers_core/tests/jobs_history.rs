@@ -100,6 +100,13 @@ async fn the_last_ten_runs_and_no_more(store: StoreKind) {
     let h = accept_now(jobs, T, b"w").await;
     assert_eq!(h.job.attempts, 1);
     assert_eq!(outcomes(&history(jobs, b"a").await), vec![(1, Outcome::Running)]);
+    // Resubmitted while it runs: queued anew at the run's end, from run 1.
+    jobs.resubmit(T, b"a", b"{}", &JobOpts::default(), None).await.unwrap();
+    jobs.finish(&h.fence(), b"{}").await.unwrap();
+    assert_eq!(history(jobs, b"a").await, vec![]);
+    let _h = accept_now(jobs, T, b"w").await;
+    assert_eq!(outcomes(&history(jobs, b"a").await), vec![(1, Outcome::Running)]);
+    assert_eq!(range(&node, ks(&node).history_range(T, b"a")).await.len(), 1, "no key of the life before");
     jobs.remove(T, b"a").await.unwrap();
     assert_eq!(range(&node, ks(&node).history_range(T, b"a")).await, vec![], "a removal clears the history");
     assert_eq!(jobs.get_with_history(T, b"a").await.map(|_| ()), Err(Error::NotFound));

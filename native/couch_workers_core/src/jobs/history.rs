@@ -2,11 +2,12 @@
 //! the transactions that start and end the run (no transaction of its
 //! own). Two keys per run, both written blind (no read, so no conflict):
 //! the start `(Run, 0)` at the accept, the end `(Run, 1)` at the run's
-//! end, `Run` being the attempt number the accept gave the job. The
-//! accept also clears runs `HISTORY_RUNS` and more behind it, and every
-//! run at or after its own (left by the job's life before a resubmit,
-//! which starts attempts at 0 again). Keys and values:
-//! `docs/keyspace.md` ("history").
+//! end, `Run` being the attempt number the accept gave the job. From the
+//! eleventh run on, the accept also clears the run `HISTORY_RUNS` behind
+//! it. A resubmit that queues the job anew starts its attempts at 0
+//! again, and clears the history in its transaction (rare, unlike
+//! accepts, which write one key). Keys and values: `docs/keyspace.md`
+//! ("history").
 
 use foundationdb_tuple::{pack, unpack, Bytes};
 
@@ -87,12 +88,12 @@ pub struct Run {
 /// The start of run `attempt`, in the accept's transaction.
 pub(crate) fn write_start(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], attempt: u64, worker: &[u8], now: u64) {
     let run = key_i64(attempt);
-    let (begin, end) = ks.history_range(job_type, id);
-    // Runs `HISTORY_RUNS` and more behind this one, and this one and every
-    // later one (a life before a resubmit): gone, blind.
-    let keep_from = run.saturating_sub(key_i64(HISTORY_RUNS) - 1);
-    tx.clear_range(&begin, &ks.history_run(job_type, id, keep_from));
-    tx.clear_range(&ks.history_run(job_type, id, run), &end);
+    // The run `HISTORY_RUNS` behind this one goes (each accept takes one,
+    // so no older one is left).
+    if attempt > HISTORY_RUNS {
+        let old = run - key_i64(HISTORY_RUNS);
+        tx.clear_range(&ks.history_run(job_type, id, old), &ks.history_run(job_type, id, old + 1));
+    }
     tx.set(&ks.history_part(job_type, id, run, 0), &pack(&(HISTORY_FORMAT, Bytes::from(worker), key_i64(now))));
 }
 
@@ -124,7 +125,8 @@ pub(crate) fn outcome_of(state: JobState, ended_by: Outcome) -> Outcome {
     }
 }
 
-/// Clears the job's history (the job is removed).
+/// Clears the job's history (the job is removed, or queued anew by a
+/// resubmit, which starts its attempts at 0 again).
 pub(crate) fn clear(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) {
     let (begin, end) = ks.history_range(job_type, id);
     tx.clear_range(&begin, &end);

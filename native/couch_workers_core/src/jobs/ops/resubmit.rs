@@ -114,6 +114,8 @@ pub async fn resubmit(
             let mut next = rec.clone();
             next.unique = unique;
             apply_resubmit(&mut next, Resubmit { info: info.to_vec(), opts: opts.clone() }, now);
+            // Attempts from 0 again: so is its history.
+            crate::jobs::history::clear(tx, ks, job_type, id);
             if let Err(e) = check_room_to_run(ks, job_type, id, &next) {
                 return Ok(Err(e));
             }

@@ -124,16 +124,21 @@ pub(crate) fn end_run(
             }
         }
     }
-    // The run's end in its history, before a resubmission queues the job
-    // anew (its outcome is the run's, its error the run's failure).
-    let outcome = history::outcome_of(rec.state, ended_by);
-    let failed = matches!(outcome, Outcome::Failed | Outcome::Retried | Outcome::Lost);
-    let error = if failed { rec.error.as_deref() } else { None };
-    history::write_end(tx, ks, job_type, id, attempt, outcome, error, now);
-    if rec.state != JobState::Canceled {
-        if let Some(r) = resubmit {
-            apply_resubmit(rec, r, now);
-        }
+    let anew = rec.state != JobState::Canceled && resubmit.is_some();
+    if anew {
+        // A resubmission queues the job anew, attempts from 0: its
+        // history starts again.
+        history::clear(tx, ks, job_type, id);
+    } else {
+        // The run's end (its outcome is the run's, its error the run's
+        // failure).
+        let outcome = history::outcome_of(rec.state, ended_by);
+        let failed = matches!(outcome, Outcome::Failed | Outcome::Retried | Outcome::Lost);
+        let error = if failed { rec.error.as_deref() } else { None };
+        history::write_end(tx, ks, job_type, id, attempt, outcome, error, now);
+    }
+    if let Some(r) = resubmit.filter(|_| anew) {
+        apply_resubmit(rec, r, now);
     }
     place(tx, ks, job_type, id, rec, user_version, now);
     let mut queued = Queued::default();
