@@ -52,6 +52,12 @@
     job_resume/1
 ]).
 
+%% Job type settings (implemented in couch_workers_types).
+-export([
+    job_type_get/1,
+    job_type_set/2
+]).
+
 %% Operations (implemented in couch_workers_ops and couch_workers_metrics).
 -export([
     worker_types/0,
@@ -68,6 +74,7 @@
 
 -export_type([worker_type/0, worker_id/0, workers/0, vs/0]).
 -export_type([job_type/0, job_id/0, job/0, job_handle/0, job_state/0]).
+-export_type([job_run/0]).
 
 -type worker_type() :: binary().
 -type worker_id() :: binary().
@@ -98,7 +105,20 @@
     error := map() | null,
     max_attempts := pos_integer() | infinity,
     run_at := non_neg_integer() | null,
-    keep := non_neg_integer() | infinity
+    keep := non_neg_integer() | infinity,
+    unique := binary() | null,
+    %% Only in the job `job_get/2' returns: its last 10 runs, newest first.
+    history => [job_run()]
+}.
+%% One run of a job: `ended_at' and `error' `null' when there is none;
+%% times are Unix ms on the writing node's wall clock (informational).
+-type job_run() :: #{
+    attempt := pos_integer(),
+    worker := worker_id(),
+    started_at := non_neg_integer(),
+    ended_at := non_neg_integer() | null,
+    outcome := running | finished | failed | retried | released | lost | canceled,
+    error := map() | null
 }.
 %% What `job_accept/2' and `job_update/2' return: the job and `token', the
 %% 16-byte fencing token of that one accept. `job_update/2' and
@@ -381,6 +401,23 @@ job_pause(JobType) ->
 -spec job_resume(job_type()) -> ok | {error, term()}.
 job_resume(JobType) ->
     couch_workers_jobs:resume(JobType).
+
+%% ---- job type settings -------------------------------------------------------
+
+%% @doc The type's settings, cluster-wide, every key present:
+%% `#{activity_timeout, max_running, max_running_per_group}', each a
+%% positive integer or `infinity' (the default). See couch_workers_types.
+-spec job_type_get(job_type()) -> couch_workers_types:settings() | {error, term()}.
+job_type_get(JobType) ->
+    couch_workers_types:get(JobType).
+
+%% @doc Changes the settings named in `Settings' for the whole cluster;
+%% the others keep their values. `{error, {bad_setting, Key}}' (nothing
+%% written) for an unknown key or a value that is not a positive integer
+%% or `infinity'.
+-spec job_type_set(job_type(), couch_workers_types:settings()) -> ok | {error, term()}.
+job_type_set(JobType, Settings) ->
+    couch_workers_types:set(JobType, Settings).
 
 %% ---- operations --------------------------------------------------------------
 

@@ -8,6 +8,7 @@
 %% GET /api/worker_types    ["Type", ...]
 %% GET /api/workers/Type    [{id, opts, timeout, heartbeat_age_ms, running}, ...]  (Type percent-encoded)
 %% GET /api/metrics         metrics/0 as JSON
+%% GET /job/Type/Id         one job and its last runs (HTML; Type and Id percent-encoded)
 %% '''
 %%
 %% Another method is 405 (with `Allow: GET'; a method httpd does not
@@ -71,6 +72,13 @@ route("GET", [<<"api">>, <<"workers">>, Type]) ->
     json(ok_or_503(couch_workers:workers(Type)));
 route("GET", [<<"api">>, <<"metrics">>]) ->
     json(couch_workers:metrics());
+route("GET", [<<"job">>, Type, Id]) ->
+    case couch_workers:job_get(Type, Id) of
+        {ok, Job} -> reply(200, "text/html; charset=utf-8", couch_workers_job_page:render(Job));
+        {error, not_found} -> text(404, "no such job\n");
+        {error, key_too_large} -> text(400, "the type or id is over the key limit\n");
+        {error, Reason} -> text(503, io_lib:format("store unavailable: ~p~n", [Reason]))
+    end;
 route("GET", _) ->
     text(404, "not found\n");
 route(_Method, _Path) ->

@@ -378,26 +378,38 @@ add_opts(Opts) ->
     case nif_opts(Opts, [priority, schedule, max_attempts, keep]) of
         {ok, {P, S, M, undefined}} ->
             case couch_workers_config:get(job_keep_s) of
-                {ok, Keep} -> {ok, {P, S, M, Keep}};
+                {ok, Keep} -> with_unique(Opts, {ok, {P, S, M, Keep}});
                 {error, _} = Error -> Error
             end;
         Other ->
-            Other
+            with_unique(Opts, Other)
     end.
 
-%% The options of `resubmit/4': the NIF's options and `if_vs'.
+%% The options of `resubmit/4': the NIF's options (with `unique') and
+%% `if_vs'.
 -spec resubmit_opts(map()) -> {ok, couch_workers_nif:job_opts(), binary() | undefined} | {error, term()}.
 resubmit_opts(Opts) ->
     case if_vs(Opts) of
         {ok, IfVs} ->
             Rest = maps:without([if_vs, <<"if_vs">>], Opts),
-            case nif_opts(Rest, [priority, schedule, max_attempts, keep]) of
+            case with_unique(Rest, nif_opts(Rest, [priority, schedule, max_attempts, keep])) of
                 {ok, NifOpts} -> {ok, NifOpts, IfVs};
                 {error, _} = Error -> Error
             end;
         {error, _} = Error ->
             Error
     end.
+
+%% The NIF's options tuple with the `unique' key as its fifth element,
+%% when the caller gives one (a binary; else `{error, invalid_unique}').
+with_unique(Opts, {ok, NifOpts}) ->
+    case opt(unique, Opts, undefined) of
+        undefined -> {ok, NifOpts};
+        Key when is_binary(Key) -> {ok, erlang:append_element(NifOpts, Key)};
+        _ -> {error, invalid_unique}
+    end;
+with_unique(_Opts, Error) ->
+    Error.
 
 %% The NIF's options tuple `{Priority, Schedule, MaxAttempts, Keep}' from
 %% a caller's map, each `undefined' when not given; only the `Allowed'

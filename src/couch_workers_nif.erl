@@ -202,6 +202,12 @@
     job_set_paused/3
 ]).
 
+%% Job type settings (see the "job types" section below).
+-export([
+    job_type_get/2,
+    job_type_set/3
+]).
+
 %% Operations (see the "ops" section below).
 -export([
     ops_worker_types/1,
@@ -538,6 +544,20 @@ job_list(_Ref, _Type, _States, _Limit, _After) -> erlang:nif_error(nif_not_loade
 
 -spec job_set_paused(reference(), binary(), boolean()) -> ok | {error, atom()}.
 job_set_paused(_Ref, _Type, _Paused) -> erlang:nif_error(nif_not_loaded).
+
+%% ---- job types -----------------------------------------------------------
+
+%% job_type_get(Ref, Type)            -> ok | {error, _}  then {Ref, {ok, Settings} | {error, Name}}
+%% job_type_set(Ref, Type, Settings)  -> ok | {error, _}  then {Ref, {ok, Settings} | {error, Name}}
+%%     (`Settings' a map of `activity_timeout', `max_running',
+%%     `max_running_per_group' to a non-negative integer or `infinity';
+%%     other shapes badarg; the answer: every setting as stored)
+
+-spec job_type_get(reference(), binary()) -> ok | {error, atom()}.
+job_type_get(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).
+
+-spec job_type_set(reference(), binary(), map()) -> ok | {error, atom()}.
+job_type_set(_Ref, _Type, _Settings) -> erlang:nif_error(nif_not_loaded).
 
 %% ---- ops -----------------------------------------------------------------
 

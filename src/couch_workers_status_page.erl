@@ -146,7 +146,7 @@ job_row(#{type := T, counts := Counts, throughput := Samples, paused := Paused, 
     [
         <<"<tr><td>">>, escape(T), <<"</td>">>,
         [[<<"<td class=\"num\">">>, count(maps:get(S, Counts, undefined)), <<"</td>">>] || S <- ?STATES],
-        <<"<td>">>, chart(Samples), <<"</td><td>">>, paused(Paused), <<"</td><td>">>, failures(Failures), <<"</td></tr>">>
+        <<"<td>">>, chart(Samples), <<"</td><td>">>, paused(Paused), <<"</td><td>">>, failures(T, Failures), <<"</td></tr>">>
     ].
 
 count(N) when is_integer(N) -> integer_to_binary(N);
@@ -156,12 +156,14 @@ paused(true) -> <<"<span class=\"paused\">paused</span>">>;
 paused(false) -> <<"no">>;
 paused(_) -> <<"<span class=\"none\">n/a</span>">>.
 
-failures(#{jobs := [], complete := true}) ->
+failures(_T, #{jobs := [], complete := true}) ->
     <<"<span class=\"none\">none</span>">>;
-failures(#{jobs := Jobs, complete := Complete}) ->
+failures(T, #{jobs := Jobs, complete := Complete}) ->
     [
         [
-            [<<"<div class=\"fail\">">>, escape(Id), <<": ">>, escape(iolist_to_binary(couch_workers_json:encode(maps:get(error, J, null)))), <<"</div>">>]
+            %% Each with a link to the job's page, which shows its last runs.
+            [<<"<div class=\"fail\">">>, escape(Id), <<": ">>, escape(iolist_to_binary(couch_workers_json:encode(maps:get(error, J, null)))),
+             <<" <a href=\"">>, escape(couch_workers_job_page:path(T, Id)), <<"\">runs</a></div>">>]
          || #{id := Id} = J <- Jobs
         ],
         case Complete of
@@ -169,7 +171,7 @@ failures(#{jobs := Jobs, complete := Complete}) ->
             false -> <<"<div class=\"none\">latest among the first failed jobs by id</div>">>
         end
     ];
-failures(_Unknown) ->
+failures(_T, _Unknown) ->
     <<"<span class=\"none\">n/a</span>">>.
 
 %% A bar per sample interval: the jobs finished since the sample before.

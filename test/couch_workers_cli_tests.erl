@@ -23,13 +23,48 @@ cli_test_() ->
                     {timeout, 120, {"jobs --state: from each state's index, past 10,000 jobs of other states", ?_test(jobs_by_state(Dir))}},
                     {timeout, 120, {"jobs pages: --after the printed cursor, --all", ?_test(jobs_pages(Dir))}},
                     {timeout, 120, {"errors: exit 1 and a reason", ?_test(errors(Dir))}},
-                    {timeout, 120, {"schedules, schedule-remove, and each type's leader", ?_test(schedules_and_leaders(Dir))}}
+                    {timeout, 120, {"schedules, schedule-remove, and each type's leader", ?_test(schedules_and_leaders(Dir))}},
+                    {timeout, 120, {"type: shows and sets a job type's settings, seen by the node", ?_test(type_settings(Dir))}}
                 ]
             end
         }
     }.
 
 %% ---- tests ---------------------------------------------------------------
+
+type_settings(Dir) ->
+    T = unique_type("cli_type"),
+    {0, Shown, _} = cli(Dir, ["type", T]),
+    ?assertMatch({match, _}, re:run(Shown, <<"\\n", T/binary, " +infinity +infinity +infinity\\n">>)),
+    {0, Json, _} = cli(Dir, ["--json", "type", T, "--max-running", "8", "--activity-timeout", "30"]),
+    ?assertEqual(
+        <<"{\"type\":\"", T/binary, "\",\"activity_timeout\":30,\"max_running\":8,\"max_running_per_group\":\"infinity\"}\n">>,
+        Json
+    ),
+    ?assertEqual(
+        #{activity_timeout => 30, max_running => 8, max_running_per_group => infinity}, couch_workers:job_type_get(T)
+    ),
+    ok = couch_workers:job_type_set(T, #{max_running_per_group => 2}),
+    {0, Again, _} = cli(Dir, ["type", T, "--max-running", "infinity"]),
+    ?assertMatch({match, _}, re:run(Again, <<"\\n", T/binary, " +30 +infinity +2\\n">>)),
+    %% A job's unique key, in its JSON line (`null` without one).
+    ok = couch_workers:job_add(T, <<"u">>, #{}, #{unique => <<"db1">>}),
+    {0, UJob, _} = cli(Dir, ["--json", "job", T, "u"]),
+    ?assertMatch({match, _}, re:run(UJob, <<"\"unique\":\"db1\"">>)),
+    ?assertMatch({match, _}, re:run(UJob, <<"\"history\":\\[\\]">>)),
+    %% Its runs: a table after the job's row, or `history' in the JSON line.
+    W = couch_workers:worker_register(T, <<"w">>, #{}, self()),
+    {ok, _} = couch_workers:job_accept(W, #{}),
+    {0, Runs, _} = cli(Dir, ["job", T, "u"]),
+    ?assertMatch({match, _}, re:run(Runs, <<"\\nRUN +WORKER.*\\n1 +w +[0-9]+ +- +running +-\\n">>)),
+    {0, RunsJson, _} = cli(Dir, ["--json", "job", T, "u"]),
+    ?assertMatch({match, _}, re:run(RunsJson, <<"\"history\":\\[\\{\"attempt\":1,\"worker\":\"w\"">>)),
+    ok = couch_workers:worker_unregister(W),
+    {1, _, Bad} = cli(Dir, ["type", T, "--max-running", "0"]),
+    ?assertMatch({match, _}, re:run(Bad, <<"not a positive integer">>)),
+    ?assertEqual(
+        #{activity_timeout => 30, max_running => infinity, max_running_per_group => 2}, couch_workers:job_type_get(T)
+    ).
 
 reads(Dir) ->
     T = unique_type("cli"),

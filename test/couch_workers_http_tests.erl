@@ -27,7 +27,8 @@ http_test_() ->
                     {"bound to 127.0.0.1 by default", ?_test(bound_to_loopback())},
                     {"/ shows a worker type and a job type", ?_test(page_shows_workers_and_jobs())},
                     {"/ shows a job type's counts by state, latest failures and paused flag", ?_test(page_shows_job_states())},
-                    {"/ shows each worker type's leader and each job type's schedules", ?_test(page_shows_leaders_and_schedules())},
+                    {"/ shows each worker type's leader and each job type's schedules", ?_test(page_shows_leaders_and_schedules())},,
+                    {"/job/Type/Id shows a job's last runs; / links failed jobs to it", ?_test(job_page_shows_runs())},
                     {"/metrics is Prometheus text", ?_test(metrics_endpoint())},
                     {"/api/... is JSON", ?_test(api_endpoints())},
                     {"unknown paths 404, bad encodings 400, other methods 405", ?_test(bad_requests_are_4xx())},
@@ -168,6 +169,29 @@ page_shows_leaders_and_schedules() ->
     ?assertNotEqual(nomatch, binary:match(After, <<T/binary, " <span class=\"none\">(1 live; leader <b>w2</b>)">>)),
     ok = couch_workers:schedule_remove(T, <<"nightly">>),
     ok = couch_workers:worker_unregister(W2).
+
+job_page_shows_runs() ->
+    T = unique_type("runs <&>"),
+    W = couch_workers:worker_register(T, <<"w<1>">>, #{}, self()),
+    Id = <<"j/1 \xff">>,
+    ok = couch_workers:job_add(T, Id, #{}, #{max_attempts => 2}),
+    {ok, J1} = couch_workers:job_accept(W, #{}),
+    ok = couch_workers:job_fail(J1, #{<<"reason">> => <<"first">>}, #{delay => 0}),
+    {ok, J2} = couch_workers:job_accept(W, #{timeout => 5000}),
+    ok = couch_workers:job_fail(J2, #{<<"reason">> => <<"last">>}, #{}),
+    Path = couch_workers_job_page:path(T, Id),
+    ?assertMatch(<<"/job/runs%20%3C%26%3E", _/binary>>, Path),
+    ?assertEqual(<<"/j%2F1%20%FF">>, binary:part(Path, byte_size(Path), -12)),
+    {200, "text/html; charset=utf-8", Page} = http_get(binary_to_list(Path)),
+    %% Newest first: run 2 failed, run 1 retried, each by the escaped worker.
+    {match, [{P2, _}]} = re:run(Page, <<"<tr><td>2</td><td>w&lt;1&gt;</td><td>[0-9T:.-]+Z</td><td>[0-9T:.-]+Z</td><td>failed</td>">>),
+    {match, [{P1, _}]} = re:run(Page, <<"<tr><td>1</td><td>w&lt;1&gt;</td><td>[^<]+</td><td>[^<]+</td><td>retried</td><td class=\"mono\">\\{&quot;reason&quot;:&quot;first&quot;\\}">>),
+    ?assert(P2 < P1),
+    {200, _, Status} = http_get("/"),
+    ?assertNotEqual(nomatch, binary:match(Status, <<"<a href=\"", Path/binary, "\">runs</a>">>)),
+    {404, _, _} = http_get(binary_to_list(couch_workers_job_page:path(T, <<"nope">>))),
+    {400, _, _} = http_get(binary_to_list(couch_workers_job_page:path(T, binary:copy(<<"i">>, 10001)))),
+    ok = couch_workers:worker_unregister(W).
 
 metrics_endpoint() ->
     T = unique_type("mt"),

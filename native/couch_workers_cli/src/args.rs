@@ -4,6 +4,8 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
+use couch_workers_core::job_controls::TypeSetting;
+
 pub const USAGE: &str = "\
 usage: couch-workers [--store embedded:DIR | fdb:CLUSTER_FILE] [--json] COMMAND
 commands:
@@ -18,6 +20,9 @@ commands:
   pause TYPE | resume TYPE                 no worker on any node takes TYPE's jobs / again
   schedules TYPE                           TYPE's recurring jobs: spec, next run, last run
   schedule-remove TYPE ID                  remove a schedule (the jobs it created stay)
+  type TYPE [--max-running N] [--max-running-per-group N] [--activity-timeout S]
+                                           TYPE's settings, cluster-wide; each option (N, S a positive
+                                           integer or infinity) changes one first
 --store defaults to embedded:couch_workers_data (the app's default store).
 --store fdb-test:NAME:CLUSTER_FILE is the test store of the EUnit suites on
 FoundationDB (the directory couch_workers_test/NAME), left in place.
@@ -38,7 +43,12 @@ pub enum Store {
 pub enum Command {
     Status,
     Workers(Option<Vec<u8>>),
-    Jobs { job_type: Vec<u8>, states: Vec<String>, limit: usize, page: Page },
+    Jobs {
+        job_type: Vec<u8>,
+        states: Vec<String>,
+        limit: usize,
+        page: Page,
+    },
     Job(Vec<u8>, Vec<u8>),
     Cancel(Vec<u8>, Vec<u8>),
     Remove(Vec<u8>, Vec<u8>),
@@ -47,6 +57,8 @@ pub enum Command {
     Resume(Vec<u8>),
     Schedules(Vec<u8>),
     ScheduleRemove(Vec<u8>, Vec<u8>),
+    /// Shows the type's settings, after changing those given.
+    Type(Vec<u8>, Vec<TypeSetting>),
 }
 
 /// Which pages of `jobs` to print.
@@ -89,9 +101,15 @@ pub fn parse(args: Vec<OsString>) -> Result<Options, String> {
     let mut states = Vec::new();
     let mut limit: Option<usize> = None;
     let mut page: Option<Page> = None;
+    let mut settings: Vec<TypeSetting> = Vec::new();
     let mut words: Vec<Vec<u8>> = Vec::new();
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
+        if crate::type_args::is_option(arg.as_bytes()) {
+            let value = it.next().map(|v| v.to_string_lossy().into_owned());
+            settings.push(crate::type_args::setting(arg.as_bytes(), value.as_deref())?);
+            continue;
+        }
         match arg.as_bytes() {
             b"--json" => json = true,
             b"--store" => store = store_arg(it.next().ok_or("--store needs a value")?)?,
@@ -129,6 +147,11 @@ pub fn parse(args: Vec<OsString>) -> Result<Options, String> {
     if (!states.is_empty() || limit.is_some() || page.is_some()) && name != "jobs" {
         return Err("--state, --limit, --after and --all go with the jobs command only".into());
     }
+    if !settings.is_empty() && name != "type" {
+        return Err(
+            "--max-running, --max-running-per-group and --activity-timeout go with the type command only".into()
+        );
+    }
     let command = match (name.as_str(), rest) {
         ("status", []) => Command::Status,
         ("workers", []) => Command::Workers(None),
@@ -147,6 +170,8 @@ pub fn parse(args: Vec<OsString>) -> Result<Options, String> {
         ("resume", [t]) => Command::Resume(t.clone()),
         ("schedules", [t]) => Command::Schedules(t.clone()),
         ("schedule-remove", [t, id]) => Command::ScheduleRemove(t.clone(), id.clone()),
+        ("type", [t]) => Command::Type(t.clone(), settings),
+        ("type", _) => return Err("wrong arguments for type".into()),
         (
             "status" | "workers" | "jobs" | "job" | "cancel" | "remove" | "retry" | "pause" | "resume" | "schedules"
             | "schedule-remove",
@@ -230,6 +255,11 @@ mod tests {
         assert!(p(&["--store", "fdb-test::/tmp/fdb.cluster", "workers"]).is_err(), "a name is needed");
         assert!(p(&["--store", "fdb-test:cw_1:", "workers"]).is_err(), "a path is needed");
         assert_eq!(p(&["cancel", "t", "j"]).unwrap().command, Command::Cancel(b"t".to_vec(), b"j".to_vec()));
+        assert_eq!(p(&["type", "t"]).unwrap().command, Command::Type(b"t".to_vec(), vec![]));
+        assert_eq!(
+            p(&["type", "t", "--max-running", "8", "--activity-timeout", "infinity"]).unwrap().command,
+            Command::Type(b"t".to_vec(), vec![TypeSetting::MaxRunning(Some(8)), TypeSetting::ActivityTimeout(None)])
+        );
     }
 
     #[test]
@@ -256,6 +286,11 @@ mod tests {
             &["--store", "embedded:", "status"],
             &["--store"],
             &["--verbose", "status"],
+            &["type"],
+            &["type", "t", "u"],
+            &["type", "t", "--max-running", "0"],
+            &["type", "t", "--max-running"],
+            &["jobs", "t", "--max-running", "3"],
         ] {
             assert!(p(bad).is_err(), "{bad:?}");
         }

@@ -5,7 +5,7 @@
 //! pruner (a test below counts the context's spawns). It is safe beside
 //! running nodes: reads are snapshot reads in read-only transactions (they
 //! conflict with nobody). Its only writes are the actions asked for
-//! (`cancel`, `remove`, `retry`, `pause`, `resume`, `schedule-remove`), each one ordinary
+//! (`cancel`, `remove`, `retry`, `pause`, `resume`, `schedule-remove`, `type` with a change), each one ordinary
 //! transaction of the stateless job API (`Jobs`), the same that a node's
 //! `job_cancel/2`, `job_remove/2`, `job_resubmit/4`, `job_pause/1` and
 //! `job_resume/1` run, so running nodes see them as they see each other's
@@ -16,6 +16,7 @@
 
 mod args;
 mod output;
+mod type_args;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -131,9 +132,9 @@ async fn command(cmd: &Command, ctx: &Arc<Context>, out: &mut Out) -> Result<(),
         Command::Jobs { job_type, states, limit, page } => jobs(&jobs_api, out, job_type, states, *limit, page).await,
         Command::Job(t, id) => {
             let service = &jobs_api;
-            let job = service.get(t, id).await.map_err(|e| job_error(&e, t, id))?;
+            let (job, runs) = service.get_with_history(t, id).await.map_err(|e| job_error(&e, t, id))?;
             out.jobs_header();
-            out.job(&job);
+            out.job_with_history(&job, &runs);
             Ok(())
         }
         Command::Cancel(t, id) => {
@@ -207,6 +208,15 @@ async fn command(cmd: &Command, ctx: &Arc<Context>, out: &mut Out) -> Result<(),
                 _ => format!("store error: {e}"),
             })?;
             out.paused(t, pause, paused);
+            Ok(())
+        }
+        Command::Type(t, changes) => {
+            let settings = if changes.is_empty() {
+                jobs_api.type_settings(t).await
+            } else {
+                jobs_api.set_type_settings(t, changes).await
+            };
+            out.type_settings(t, &settings.map_err(store_error)?);
             Ok(())
         }
     }

@@ -102,6 +102,7 @@ impl Out {
             "info": stored_json(&j.info), "result": j.result.as_deref().map(stored_json),
             "attempts": j.attempts, "cancel_requested": j.cancel_requested,
             "error": j.error.as_deref().map(stored_json),
+            "unique": j.unique.as_deref().map(text),
         })
     }
 
@@ -208,6 +209,55 @@ impl Out {
                 if was { "paused" } else { "not paused" }.into(),
             ],
             json!({"action": action, "type": text(t), "paused": paused, "was_paused": was}),
+        );
+    }
+
+    /// One job and its last runs, newest first (`job`): the job's row,
+    /// then a table of its runs; with `--json`, one line with `history`.
+    pub fn job_with_history(&mut self, j: &Job, runs: &[couch_workers_core::job_controls::Run]) {
+        if self.json {
+            let mut value = Self::job_value(j);
+            value["history"] = runs
+                .iter()
+                .map(|r| {
+                    json!({
+                        "attempt": r.attempt, "worker": text(&r.worker), "started_at": r.started_at,
+                        "ended_at": r.ended_at, "outcome": r.outcome.name(),
+                        "error": r.error.as_deref().map(stored_json),
+                    })
+                })
+                .collect();
+            self.lines.push(value.to_string());
+            return;
+        }
+        self.job(j);
+        self.header(vec!["RUN", "WORKER", "STARTED (UNIX MS)", "ENDED (UNIX MS)", "OUTCOME", "ERROR"]);
+        for r in runs {
+            let cells = vec![
+                r.attempt.to_string(),
+                text(&r.worker),
+                r.started_at.to_string(),
+                r.ended_at.map_or("-".into(), |t| t.to_string()),
+                r.outcome.name().into(),
+                r.error.as_deref().map_or("-".into(), text),
+            ];
+            self.row(cells, Value::Null);
+        }
+    }
+
+    /// A job type's settings (`type`), `infinity` where unset.
+    pub fn type_settings(&mut self, t: &[u8], s: &couch_workers_core::job_controls::TypeSettings) {
+        let cell = |v: Option<u64>| v.map_or("infinity".to_string(), |n| n.to_string());
+        let value = |v: Option<u64>| v.map_or(json!("infinity"), |n| json!(n));
+        self.header(vec!["TYPE", "ACTIVITY TIMEOUT (S)", "MAX RUNNING", "MAX RUNNING PER GROUP"]);
+        self.row(
+            vec![text(t), cell(s.activity_timeout), cell(s.max_running), cell(s.max_running_per_group)],
+            json!({
+                "type": text(t),
+                "activity_timeout": value(s.activity_timeout),
+                "max_running": value(s.max_running),
+                "max_running_per_group": value(s.max_running_per_group),
+            }),
         );
     }
 

@@ -34,6 +34,10 @@ pub enum Error {
     Invalid(&'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Another scheduled, pending or running job of the type holds the
+    /// unique key asked for: its id.
+    #[error("duplicate of job {0:?}")]
+    Duplicate(Vec<u8>),
 }
 
 impl Error {
@@ -49,6 +53,7 @@ impl Error {
             Error::BadSchedule(_) => "bad_schedule",
             Error::Invalid(what) => what,
             Error::Store(e) => e.name(),
+            Error::Duplicate(_) => "duplicate",
         }
     }
 }

@@ -686,3 +686,59 @@ impl Keyspace {
         }
     }
 }
+
+// ---- job type settings ------------------------------------------------------
+
+impl Keyspace {
+    /// `("couch_workers", "type_settings", JobType)`: the type's settings
+    /// (`jobs/type_settings.rs`), absent until first set.
+    pub fn type_settings(&self, job_type: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(TYPE_SETTINGS), b(job_type)))
+    }
+}
+
+const TYPE_SETTINGS: &[u8] = b"type_settings";
+
+// ---- unique keys ------------------------------------------------------------
+
+impl Keyspace {
+    /// `("couch_workers", "unique", JobType, Key)`: the id of the
+    /// scheduled, pending or running job of the type that holds `Key`
+    /// (`jobs/ops/unique.rs`).
+    pub fn unique(&self, job_type: &[u8], key: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(UNIQUE), b(job_type), b(key)))
+    }
+}
+
+const UNIQUE: &[u8] = b"unique";
+
+// ---- run history ------------------------------------------------------------
+
+impl Keyspace {
+    /// `("couch_workers", "history", JobType, JobId, Run, Part)`: one
+    /// part of the job's run `Run` (its attempt number): `0` its start,
+    /// `1` its end (`jobs/history.rs`).
+    pub fn history_part(&self, job_type: &[u8], job_id: &[u8], run: i64, part: i64) -> Vec<u8> {
+        self.root.pack(&(b(HISTORY), b(job_type), b(job_id), run, part))
+    }
+
+    /// The first key of run `run` of the job's history: the runs before
+    /// it lie between the history's range start and this key.
+    pub fn history_run(&self, job_type: &[u8], job_id: &[u8], run: i64) -> Vec<u8> {
+        self.root.pack(&(b(HISTORY), b(job_type), b(job_id), run))
+    }
+
+    /// Every history key of one job, oldest run first.
+    pub fn history_range(&self, job_type: &[u8], job_id: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(HISTORY), b(job_type), b(job_id))))
+    }
+
+    /// Decodes a history key of the job: `(run, part)`.
+    pub fn parse_history(&self, job_type: &[u8], job_id: &[u8], key: &[u8]) -> Option<(i64, i64)> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (h, t, id, run, part) = unpack::<(Bytes, Bytes, Bytes, i64, i64)>(rest).ok()?;
+        (&*h == HISTORY && &*t == job_type && &*id == job_id).then_some((run, part))
+    }
+}
+
+const HISTORY: &[u8] = b"history";

@@ -75,7 +75,7 @@ impl Leadership {
     pub async fn add(&self, job_type: &[u8], id: &[u8], info: &[u8], opts: &JobOpts, fence: &LeaderFence) -> Result<(), Error> {
         self.ctx.check_open()?;
         check_key(&self.ctx.ks.seniority_range(&fence.worker_type).1)?;
-        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
+        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: opts.clone() };
         let (ks, j) = (&self.ctx.ks, &job);
         run_once_fenced(&self.ctx, Some(fence), |tx| async move { ops::add_job(&tx, ks, job_type, j, wall_ms()).await }).await
     }

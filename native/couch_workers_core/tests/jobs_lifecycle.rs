@@ -40,6 +40,8 @@ fn opts(rng: &mut StdRng) -> JobOpts {
             1 => Some(Keep::Infinity),
             _ => None,
         },
+        // Unique keys: tests/jobs_unique.rs.
+        unique: None,
     }
 }
 

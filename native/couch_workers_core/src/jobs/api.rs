@@ -49,7 +49,7 @@ impl Jobs {
     /// once; `AlreadyExists` if the id exists in any state.
     pub async fn add_with(&self, job_type: &[u8], id: &[u8], info: &[u8], opts: &JobOpts) -> Result<(), Error> {
         self.ctx.check_open()?;
-        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
+        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: opts.clone() };
         let ks = &self.ctx.ks;
         let j = &job;
         crate::stage::mark("add_task_runs");
@@ -153,7 +153,7 @@ impl Jobs {
     /// queued as `opts.schedule` says, with `info` and `opts.priority` if
     /// given; `max_attempts` is raised by one.
     pub async fn release(&self, fence: &Fence, opts: &JobOpts, info: Option<&[u8]>) -> Result<(), Error> {
-        self.end(fence, RunEnd::Released { opts: *opts, info: info.map(<[u8]>::to_vec), bump: true }).await
+        self.end(fence, RunEnd::Released { opts: opts.clone(), info: info.map(<[u8]>::to_vec), bump: true }).await
     }
 
     /// Adds the job or runs it again (see [`ops::resubmit`]); with

@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::history::{self, Run};
 use super::job::{Fence, Job, JobHandle, JobOpts, JobSpec, JobVs};
 use super::ops;
 use super::place::wall_ms;
@@ -63,17 +64,21 @@ impl Jobs {
 impl TxJobs {
     /// [`Jobs::add_with`] in the caller's transaction.
     pub async fn add(self, job_type: &[u8], id: &[u8], info: &[u8], opts: &JobOpts) -> Result<(), Error> {
-        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
+        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: opts.clone() };
         ops::add_job(&self.tx, &self.jobs.context().ks, job_type, &job, wall_ms()).await?
     }
 
     /// [`Jobs::get`] in the caller's transaction (a job this transaction
     /// wrote is unreadable: FoundationDB's `accessed_unreadable`, as its
     /// record's versionstamp is not known before the commit).
-    pub async fn get(self, job_type: &[u8], id: &[u8]) -> Result<Job, Error> {
+    pub async fn get(self, job_type: &[u8], id: &[u8]) -> Result<(Job, Vec<Run>), Error> {
         let ks = &self.jobs.context().ks;
         ops::check_job_key(ks, job_type, id)?;
-        ops::get(&self.tx, ks, job_type, id).await?.ok_or(Error::NotFound)
+        let job = ops::get(&self.tx, ks, job_type, id).await?.ok_or(Error::NotFound)?;
+        // With its last runs, as `job_get/2` answers (snapshot reads: no
+        // conflict on a run written meanwhile).
+        let runs = history::read(&self.tx, ks, job_type, id, true).await?;
+        Ok((job, runs))
     }
 
     /// [`Jobs::update`] in the caller's transaction. The handle's `vs` is

@@ -133,12 +133,16 @@ impl Schedule {
 
 /// The options of `add`, `resubmit` and `release`; `None` is "not given"
 /// (for `add`: the default; for `resubmit`: keep the job's value).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct JobOpts {
     pub priority: Option<i64>,
     pub schedule: Option<Schedule>,
     pub max_attempts: Option<MaxAttempts>,
     pub keep: Option<Keep>,
+    /// The job's unique key (`add`, `resubmit`; a release ignores it):
+    /// while the job is scheduled, pending or running, no other job of
+    /// its type may hold it (`jobs/ops/unique.rs`).
+    pub unique: Option<Vec<u8>>,
 }
 
 impl JobOpts {
@@ -182,6 +186,8 @@ pub struct Job {
     /// ([`JobIncarnation`]); `None` for a job added before records carried
     /// it (format 3 and older), taken to be the same job throughout.
     pub incarnation: Option<JobIncarnation>,
+    /// Its unique key, if it was given one.
+    pub unique: Option<Vec<u8>>,
 }
 
 /// What `accept` and `update` return: the job and the token of the accept

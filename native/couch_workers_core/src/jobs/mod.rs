@@ -50,6 +50,10 @@
 //! * `take.rs`: one accept now (timeout 0), no dispatcher;
 //! * `api.rs`: [`Jobs`], the stateless job API on a context (every call
 //!   that needs no running task; the command line's);
+//! * [`history`]: a job's last runs, written by the accept and the run's
+//!   end (`place.rs`, `ops/run_end.rs`);
+//! * [`type_settings`]: a type's stored settings (timeouts, limits) and
+//!   `type_api.rs`, their calls on [`Jobs`];
 //! * [`service`]: [`JobService`], the node's: [`Jobs`] plus accept and
 //!   subscribe, and the daemons only a node starts.
 //!
@@ -63,6 +67,7 @@ mod commit;
 pub mod dispatcher;
 mod finish_next;
 mod in_tx;
+pub mod history;
 pub mod job;
 pub mod ops;
 pub(crate) mod place;
@@ -73,6 +78,8 @@ pub mod service;
 pub mod subscription;
 mod sweeper;
 mod take;
+mod type_api;
+pub mod type_settings;
 mod wake;
 
 pub use api::Jobs;
@@ -93,6 +100,7 @@ pub use place::wall_ms;
 pub use ops::{Departure, Retry};
 pub use service::{JobService, JobStats};
 pub use subscription::{JobSubscription, OnJobEvent};
+pub use type_settings::{TypeSetting, TypeSettings};
 
 use crate::keyspace::Keyspace;
 use crate::store::{StoreError, Tx};

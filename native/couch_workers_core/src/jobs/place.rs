@@ -11,6 +11,10 @@
 //! | `running` | `("active", WorkerType, Worker, JobId)` (failover reads it) |
 //! | `finished`, `canceled`, `failed` | `("expiry", ExpireAt, JobType, JobId)` with a finite `keep` (the pruner reads it; a short one also bumps `expiry_vs`) |
 //!
+//! A job with a unique key holds `("unique", JobType, Key)` from its add
+//! (or the resubmit that queues it again) until it ends or is removed:
+//! claimed by `ops/unique.rs`, given up here ([`give_up_unique`]).
+//!
 //! A state change is [`unplace`] of the record as stored, then [`place`]
 //! of the changed record, in one transaction: every counter moves by
 //! exactly −1/+1 with its index keys, so `job_counts` stays exact. A write
@@ -19,6 +23,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::history;
 use super::job::{JobState, Keep, Schedule};
 use super::record::{self, incomplete_vs, Record};
 use crate::keyspace::Keyspace;
@@ -120,9 +125,12 @@ pub(crate) fn place(
         JobState::Running => {
             if let Some(worker) = &rec.worker {
                 tx.set_versionstamped_value(&ks.active(job_type, worker, id), &record::encode_active(user_version));
+                // Only an accept makes a job running: a run starts.
+                history::write_start(tx, ks, job_type, id, rec.attempts, worker, now_ms);
             }
         }
         JobState::Finished | JobState::Canceled | JobState::Failed => {
+            give_up_unique(tx, ks, job_type, rec);
             if let Keep::Seconds(s) = rec.keep {
                 let at = now_ms.saturating_add(s.saturating_mul(1000));
                 rec.expire_at = Some(at);
@@ -207,6 +215,15 @@ impl Queued {
         if earlier {
             tx.set_versionstamped_value(&ks.scheduled_vs(), &Keyspace::vs_placeholder_value());
         }
+    }
+}
+
+/// Clears the unique key that `rec` holds, if it has one: it ends, or is
+/// removed (its caller knows it had not ended). Blind: the key holds this
+/// job's id while the job has not ended (claims check it).
+pub(crate) fn give_up_unique(tx: &Tx, ks: &Keyspace, job_type: &[u8], rec: &Record) {
+    if let Some(key) = &rec.unique {
+        tx.clear(&ks.unique(job_type, key));
     }
 }
 

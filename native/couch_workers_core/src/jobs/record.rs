@@ -8,8 +8,13 @@ use foundationdb_tuple::{pack, pack_with_versionstamp, unpack, Bytes, Element, V
 use super::job::{AcceptToken, Job, JobIncarnation, JobOpts, JobState, JobVs, Keep, MaxAttempts, Schedule};
 use crate::store::StoreError;
 
-/// The format version of job records written by this code.
+/// The format version of job records written by this code for a job
+/// with none of format 5's elements (no unique key): what every node
+/// since format 4 reads.
 pub const RECORD_FORMAT: i64 = 4;
+
+/// Job records that carry `Unique` (format 4 and one more element).
+const RECORD_FORMAT_5: i64 = 5;
 
 /// Job records written before `Incarnation` (still read).
 const RECORD_FORMAT_3: i64 = 3;
@@ -53,6 +58,8 @@ pub(crate) struct Record {
     /// Drawn by `add` ([`Record::new`]); every other write decodes the
     /// record and keeps it. `None` in records written before format 4.
     pub incarnation: Option<JobIncarnation>,
+    /// The unique key the job holds while it is not ended (format 5).
+    pub unique: Option<Vec<u8>>,
 }
 
 /// A fresh incarnation for a job being added: 8 random bytes, none of
@@ -117,6 +124,7 @@ impl Record {
             resubmit: None,
             queued_at: None,
             incarnation: Some(new_incarnation()),
+            unique: opts.unique.clone(),
         }
     }
 
@@ -126,8 +134,9 @@ impl Record {
     /// the one tuple of all their elements: the tuple layer's Rust types
     /// stop at twelve elements.)
     pub fn encode(&self, user_version: u16) -> Vec<u8> {
+        let format = if self.unique.is_some() { RECORD_FORMAT_5 } else { RECORD_FORMAT };
         let mut out = pack_with_versionstamp(&(
-            RECORD_FORMAT,
+            format,
             Bytes::from(self.state.name().as_bytes()),
             self.worker.as_deref().map(Bytes::from),
             self.priority,
@@ -150,6 +159,9 @@ impl Record {
             self.queued_at.map(clamp_i64),
             self.incarnation.as_ref().map(|i| Bytes::from(&i[..])),
         )));
+        if let Some(unique) = &self.unique {
+            out.extend(pack(&(Bytes::from(unique.as_slice()),)));
+        }
         out.extend(offset);
         out
     }
@@ -211,6 +223,7 @@ impl Record {
             Some(RECORD_FORMAT_2) => 16,
             Some(RECORD_FORMAT_3) => 17,
             Some(RECORD_FORMAT) => 18,
+            Some(RECORD_FORMAT_5) => 19,
             Some(other) => return Err(corrupt(&format!("unknown format {other}"))),
             None => return Err(corrupt("no format version")),
         };
@@ -241,6 +254,7 @@ impl Record {
             resubmit: None,
             queued_at: None,
             incarnation: None,
+            unique: None,
         };
         if len >= 16 {
             rec.error = opt_bytes(&e[10])?;
@@ -256,11 +270,14 @@ impl Record {
         if len >= 17 {
             rec.queued_at = opt_u64(&e[16])?;
         }
-        if len == 18 {
+        if len >= 18 {
             rec.incarnation = match opt_bytes(&e[17])? {
                 None => None,
                 Some(i) => Some(JobIncarnation::try_from(&i[..]).map_err(|_| corrupt("incarnation length"))?),
             };
+        }
+        if len == 19 {
+            rec.unique = Some(bytes(&e[18]).ok_or_else(|| corrupt("unique"))?);
         }
         Ok(rec)
     }
@@ -287,6 +304,7 @@ impl Record {
             keep: self.keep,
             queued_at: self.queued_at,
             incarnation: self.incarnation,
+            unique: self.unique.clone(),
         }
     }
 }
@@ -381,7 +399,7 @@ fn decode_resubmit(v: &[u8]) -> Result<Resubmit, StoreError> {
         None => None,
         code => Some(keep_from(code).ok_or_else(|| corrupt("resubmit keep"))?),
     };
-    Ok(Resubmit { info: info.into_owned(), opts: JobOpts { priority, schedule, max_attempts, keep } })
+    Ok(Resubmit { info: info.into_owned(), opts: JobOpts { priority, schedule, max_attempts, keep, unique: None } })
 }
 
 /// The active value for `set_versionstamped_value`: `(1, AcceptVS)`.
@@ -503,6 +521,7 @@ mod tests {
             queued_at: Some(1_700_000_000_123),
             // NUL bytes, which the tuple layer escapes.
             incarnation: Some([0, 0xff, 0, 1, 2, 3, 0, 0]),
+            unique: None,
             resubmit: Some(Resubmit {
                 info: b"{\"b\":2}".to_vec(),
                 opts: JobOpts {
@@ -510,6 +529,7 @@ mod tests {
                     schedule: Some(Schedule::Delay(5)),
                     max_attempts: Some(MaxAttempts::Limit(2)),
                     keep: None,
+                    unique: None,
                 },
             }),
         };
@@ -602,6 +622,30 @@ mod tests {
             assert!(!r.incarnation.unwrap().contains(&0));
             assert_eq!(r.value_len(), len);
         }
+    }
+
+    #[test]
+    fn format_5_holds_the_unique_key_and_only_a_job_with_one_is_written_so() {
+        let plain = Record::new(b"{}".to_vec(), &JobOpts::default());
+        let stored = commit(&plain.encode(0), [6; 10]);
+        assert_eq!(unpack::<Vec<Element>>(&stored).unwrap()[0], Element::Int(4), "no unique key: format 4");
+        let opts = JobOpts { unique: Some(b"k\x00\xff".to_vec()), ..JobOpts::default() };
+        let rec = Record::new(b"{}".to_vec(), &opts);
+        let stored = commit(&rec.encode(0), [6; 10]);
+        let e = unpack::<Vec<Element>>(&stored).unwrap();
+        assert_eq!((e.len(), &e[0]), (19, &Element::Int(5)));
+        let back = Record::decode(&stored).unwrap();
+        assert_eq!(back, Record { vs: back.vs, ..rec.clone() });
+        // Format 5 of eighteen elements, a nil key, or format 4 of nineteen: corrupt.
+        let mut e: Vec<Element> = e.into_iter().map(|e| e.into_owned()).collect();
+        e[18] = Element::Nil;
+        assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
+        e[0] = Element::Int(4);
+        e[18] = Element::Bytes(b"k".to_vec().into());
+        assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
+        e.truncate(18);
+        e[0] = Element::Int(5);
+        assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub async fn set(
     let record = Record {
         spec_json: spec.to_json(),
         info: info.to_vec(),
-        opts: JobOpts { schedule: None, ..*opts },
+        opts: JobOpts { schedule: None, ..opts.clone() },
         next_run_at: next,
         last_run: old.and_then(|o| o.last_run),
     };
@@ -180,7 +180,7 @@ pub async fn fire(
             fired.skipped += 1;
             continue;
         }
-        let job = JobSpec { id: slot_job_id(id, at), info: record.info.clone(), opts: record.opts };
+        let job = JobSpec { id: slot_job_id(id, at), info: record.info.clone(), opts: record.opts.clone() };
         match job_ops::add_job(tx, ks, job_type, &job, now).await? {
             Ok(()) => {
                 record.last_run = Some(job.id.clone());

@@ -8,7 +8,7 @@ use couch_workers_core::store::{run, Database, RangeRequest, TxOptions};
 use foundationdb_tuple::{unpack, Element};
 
 /// A job record, decoded here independently of the crate's decoder
-/// (`jobs/record.rs` formats 1 to 4).
+/// (`jobs/record.rs` formats 1 to 5).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rec {
     pub state: String,
@@ -27,13 +27,15 @@ pub struct Rec {
     /// Format 4: which job of its id it is (8 bytes, or nil for a job
     /// first written in an older format).
     pub incarnation: Option<Vec<u8>>,
+    /// Format 5: the job's unique key.
+    pub unique: Option<Vec<u8>>,
 }
 
 fn decode_record(value: &[u8]) -> Result<Rec, String> {
     let e: Vec<Element> = unpack(value).map_err(|e| format!("not a tuple: {e}"))?;
     match (e[0].as_i64(), e.len()) {
-        (Some(1), 10) | (Some(2), 16) | (Some(3), 17) | (Some(4), 18) => {}
-        _ => return Err(format!("not a format-1 to -4 record ({} elements)", e.len())),
+        (Some(1), 10) | (Some(2), 16) | (Some(3), 17) | (Some(4), 18) | (Some(5), 19) => {}
+        _ => return Err(format!("not a format-1 to -5 record ({} elements)", e.len())),
     }
     let opt_int = |i: usize| -> Result<Option<i64>, String> {
         match e.get(i) {
@@ -69,6 +71,10 @@ fn decode_record(value: &[u8]) -> Result<Rec, String> {
         expire_at,
         queued_at,
         incarnation,
+        unique: match e.get(18) {
+            None => None,
+            Some(el) => Some(bytes(el)?.ok_or("nil unique key")?),
+        },
     })
 }
 
@@ -107,6 +113,10 @@ pub struct Snapshot {
     pub registered: BTreeMap<Vec<u8>, BTreeSet<Vec<u8>>>,
     pub seniority: BTreeMap<Vec<u8>, Vec<Vec<u8>>>,
     pub orphans: Vec<(Vec<u8>, Vec<u8>)>,
+    /// (type, id) → the (run, part) of each of its history keys.
+    pub history: BTreeMap<JobKey, BTreeSet<(i64, i64)>>,
+    /// (type, unique key) → the id its key names.
+    pub uniques: BTreeMap<(Vec<u8>, Vec<u8>), Vec<u8>>,
     /// Keys of no known shape.
     pub unknown: Vec<Vec<u8>>,
 }
@@ -167,7 +177,14 @@ pub async fn snapshot(db: &dyn Database, ks: &Keyspace) -> Snapshot {
             (b"types", 2) => {
                 s.type_counts.insert(b(1).unwrap_or_default(), le_i64(&value));
             }
-            (b"paused", 2) => {}
+            (b"paused", 2) | (b"type_settings", 2) => {}
+            (b"history", 5) => {
+                let run = (el[3].as_i64().unwrap_or(i64::MIN), el[4].as_i64().unwrap_or(i64::MIN));
+                s.history.entry((b(1).unwrap_or_default(), b(2).unwrap_or_default())).or_default().insert(run);
+            }
+            (b"unique", 3) => {
+                s.uniques.insert((b(1).unwrap_or_default(), b(2).unwrap_or_default()), value.clone());
+            }
             (b"workers", 4) if b(2).as_deref() == Some(b"member") => {
                 s.members.entry(b(1).unwrap_or_default()).or_default().insert(b(3).unwrap_or_default());
             }
@@ -230,6 +247,7 @@ impl Snapshot {
     ///   expiry key, and each type's job count equals its records.
     pub fn violations(&self) -> Vec<String> {
         let mut v = self.index_violations();
+        v.extend(self.controls_violations());
         let mut pending_records: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
         for ((t, id), rec) in &self.jobs {
             let who = format!("job {}/{}", show(t), show(id));
@@ -355,6 +373,52 @@ impl Snapshot {
     }
 
     /// The format-2 indexes and counters against the records.
+    /// Unique keys and run history: a unique key names an unended job
+    /// that has that key, and every unended job with a key holds it; a
+    /// history belongs to a job, keeps at most 10 runs, and a running job
+    /// has the start of its current run.
+    fn controls_violations(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for ((t, key), id) in &self.uniques {
+            let holds = match self.jobs.get(&(t.clone(), id.clone())) {
+                Some(Ok(rec)) => {
+                    !matches!(rec.state.as_str(), "finished" | "canceled" | "failed")
+                        && rec.unique.as_deref() == Some(key.as_slice())
+                }
+                _ => false,
+            };
+            if !holds {
+                v.push(format!("unique key {}/{} names {}, which does not hold it", show(t), show(key), show(id)));
+            }
+        }
+        for ((t, id), rec) in &self.jobs {
+            let Ok(rec) = rec else { continue };
+            if let Some(key) = &rec.unique {
+                let unended = !matches!(rec.state.as_str(), "finished" | "canceled" | "failed");
+                let stored = self.uniques.get(&(t.clone(), key.clone()));
+                if unended && stored != Some(id) {
+                    v.push(format!("job {}/{}: {} without its unique key", show(t), show(id), rec.state));
+                }
+            }
+            if rec.state == "running" {
+                let runs = self.history.get(&(t.clone(), id.clone()));
+                if !runs.is_some_and(|r| r.contains(&(rec.attempts, 0))) {
+                    v.push(format!("job {}/{}: running without the start of run {}", show(t), show(id), rec.attempts));
+                }
+            }
+        }
+        for ((t, id), parts) in &self.history {
+            if !self.jobs.contains_key(&(t.clone(), id.clone())) {
+                v.push(format!("history of {}/{} without a record", show(t), show(id)));
+            }
+            let runs: BTreeSet<i64> = parts.iter().map(|(run, _)| *run).collect();
+            if runs.len() > 10 {
+                v.push(format!("history of {}/{}: {} runs", show(t), show(id), runs.len()));
+            }
+        }
+        v
+    }
+
     fn index_violations(&self) -> Vec<String> {
         let mut v = Vec::new();
         let mut per_state: BTreeMap<(Vec<u8>, String), BTreeSet<Vec<u8>>> = BTreeMap::new();

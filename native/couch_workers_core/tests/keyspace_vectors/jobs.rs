@@ -339,3 +339,53 @@ fn schedule_record_value_bytes() {
     // (1, "{}", "{}", 1, nil, -1, 1700000000, "s@1")
     same(&rec.encode(), &h("15 01  01 '{}' 00  01 '{}' 00  15 01  00  13 fe  18 6553f100  01 's@1' 00"));
 }
+
+// ---- job type settings ----------------------------------------------------
+
+/// `("couch_workers", "type_settings", JobType)` and its value, format 1:
+/// `(1, ActivityTimeout, MaxRunning, MaxRunningPerGroup)`, `-1` for
+/// infinity.
+#[test]
+fn type_settings_key_and_value() {
+    use couch_workers_core::jobs::{TypeSetting, TypeSettings};
+    for (ks, p) in both() {
+        same(&ks.type_settings(b"repl"), &hs(&[p, ROOT, "01 'type_settings' 00 01 'repl' 00"]));
+        let (begin, end) = ks.job_types_range();
+        assert!(!(begin <= ks.type_settings(b"t") && ks.type_settings(b"t") < end));
+    }
+    let s = TypeSettings::default()
+        .with(&[TypeSetting::ActivityTimeout(Some(300)), TypeSetting::MaxRunningPerGroup(Some(8))])
+        .expect("valid");
+    same(&s.encode(), &h("15 01 16 012c 13 fe 15 08"));
+    same(&TypeSettings::default().encode(), &h("15 01 13 fe 13 fe 13 fe"));
+}
+
+// ---- unique keys ----------------------------------------------------------
+
+/// `("couch_workers", "unique", JobType, Key)`, beside the subspaces it
+/// could be confused with.
+#[test]
+fn unique_key() {
+    for (ks, p) in both() {
+        same(&ks.unique(b"repl", b"k\x00"), &hs(&[p, ROOT, "01 'unique' 00 01 'repl' 00 01 6b 00ff 00"]));
+        let (begin, end) = ks.jobs_range(b"unique");
+        assert!(!(begin <= ks.unique(b"t", b"k") && ks.unique(b"t", b"k") < end));
+    }
+}
+
+// ---- run history ----------------------------------------------------------
+
+/// `("couch_workers", "history", JobType, JobId, Run, Part)`, a run's
+/// prefix and the job's range.
+#[test]
+fn history_keys() {
+    for (ks, p) in both() {
+        same(&ks.history_part(b"t", b"j", 256, 1), &hs(&[p, ROOT, "01 'history' 00 01 74 00 01 6a 00 16 0100 15 01"]));
+        same(&ks.history_run(b"t", b"j", 0), &hs(&[p, ROOT, "01 'history' 00 01 74 00 01 6a 00 14"]));
+        let (begin, end) = ks.history_range(b"t", b"j");
+        same(&begin, &hs(&[p, ROOT, "01 'history' 00 01 74 00 01 6a 00 00"]));
+        same(&end, &hs(&[p, ROOT, "01 'history' 00 01 74 00 01 6a 00 ff"]));
+        assert_eq!(ks.parse_history(b"t", b"j", &ks.history_part(b"t", b"j", 7, 0)), Some((7, 0)));
+        assert_eq!(ks.parse_history(b"t", b"j\0", &ks.history_part(b"t", b"j", 7, 0)), None);
+    }
+}

@@ -50,11 +50,18 @@ pub(super) fn priority_arg(term: Term) -> NifResult<Option<i64>> {
 /// `undefined` when not given (`couch_workers_jobs` validates the caller's
 /// map and builds it): `Schedule` `{delay, Ms}` or `{run_at, Ms}`,
 /// `MaxAttempts` a positive integer or `infinity`, `Keep` a non-negative
-/// integer or `infinity`. `Ok(None)`: a priority outside i64. Anything
+/// integer or `infinity`; or `{Priority, Schedule, MaxAttempts, Keep,
+/// Unique}`, `Unique` a binary (the job's unique key) or `undefined`.
+/// `Ok(None)`: a priority outside i64. Anything
 /// else is `badarg`.
 pub(super) fn opts_arg(term: Term) -> NifResult<Option<JobOpts>> {
     let fields = get_tuple(term)?;
-    let [priority, schedule, max_attempts, keep] = fields[..] else { return Err(Error::BadArg) };
+    // A fifth element, `Unique` (a binary or `undefined`), when given.
+    let (priority, schedule, max_attempts, keep, unique) = match fields[..] {
+        [p, s, m, k] => (p, s, m, k, None),
+        [p, s, m, k, u] => (p, s, m, k, Some(u)),
+        _ => return Err(Error::BadArg),
+    };
     let given = |t: Term| !(t.is_atom() && t.decode::<rustler::Atom>().is_ok_and(|a| a == atoms::undefined()));
     let is_infinity = |t: Term| t.is_atom() && t.decode::<rustler::Atom>().is_ok_and(|a| a == atoms::infinity());
     let mut opts = JobOpts::default();
@@ -93,6 +100,9 @@ pub(super) fn opts_arg(term: Term) -> NifResult<Option<JobOpts>> {
         } else {
             Keep::Seconds(keep.decode().map_err(|_| Error::BadArg)?)
         });
+    }
+    if let Some(unique) = unique.filter(|u| given(*u)) {
+        opts.unique = Some(bytes_arg(unique)?.to_vec());
     }
     Ok(Some(opts))
 }

@@ -9,7 +9,7 @@ use rustler::{Encoder, Env, Error, NifResult, Term};
 
 use super::args::{check_ref, finish_args, handle_args, job_args, json_arg, opts_arg, retry_arg, type_args, vs_arg};
 use super::spawn_call;
-use super::terms::{counts_answer, handle_answer, job_answer, ok_answer, page_answer, types_answer};
+use super::terms::{counts_answer, handle_answer, ok_answer, page_answer, types_answer};
 use crate::atoms;
 use crate::json::{budgeted_nif, Sched};
 use crate::reply;
@@ -281,7 +281,12 @@ fn job_remove<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Ter
 #[rustler::nif]
 fn job_get<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>, id: Term<'a>) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
-    spawn_call(env, reference, move |jobs| async move { jobs.get(&job_type, &id).await }, job_answer)
+    spawn_call(
+        env,
+        reference,
+        move |jobs| async move { jobs.get_with_history(&job_type, &id).await },
+        super::types::job_with_history_answer,
+    )
 }
 
 #[rustler::nif]

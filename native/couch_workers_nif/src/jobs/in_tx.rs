@@ -41,7 +41,8 @@ use rustler::{Encoder, Env, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::args::{finish_args, handle_args, job_args, json_arg, opts_arg, vs_arg};
-use super::terms::{core_error, handle_answer, job_answer, ok_answer};
+use super::terms::{core_error, handle_answer, ok_answer};
+use super::types::job_with_history_answer;
 use crate::atoms;
 use crate::json::{budgeted_nif, Sched};
 use crate::reply::{self, Answer};
@@ -120,7 +121,7 @@ fn job_tx_get<'a>(
     let (job_type, id) = job_args(reference, job_type, id)?;
     start(env, reference, session, move |jobs| async move {
         match jobs.get(&job_type, &id).await {
-            Ok(job) => job_answer(job),
+            Ok(found) => job_with_history_answer(found),
             Err(e) => core_error(&e),
         }
     })

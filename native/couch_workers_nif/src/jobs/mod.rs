@@ -44,6 +44,7 @@
 //! | `fenced.rs` | `job_add_if_leader/6`, `job_resubmit_if_leader/7`: add and resubmit fenced by a leadership (`if_leader`) |
 //! | `schedules.rs` | `schedule_set/7`, `schedule_remove/3`, `schedules/2`: recurring jobs |
 //! | `subscribe.rs` | `job_subscribe/5`, `job_unsubscribe/1`: the subscription resource and its notifier |
+//! | `types.rs` | `job_type_get/2`, `job_type_set/3`: a job type's settings |
 
 use std::future::Future;
 
@@ -141,6 +142,7 @@ mod in_tx;
 mod schedules;
 mod subscribe;
 mod terms;
+mod types;
 
 pub fn load(env: Env) -> bool {
     env.register::<accept::WaiterResource>().is_ok()

@@ -50,6 +50,8 @@ pub fn job_to_term<'a>(env: Env<'a>, job: &Job, token: Option<&AcceptToken>) -> 
             Keep::Infinity => atoms::infinity().encode(env),
         },
     ];
+    keys.push(atom(env, "unique"));
+    values.push(job.unique.as_deref().map_or_else(null, |u| binary(env, u)));
     if let Some(token) = token {
         keys.push(atoms::token().encode(env));
         values.push(binary(env, token));
@@ -76,9 +78,6 @@ pub(super) fn handle_answer(handle: JobHandle) -> Answer {
     })
 }
 
-pub(super) fn job_answer(job: Job) -> Answer {
-    Box::new(move |env| (atoms::ok(), job_to_term(env, &job, None)).encode(env))
-}
 
 /// `{error, {already_exists, [Id]}}`.
 pub(super) fn already_exists_answer(ids: Vec<Vec<u8>>) -> Answer {
@@ -117,5 +116,12 @@ pub(super) fn page_answer(page: Vec<Job>, cont: Option<Vec<u8>>) -> Answer {
 
 /// `{error, Name}` of a core error.
 pub(super) fn core_error(e: &CoreError) -> Answer {
-    reply::error(e.name())
+    match e {
+        // `{error, {duplicate, HolderId}}`: the job that holds the key.
+        CoreError::Duplicate(holder) => {
+            let holder = holder.clone();
+            Box::new(move |env| (atoms::error(), (atom(env, "duplicate"), binary(env, &holder))).encode(env))
+        }
+        _ => reply::error(e.name()),
+    }
 }

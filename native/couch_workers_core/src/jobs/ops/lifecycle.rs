@@ -6,6 +6,7 @@ use std::collections::HashSet;
 
 use super::helpers::{check_index_keys, check_job_key, check_room_to_run, get_many, new_record, read_record};
 use super::run_end::{end_run, Retry, RunEnd};
+use super::unique::{check_unique_key, claim, holder};
 use super::OpResult;
 use crate::error::Error;
 use crate::jobs::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState, JobVs, NewJob, Schedule};
@@ -40,13 +41,48 @@ pub async fn add_job(
         Ok(rec) => rec,
         Err(e) => return Ok(Err(e)),
     };
+    if let Err(e) = check_unique_key(ks, job_type, job.opts.unique.as_deref()) {
+        return Ok(Err(e));
+    }
     if tx.get(&ks.job(job_type, &job.id), false).await?.is_some() {
         return Ok(Err(Error::AlreadyExists));
+    }
+    if let Some(key) = &job.opts.unique {
+        if let Err(e) = claim(tx, ks, job_type, key, &job.id).await? {
+            return Ok(Err(e));
+        }
     }
     let before = if job.opts.schedule.is_some() { earliest_scheduled(tx, ks, job_type).await? } else { None };
     let mut queued = Queued::default();
     insert(tx, ks, job_type, &job.id, &mut rec, job.opts.schedule, 0, now, &mut queued);
     queued.wake(tx, ks, job_type, before);
+    Ok(Ok(()))
+}
+
+/// Claims the unique keys of a batch, all or none: `Duplicate(holder)`
+/// for the first key another unended job holds, or that an earlier job
+/// of the batch takes (nothing written then).
+async fn claim_many(tx: &Tx, ks: &Keyspace, job_type: &[u8], jobs: &[JobSpec]) -> Result<OpResult<()>, StoreError> {
+    let mut first: std::collections::HashMap<&[u8], &[u8]> = std::collections::HashMap::new();
+    let mut claims = Vec::new();
+    for job in jobs {
+        let Some(key) = job.opts.unique.as_deref() else { continue };
+        if let Some(earlier) = first.insert(key, &job.id) {
+            return Ok(Err(Error::Duplicate(earlier.to_vec())));
+        }
+        claims.push((key, job.id.as_slice()));
+    }
+    if claims.is_empty() {
+        return Ok(Ok(()));
+    }
+    let holders =
+        futures::future::try_join_all(claims.iter().map(|(key, id)| holder(tx, ks, job_type, key, id))).await?;
+    if let Some(other) = holders.into_iter().flatten().next() {
+        return Ok(Err(Error::Duplicate(other)));
+    }
+    for (key, id) in claims {
+        tx.set(&ks.unique(job_type, key), id);
+    }
     Ok(Ok(()))
 }
 
@@ -105,11 +141,16 @@ pub async fn add_many_jobs(
             Ok(rec) => rec,
             Err(e) => return Ok(Err(e.into())),
         };
+        if let Err(e) = check_unique_key(ks, job_type, job.opts.unique.as_deref()) {
+            return Ok(Err(e.into()));
+        }
         let job_key = ks.job(job_type, &job.id).len();
         // The record and pending key written, and the read conflict range
         // of the existence check (about twice the key).
         // The record, its pending or scheduled key and its index key.
         size += rec.value_len() + 5 * job_key + ks.pending(job_type, rec.priority, &[0; 12], &job.id).len();
+        // A unique key: read, written with the id.
+        size += job.opts.unique.as_ref().map_or(0, |k| 2 * ks.unique(job_type, k).len() + job.id.len());
         records.push(rec);
     }
     if size > MAX_TRANSACTION_SIZE {
@@ -128,6 +169,9 @@ pub async fn add_many_jobs(
     }
     if !existing.is_empty() {
         return Ok(Err(AddManyError::AlreadyExists(existing)));
+    }
+    if let Err(e) = claim_many(tx, ks, job_type, jobs).await? {
+        return Ok(Err(e.into()));
     }
     let before =
         if jobs.iter().any(|j| j.opts.schedule.is_some()) { earliest_scheduled(tx, ks, job_type).await? } else { None };
@@ -302,7 +346,11 @@ pub async fn remove_if(
 
 /// Clears a job and every key of its state, its type's count included.
 pub(crate) fn remove_record(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &Record) {
+    if !rec.state.is_terminal() {
+        place::give_up_unique(tx, ks, job_type, rec);
+    }
     unplace(tx, ks, job_type, id, rec);
+    crate::jobs::history::clear(tx, ks, job_type, id);
     tx.clear(&ks.job(job_type, id));
     tx.atomic_add(&ks.job_type_count(job_type), -1);
 }

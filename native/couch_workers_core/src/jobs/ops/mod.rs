@@ -36,7 +36,9 @@
 //! * `reclaim`: jobs an accept took whose handles nobody got;
 //! * `resubmit`: add the job or run it again;
 //! * `requeue`: failover of a removed worker's jobs, and the orphan sweep;
-//! * `query`: one job, counts, types, pages; `pause`; `prune`.
+//! * `query`: one job, counts, types, pages; `pause`; `prune`;
+//! * `type_settings`: a type's settings, read and changed;
+//! * `unique`: a job's unique key, claimed while it is queued or running.
 
 mod accept;
 mod helpers;
@@ -48,6 +50,8 @@ mod reclaim;
 mod requeue;
 mod resubmit;
 mod run_end;
+mod type_settings;
+mod unique;
 
 pub use accept::{accept, new_tokens, pending_version, pending_watch, promote_due, Acceptors, Claims, Take};
 // For the contention tests' takes (`tests/jobs_take_contention.rs`).
@@ -65,6 +69,7 @@ pub use requeue::{orphans, requeue_worker_jobs, sweep_orphan, Departure, SweepCu
 pub use requeue::REQUEUE_MAX_JOBS;
 pub use resubmit::resubmit;
 pub use run_end::{Retry, RunEnd};
+pub use type_settings::{set_type_settings, type_settings};
 
 use crate::error::Error;
 

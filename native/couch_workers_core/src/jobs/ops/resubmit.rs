@@ -3,6 +3,7 @@
 use super::helpers::{check_index_keys, check_room_to_run, read_record};
 use super::lifecycle::add_job;
 use super::run_end::{apply_opts, apply_resubmit};
+use super::unique::{change, check_unique_key};
 use super::OpResult;
 use crate::error::Error;
 use crate::jobs::job::{JobOpts, JobSpec, JobState, JobVs, Schedule};
@@ -44,22 +45,37 @@ pub async fn resubmit(
     if_vs: Option<&JobVs>,
     now: u64,
 ) -> Result<OpResult<()>, StoreError> {
+    if let Err(e) = check_unique_key(ks, job_type, opts.unique.as_deref()) {
+        return Ok(Err(e));
+    }
     let rec = match read_if(tx, ks, job_type, id, if_vs).await? {
         Ok(rec) => rec,
         Err(e) => return Ok(Err(e)),
     };
     let Some(mut rec) = rec else {
-        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: *opts };
+        let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: opts.clone() };
         return add_job(tx, ks, job_type, &job, now).await;
     };
     if let Err(e) = check_index_keys(ks, job_type, id, opts.priority.unwrap_or(rec.priority)) {
         return Ok(Err(e));
     }
+    // The key it holds until it ends, or takes again when queued anew
+    // (a unique key given replaces the job's own); claimed after every
+    // other check, so that a refusal writes nothing.
+    let (held, wanted) = match rec.state.is_terminal() {
+        false => (rec.unique.clone(), opts.unique.clone()),
+        true => (None, opts.unique.clone().or(rec.unique.clone())),
+    };
+    let (held, wanted) = (held.as_deref(), wanted.as_deref());
+    let unique = wanted.map(<[u8]>::to_vec).or(rec.unique.clone());
     let before = earliest_scheduled(tx, ks, job_type).await?;
     let mut queued = Queued::default();
     match rec.state {
         JobState::Running => {
-            rec.resubmit = Some(Resubmit { info: info.to_vec(), opts: *opts });
+            rec.unique = unique;
+            // The key is the job's from now (claimed before the write), not at the run's end.
+            let opts = JobOpts { unique: None, ..opts.clone() };
+            rec.resubmit = Some(Resubmit { info: info.to_vec(), opts });
             // The running record holds both infos; the job queued again
             // at the run's end holds the new one, and must fit to run.
             let mut after = rec.clone();
@@ -69,11 +85,15 @@ pub async fn resubmit(
             if rec.value_len() > MAX_VALUE_SIZE || check_room_to_run(ks, job_type, id, &after).is_err() {
                 return Ok(Err(Error::Store(StoreError::ValueTooLarge)));
             }
+            if let Err(e) = change(tx, ks, job_type, id, held, wanted).await? {
+                return Ok(Err(e));
+            }
             write_record(tx, ks, job_type, id, &mut rec, 0);
         }
         JobState::Scheduled | JobState::Pending => {
             let mut next = rec.clone();
             next.info = info.to_vec();
+            next.unique = unique;
             apply_opts(&mut next, opts);
             let schedule = match opts.schedule {
                 Some(s) => Some(s),
@@ -83,14 +103,23 @@ pub async fn resubmit(
             if let Err(e) = check_room_to_run(ks, job_type, id, &next) {
                 return Ok(Err(e));
             }
+            if let Err(e) = change(tx, ks, job_type, id, held, wanted).await? {
+                return Ok(Err(e));
+            }
             unplace(tx, ks, job_type, id, &rec);
             place(tx, ks, job_type, id, &mut next, 0, now);
             queued.note(&next);
         }
         JobState::Finished | JobState::Canceled | JobState::Failed => {
             let mut next = rec.clone();
-            apply_resubmit(&mut next, Resubmit { info: info.to_vec(), opts: *opts }, now);
+            next.unique = unique;
+            apply_resubmit(&mut next, Resubmit { info: info.to_vec(), opts: opts.clone() }, now);
+            // Attempts from 0 again: so is its history.
+            crate::jobs::history::clear(tx, ks, job_type, id);
             if let Err(e) = check_room_to_run(ks, job_type, id, &next) {
+                return Ok(Err(e));
+            }
+            if let Err(e) = change(tx, ks, job_type, id, held, wanted).await? {
                 return Ok(Err(e));
             }
             unplace(tx, ks, job_type, id, &rec);

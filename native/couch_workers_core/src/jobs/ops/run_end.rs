@@ -1,6 +1,7 @@
 //! How a run ends: [`RunEnd`], the retry policy of a failed run, and
 //! [`end_run`], the one place that moves a running job off its worker.
 
+use crate::jobs::history::{self, Outcome};
 use crate::jobs::job::{JobOpts, JobState, Schedule};
 use crate::jobs::place::{place, queue_state, unplace, Queued};
 use crate::jobs::record::{self, Record, Resubmit};
@@ -73,6 +74,14 @@ pub(crate) fn end_run(
     unplace(tx, ks, job_type, id, rec);
     let resubmit = rec.resubmit.take();
     let cancel = rec.cancel_requested;
+    let ended_by = match &end {
+        RunEnd::Finished(_) => Outcome::Finished,
+        RunEnd::Canceled => Outcome::Canceled,
+        RunEnd::Failed { .. } => Outcome::Failed,
+        RunEnd::Released { .. } => Outcome::Released,
+        RunEnd::Lost => Outcome::Lost,
+    };
+    let attempt = rec.attempts;
     match end {
         RunEnd::Canceled => rec.state = JobState::Canceled,
         RunEnd::Finished(result) => {
@@ -115,10 +124,21 @@ pub(crate) fn end_run(
             }
         }
     }
-    if rec.state != JobState::Canceled {
-        if let Some(r) = resubmit {
-            apply_resubmit(rec, r, now);
-        }
+    let anew = rec.state != JobState::Canceled && resubmit.is_some();
+    if anew {
+        // A resubmission queues the job anew, attempts from 0: its
+        // history starts again.
+        history::clear(tx, ks, job_type, id);
+    } else {
+        // The run's end (its outcome is the run's, its error the run's
+        // failure).
+        let outcome = history::outcome_of(rec.state, ended_by);
+        let failed = matches!(outcome, Outcome::Failed | Outcome::Retried | Outcome::Lost);
+        let error = if failed { rec.error.as_deref() } else { None };
+        history::write_end(tx, ks, job_type, id, attempt, outcome, error, now);
+    }
+    if let Some(r) = resubmit.filter(|_| anew) {
+        apply_resubmit(rec, r, now);
     }
     place(tx, ks, job_type, id, rec, user_version, now);
     let mut queued = Queued::default();
