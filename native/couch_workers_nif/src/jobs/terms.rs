@@ -78,7 +78,6 @@ pub(super) fn handle_answer(handle: JobHandle) -> Answer {
     })
 }
 
-
 /// `{error, {already_exists, [Id]}}`.
 pub(super) fn already_exists_answer(ids: Vec<Vec<u8>>) -> Answer {
     Box::new(move |env| {
