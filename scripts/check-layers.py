@@ -19,7 +19,9 @@ Nodes: the top-level modules of lib.rs's map; inside `jobs/` and
     other), or of a module that LAYERS does not list;
   * a circle between top-level modules, or between files of `jobs/` or of
     `store/`;
-  * an ALLOWED entry that no longer matches an import (remove it).
+  * an ALLOWED entry that no longer matches an import (remove it);
+  * a Rust file of any crate under native/ over MAX_LINES lines (split it
+    by job, as jobs/dispatcher/ or keyspace/ are).
 
 Usage: scripts/check-layers.py [--edges] [SRC]
 (--edges prints the graph; SRC: another checkout's core sources)
@@ -335,6 +337,25 @@ def shortest_circles(comp, edges):
     return found
 
 
+# A file longer than this holds more than one job.
+MAX_LINES = 600
+
+
+def long_files(native):
+    """The Rust files under `native` (no build output) over MAX_LINES."""
+    found = []
+    for root, dirs, files in os.walk(native):
+        dirs[:] = [d for d in dirs if d != "target"]
+        for name in files:
+            if name.endswith(".rs"):
+                path = os.path.join(root, name)
+                with open(path, encoding="utf-8") as f:
+                    n = sum(1 for _ in f)
+                if n > MAX_LINES:
+                    found.append((os.path.relpath(path), n))
+    return sorted(found)
+
+
 def main():
     args = [a for a in sys.argv[1:] if a != "--edges"]
     crate = Crate(args[0] if args else SRC)
@@ -343,6 +364,9 @@ def main():
         for (a, b), where in sorted(edges.items()):
             print(f"{a} -> {b}  ({', '.join(where)})")
     problems = []
+    native = os.path.normpath(os.path.join(SRC if not args else args[0], "..", ".."))
+    for path, n in long_files(native):
+        problems.append(f"{path} has {n} lines, over {MAX_LINES}: split it by job")
     allowed = {(a, b): why for a, b, why in ALLOWED}
     for a, b in sorted(set(allowed) - set(edges)):
         problems.append(f"allowed import {a} -> {b} no longer exists: remove it from ALLOWED")
@@ -376,7 +400,7 @@ def main():
     if problems:
         print(f"check-layers: {len(problems)} problem(s); the layers are LAYERS in {os.path.relpath(__file__)}")
         sys.exit(1)
-    print(f"check-layers: {len(edges)} imports between modules, no circle, none upward ({len(ALLOWED)} allowed)")
+    print(f"check-layers: {len(edges)} imports between modules, no circle, none upward ({len(ALLOWED)} allowed); no Rust file over {MAX_LINES} lines")
 
 
 if __name__ == "__main__":

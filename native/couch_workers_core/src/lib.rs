@@ -27,7 +27,7 @@
 //!
 //! ## Where things happen
 //!
-//! * A key is packed in `keyspace.rs` and nowhere else (the tuple layer;
+//! * A key is packed in `keyspace/` and nowhere else (the tuple layer;
 //!   `docs/keyspace.md`); a job's stored value in `jobs/record.rs`, a
 //!   worker's in `workers.rs`.
 //! * A heartbeat is written by `roster::heartbeat_many` (the health

@@ -4,7 +4,7 @@
 //! `jobs::finish_next` and `jobs::Jobs::update`, a heartbeat's
 //! reinstatement, a reap, the node's removals and replacements of
 //! workers). Its key is the key space's receipt key: the key space packs it
-//! (`keyspace.rs` implements [`ReceiptKeys`]), the store layer below it
+//! (`keyspace/` implements [`ReceiptKeys`]), the store layer below it
 //! only uses it.
 //!
 //! FoundationDB may answer 1021 for a commit that happened, and the retry
@@ -41,7 +41,7 @@ use rand::RngCore;
 use super::{run_attempts, Attempt, CommitInfo, Database, StoreError, Tx, TxOptions};
 
 /// Where receipts are kept. The key space packs every key
-/// (`keyspace.rs` implements this); the retry-safe write, in the store
+/// (`keyspace/` implements this); the retry-safe write, in the store
 /// layer below it, asks it for the keys it writes and clears.
 pub trait ReceiptKeys: Send + Sync {
     /// The key of receipt `token`, written in Unix minute `minute`.
