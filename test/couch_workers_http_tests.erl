@@ -27,7 +27,7 @@ http_test_() ->
                     {"bound to 127.0.0.1 by default", ?_test(bound_to_loopback())},
                     {"/ shows a worker type and a job type", ?_test(page_shows_workers_and_jobs())},
                     {"/ shows a job type's counts by state, latest failures and paused flag", ?_test(page_shows_job_states())},
-                    {"/ shows each worker type's leader and each job type's schedules", ?_test(page_shows_leaders_and_schedules())},,
+                    {"/ shows each worker type's leader and each job type's schedules", ?_test(page_shows_leaders_and_schedules())},
                     {"/job/Type/Id shows a job's last runs; / links failed jobs to it", ?_test(job_page_shows_runs())},
                     {"/metrics is Prometheus text", ?_test(metrics_endpoint())},
                     {"/api/... is JSON", ?_test(api_endpoints())},
