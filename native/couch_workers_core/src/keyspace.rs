@@ -576,3 +576,6 @@ impl Keyspace {
         }
     }
 }
+
+// Counts of calls in callers' transactions: keyspace/tx_counts.rs.
+mod tx_counts;

@@ -1,6 +1,7 @@
 //! Supervision of a node's long-lived tasks: the heartbeat service, the
-//! reaper, membership watchers, accept dispatchers, job watchers, and the
-//! job promoter, pruner and sweeper.
+//! reaper, membership watchers, accept dispatchers, job watchers, the
+//! job promoter, pruner and sweeper, and the watcher of the counts of
+//! calls in callers' transactions.
 //!
 //! [`Supervisor::supervise`] runs a task made by a factory, catching a
 //! panic (`catch_unwind` over `AssertUnwindSafe`: each task keeps what a
@@ -65,11 +66,12 @@ pub enum ServiceKind {
     Promoter,
     Pruner,
     Sweeper,
+    TxCounts,
 }
 
 impl ServiceKind {
     #[cfg(feature = "testkit")]
-    pub const ALL: [ServiceKind; 8] = [
+    pub const ALL: [ServiceKind; 9] = [
         ServiceKind::Heartbeat,
         ServiceKind::Reaper,
         ServiceKind::Membership,
@@ -78,6 +80,7 @@ impl ServiceKind {
         ServiceKind::Promoter,
         ServiceKind::Pruner,
         ServiceKind::Sweeper,
+        ServiceKind::TxCounts,
     ];
 
     /// The `service` field of the events.
@@ -91,6 +94,7 @@ impl ServiceKind {
             ServiceKind::Promoter => "job_promoter",
             ServiceKind::Pruner => "job_pruner",
             ServiceKind::Sweeper => "job_sweeper",
+            ServiceKind::TxCounts => "tx_counts_watcher",
         }
     }
 
