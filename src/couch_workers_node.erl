@@ -131,7 +131,7 @@ start_node(Config) ->
 start_nif(Config) ->
     Ref = make_ref(),
     Result =
-        case couch_workers_nif:start(Ref, Config) of
+        case couch_workers_nif:start(Ref, Config#{node_name => tx_counts_name()}) of
             ok -> couch_workers_nif:wait(Ref, ?NODE_TIMEOUT_MS);
             {error, _} = Error -> Error
         end,
@@ -142,6 +142,21 @@ start_nif(Config) ->
         {error, Reason} ->
             ?LOG_ERROR(#{what => couch_workers_node_start_failed, reason => Reason, config => Config}),
             {error, Reason}
+    end.
+
+%% The name this node's job calls in callers' transactions are counted
+%% under (docs/api.md): the Erlang node's, the same across restarts, so
+%% that the store keeps one set of counts per node. A node that is not
+%% distributed is `nonode@nohost' like every other such node: it gets a
+%% name of its own for this start (its counts are then one set per start).
+tx_counts_name() ->
+    case node() of
+        nonode@nohost ->
+            iolist_to_binary([
+                "nonode@nohost/", os:getpid(), "/", integer_to_list(erlang:system_time(microsecond))
+            ]);
+        Node ->
+            atom_to_binary(Node)
     end.
 
 stop_node() ->

@@ -18,6 +18,15 @@
 %% registration of its id replaced it; `orphaned_jobs_requeued' and
 %% `jobs_pruned' carry `type' and `count'), and `log_event/2' counts them.
 %%
+%% Job calls made inside a caller's transaction (`couch_workers_tx') are
+%% counted when that transaction commits, once: the store counts them
+%% (`jobs/tx_counts.rs' of the core), and this node's watcher of its
+%% counts reports what grew as `tx_calls_counted' events (`type', `event',
+%% `count'), which `log_event/2' records, their telemetry event with
+%% `count' the number of calls and metadata `in_caller_tx => true' (no
+%% `duration', no `id': the call's latency and job are the caller's
+%% transaction's, not known when its commit is seen).
+%%
 %% `job_fail/3' answers `ok' whether the job was retried or ended failed;
 %% which of the two is read from the handle and the options by the rule
 %% the core applies (`retry => false', or `attempts' reached
@@ -163,8 +172,29 @@ log_event(heartbeat_failed, #{type := Type, id := Id} = Fields) ->
         #{system_time => erlang:system_time(), count => 1, failures => maps:get(failures, Fields, 1)},
         #{type => Type, id => Id, reason => maps:get(reason, Fields, null)}
     );
+log_event(tx_calls_counted, #{type := Type, event := Event, count := N}) when is_integer(N), N > 0 ->
+    case tx_event(Event) of
+        {Counter, Action} ->
+            couch_workers_metrics:count(Counter, Type, N),
+            couch_workers_telemetry:execute(
+                [couch_workers, job, Action],
+                #{system_time => erlang:system_time(), count => N},
+                #{type => Type, in_caller_tx => true}
+            );
+        unknown ->
+            ok
+    end;
 log_event(_What, _Fields) ->
     ok.
+
+%% The counter and telemetry action of an event counted in callers'
+%% transactions (the core's `TxEvent' names).
+tx_event(<<"added">>) -> {jobs_added, added};
+tx_event(<<"resubmitted">>) -> {jobs_resubmitted, resubmitted};
+tx_event(<<"finished">>) -> {jobs_finished, finished};
+tx_event(<<"canceled">>) -> {jobs_canceled, canceled};
+tx_event(<<"removed">>) -> {jobs_removed, removed};
+tx_event(_) -> unknown.
 
 %% `N' running jobs of worker `Worker' failed over (workers of type T run
 %% jobs of type T): by a reap, by the sweeper after a removal that left

@@ -34,7 +34,10 @@
     own_pending_key_cleared_only/1,
     commit_unknown_after_it_landed/1,
     other_process_same_tx/1,
-    committed_cancelled_other_cluster/1
+    committed_cancelled_other_cluster/1,
+    counted_once_on_commit/1,
+    counted_once_after_a_retry/1,
+    other_calls_counted/1
 ]).
 
 %% Run on the peers.
@@ -50,7 +53,11 @@
     waiter_results/1,
     indexer_start/6,
     owner_start/3,
-    owner_call/2
+    owner_call/2,
+    telemetry_start/0,
+    tx_events/1,
+    tx_metrics/1,
+    put_key/2
 ]).
 
 %% How many documents the replicator's wake-up is timed on.
@@ -149,7 +156,10 @@ live_test_() ->
                     named(own_pending_key_cleared_only, Ctx),
                     named(commit_unknown_after_it_landed, Ctx),
                     named(other_process_same_tx, Ctx),
-                    named(committed_cancelled_other_cluster, Ctx)
+                    named(committed_cancelled_other_cluster, Ctx),
+                    named(counted_once_on_commit, Ctx),
+                    named(counted_once_after_a_retry, Ctx),
+                    named(other_calls_counted, Ctx)
                 ]
             end}
     end.
@@ -436,6 +446,78 @@ committed_cancelled_other_cluster(#{a := A, b := B, db_a := Db, type := T}) ->
     io:format(standard_error, "~n    a call on a committed transaction raised erlfdb error ~b~n", [C1]),
     ?assertEqual({error, not_found}, pcall(B, couch_workers, job_get, [T, <<"x">>])).
 
+%% ---- metrics and telemetry of calls in a caller's transaction -------------------
+%%
+%% Counted by the node that relayed the call (`a' here), when the caller's
+%% transaction commits, once; not by the other node. Exactness: the node
+%% reads all its counts at one version, so once a later committed call is
+%% counted, an earlier one counted twice (or an aborted one counted) would
+%% show in the total.
+
+%% A committed add: jobs_added +1 and one telemetry event; an aborted one
+%% (the caller's fun threw): nothing.
+counted_once_on_commit(#{a := A, b := B, db_a := Db, type := T}) ->
+    ok = pcall(A, ?MODULE, telemetry_start, []),
+    Doc = <<"couch_workers_tx_tests/counted/", T/binary>>,
+    ?assertEqual(aborted, pcall(A, ?MODULE, doc_tx_add, [Db, T, <<"a1">>, <<Doc/binary, "/a1">>, abort])),
+    ?assertEqual(committed, pcall(A, ?MODULE, doc_tx_add, [Db, T, <<"c1">>, <<Doc/binary, "/c1">>, commit])),
+    wait_counted(A, T, #{jobs_added => 1}),
+    ?assertEqual([{added, 1}], pcall(A, ?MODULE, tx_events, [T])),
+    ?assertEqual(committed, pcall(A, ?MODULE, doc_tx_add, [Db, T, <<"c2">>, <<Doc/binary, "/c2">>, commit])),
+    wait_counted(A, T, #{jobs_added => 2}),
+    ?assertEqual(#{jobs_added => 2}, pcall(A, ?MODULE, tx_metrics, [T])),
+    ?assertEqual([{added, 1}, {added, 1}], pcall(A, ?MODULE, tx_events, [T])),
+    ?assertEqual(#{}, pcall(B, ?MODULE, tx_metrics, [T])).
+
+%% A transaction whose first attempt made the add, then failed its commit
+%% on a conflict (a key it read was written meanwhile) and was run again
+%% by the caller's loop: counted once.
+counted_once_after_a_retry(#{a := A, b := B, db_a := DbA, db_b := DbB, type := T}) ->
+    ok = pcall(A, ?MODULE, telemetry_start, []),
+    Key = <<"couch_workers_tx_tests/retry_counted/", T/binary>>,
+    Parked = pcall(A, ?MODULE, parked_start, [tx_retry_counted, DbA, {read_then_add, T, <<"r">>, Key}]),
+    {parked, 1} = pcall(A, ?MODULE, owner_call, [Parked, wait_parked]),
+    ok = pcall(B, ?MODULE, put_key, [DbB, Key]),
+    ok = pcall(A, ?MODULE, owner_call, [Parked, go]),
+    ?assertEqual({[1020], ok}, pcall(A, ?MODULE, owner_call, [Parked, wait_done])),
+    wait_counted(A, T, #{jobs_added => 1}),
+    ?assertEqual({ok, committed}, pcall(A, ?MODULE, tx, [DbA, {add, T, <<"after">>}])),
+    wait_counted(A, T, #{jobs_added => 2}),
+    ?assertEqual(#{jobs_added => 2}, pcall(A, ?MODULE, tx_metrics, [T])),
+    ?assertEqual([{added, 1}, {added, 1}], pcall(A, ?MODULE, tx_events, [T])),
+    ?assertEqual(#{}, pcall(B, ?MODULE, tx_metrics, [T])).
+
+%% Finish, cancel, remove and resubmit in the caller's transaction, each
+%% counted once; a call that answered an error (a second finish:
+%% not_owner) is not.
+other_calls_counted(#{a := A, b := B, db_a := Db, type := T}) ->
+    ok = pcall(A, ?MODULE, telemetry_start, []),
+    Owner = pcall(A, ?MODULE, owner_start, [tx_counted_owner, T, <<"w">>]),
+    ok = pcall(B, couch_workers, job_add, [T, <<"f">>, #{}, #{}]),
+    ok = pcall(B, couch_workers, job_add, [T, <<"c">>, #{}, #{}]),
+    {ok, #{id := Taken} = H} = pcall(A, ?MODULE, owner_call, [Owner, accept]),
+    Other = hd([<<"f">>, <<"c">>] -- [Taken]),
+    ?assertEqual({ok, committed}, pcall(A, ?MODULE, tx, [Db, {finish, H, #{}}])),
+    ?assertEqual({{error, not_owner}, committed}, pcall(A, ?MODULE, tx, [Db, {finish, H, #{}}])),
+    ?assertEqual({ok, committed}, pcall(A, ?MODULE, tx, [Db, {cancel, T, Other}])),
+    ?assertEqual({ok, committed}, pcall(A, ?MODULE, tx, [Db, {remove, T, Other}])),
+    ?assertEqual({ok, committed}, pcall(A, ?MODULE, tx, [Db, {resubmit, T, Taken, #{<<"v">> => 2}}])),
+    Expect = #{jobs_finished => 1, jobs_canceled => 1, jobs_removed => 1, jobs_resubmitted => 1},
+    wait_counted(A, T, Expect),
+    ?assertEqual(Expect, pcall(A, ?MODULE, tx_metrics, [T])),
+    ?assertEqual([{canceled, 1}, {finished, 1}, {removed, 1}, {resubmitted, 1}],
+        lists:sort(pcall(A, ?MODULE, tx_events, [T]))),
+    %% `b' counted its own two adds only.
+    ?assertEqual(#{jobs_added => 2}, pcall(B, ?MODULE, tx_metrics, [T])).
+
+%% Waits until every counter of `Expect' of type `T' on `Node' reached its
+%% value.
+wait_counted(Node, T, Expect) ->
+    wait_until(fun() ->
+        Got = pcall(Node, ?MODULE, tx_metrics, [T]),
+        maps:fold(fun(K, V, Ok) -> Ok andalso maps:get(K, Got, 0) >= V end, true, Expect)
+    end, ?WAIT_MS).
+
 wait_until(Fun, Left) when Left =< 0 ->
     ?assert(Fun());
 wait_until(Fun, Left) ->
@@ -488,6 +570,9 @@ in_tx(Tx, {remove, T, Id}) ->
 in_tx(Tx, {add_scheduled, T, Id}) ->
     couch_workers:job_add(Tx, T, Id, #{}, #{delay => 3600000});
 in_tx(Tx, {add, T, Id}) ->
+    couch_workers:job_add(Tx, T, Id, #{}, #{});
+in_tx(Tx, {read_then_add, T, Id, Key}) ->
+    _ = erlfdb:wait(erlfdb:get(Tx, Key)),
     couch_workers:job_add(Tx, T, Id, #{}, #{});
 in_tx(Tx, {add_then_get, T, Id}) ->
     ok = couch_workers:job_add(Tx, T, Id, #{<<"v">> => 1}, #{}),
@@ -606,6 +691,49 @@ landed_then_unknown(DbKey, What) ->
 doc_tx_add_at(DbKey, T, J, Doc) ->
     committed = doc_tx_add(DbKey, T, J, Doc, commit),
     {committed, erlang:system_time(microsecond)}.
+
+%% Sets `Key' in a transaction of its own.
+put_key(DbKey, Key) ->
+    erlfdb:transactional(db(DbKey), fun(Tx) -> erlfdb:set(Tx, Key, <<"x">>) end),
+    ok.
+
+%% The stand-in `telemetry' module (test/telemetry.erl) loaded, its
+%% events kept by a collector process of this VM (started once).
+telemetry_start() ->
+    {module, telemetry} = code:ensure_loaded(telemetry),
+    case whereis(tx_telemetry_sink) of
+        undefined ->
+            Pid = spawn(fun() -> collect([]) end),
+            true = register(tx_telemetry_sink, Pid),
+            persistent_term:put(couch_workers_test_telemetry_sink, Pid);
+        _ ->
+            ok
+    end,
+    ok.
+
+collect(Events) ->
+    receive
+        {telemetry, _, _, _} = E -> collect([E | Events]);
+        {From, events} -> From ! {tx_telemetry_sink, lists:reverse(Events)}, collect(Events)
+    end.
+
+%% The telemetry events of calls in callers' transactions of type `T' so
+%% far, in order: `{Action, Count}'.
+tx_events(T) ->
+    tx_telemetry_sink ! {self(), events},
+    receive
+        {tx_telemetry_sink, Events} ->
+            [{Action, N} || {telemetry, [couch_workers, job, Action], #{count := N}, #{type := Ty, in_caller_tx := true}} <- Events, Ty =:= T]
+    after ?WAIT_MS -> error(no_telemetry_sink)
+    end.
+
+%% This node's job counters of type `T' that are not zero.
+tx_metrics(T) ->
+    Counters = [jobs_added, jobs_finished, jobs_canceled, jobs_removed, jobs_resubmitted],
+    case couch_workers:metrics() of
+        #{types := #{T := M}} -> maps:filter(fun(_, V) -> V > 0 end, maps:with(Counters, M));
+        #{} -> #{}
+    end.
 
 %% Every key under `Prefix'.
 range(DbKey, Prefix) ->

@@ -16,7 +16,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
@@ -51,6 +51,10 @@ pub struct Context {
     pub(crate) watch_limit: Arc<WatchLimit>,
     /// Tasks spawned through this context since it was made.
     spawned: AtomicUsize,
+    /// The name the job calls relayed in callers' transactions are
+    /// counted under (a node on FoundationDB given its name:
+    /// `jobs/tx_counts.rs`); unset, they are not counted.
+    pub(crate) tx_counts_name: OnceLock<Vec<u8>>,
 }
 
 impl Context {
@@ -70,6 +74,7 @@ impl Context {
             watch_limit: Arc::new(WatchLimit::new(log.clone())),
             log,
             spawned: AtomicUsize::new(0),
+            tx_counts_name: OnceLock::new(),
         })
     }
 

@@ -136,6 +136,38 @@ impl Node {
         node
     }
 
+    /// Counts the job calls this node relays inside callers' transactions
+    /// under `name` (stable across restarts: the Erlang node's name), and
+    /// starts the watcher that reports them once committed
+    /// (`jobs/tx_counts.rs`). Such calls run on FoundationDB only, so the
+    /// NIF calls this on FoundationDB only (the tests on `sim` too). The
+    /// baseline is read before this returns, so every call counted after
+    /// it is reported; if that read fails, the watcher's first read is the
+    /// baseline (logged). A second call changes nothing.
+    pub async fn count_tx_calls(&self, name: &[u8]) {
+        let ctx = &self.ctx;
+        if ctx.tx_counts_name.get().is_some() {
+            return;
+        }
+        let counts = crate::jobs::tx_counts::TxCounts::new(name);
+        if let Err(e) = counts.baseline(ctx).await {
+            log_event!(ctx.log, Warning, "tx_counts_baseline_failed", reason = %e);
+        }
+        if ctx.tx_counts_name.set(name.to_vec()).is_err() {
+            return;
+        }
+        let cancel = ctx.cancel.child_token();
+        let (task_ctx, task_cancel) = (ctx.clone(), cancel.clone());
+        ctx.spawn_supervised(
+            ServiceKind::TxCounts,
+            Vec::new(),
+            cancel,
+            None,
+            move || crate::jobs::tx_counts::watch_loop(task_ctx.clone(), counts.clone(), task_cancel.clone()),
+            None,
+        );
+    }
+
     /// Makes the next `times` runs of a supervised task of `kind` panic
     /// (a running one at once): the restart tests' hook.
     #[cfg(feature = "testkit")]

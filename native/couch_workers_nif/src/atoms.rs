@@ -26,6 +26,7 @@ rustler::atoms! {
     reaper_max_interval_ms,
     tx_timeout_ms,
     embedded_safety_look_ms,
+    node_name,
     // stats keys
     running,
     heartbeats,

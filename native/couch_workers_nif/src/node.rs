@@ -11,7 +11,10 @@
 //! `runtime_threads => 1..256`, `reaper_max_interval_ms => pos_integer()`,
 //! `tx_timeout_ms => pos_integer()`,
 //! `embedded_safety_look_ms => 1..`[`MAX_SAFETY_LOOK_MS`] (the embedded
-//! store's `EmbeddedOptions::safety_look`; ignored by the FDB store).
+//! store's `EmbeddedOptions::safety_look`; ignored by the FDB store),
+//! `node_name => binary()` (on FoundationDB, the name the job calls this
+//! node relays inside callers' transactions are counted under:
+//! `Node::count_tx_calls`; without it they are not counted).
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -37,6 +40,9 @@ struct Config {
     store: StoreConfig,
     threads: usize,
     settings: Settings,
+    /// Set on FoundationDB only (the one store of calls in callers'
+    /// transactions).
+    tx_counts_name: Option<Vec<u8>>,
 }
 
 /// `{error, {badconfig, Key}}`.
@@ -101,7 +107,13 @@ fn decode_config<'a>(env: Env<'a>, term: Term<'a>) -> Result<Config, Term<'a>> {
         tx_timeout: Duration::from_millis(tx_ms),
         ..defaults
     };
-    Ok(Config { store, threads, settings })
+    let tx_counts_name = match term.map_get(atoms::node_name()) {
+        Err(_) => None,
+        Ok(t) => Some(bytes_arg(t).ok().filter(|n| !n.is_empty()).ok_or_else(|| badconfig(env, atoms::node_name()))?),
+    }
+    .filter(|_| matches!(store, StoreConfig::Fdb { .. } | StoreConfig::FdbTest { .. }))
+    .map(<[u8]>::to_vec);
+    Ok(Config { store, threads, settings, tx_counts_name })
 }
 
 /// A non-empty binary path.
@@ -150,6 +162,9 @@ fn start<'a>(env: Env<'a>, reference: Term<'a>, config: Term<'a>) -> NifResult<T
     reply::spawn(rt.handle(), replier, async move {
         match Node::start(&config.store, config.settings, crate::log::sink()).await {
             Ok(node) => {
+                if let Some(name) = &config.tx_counts_name {
+                    node.count_tx_calls(name).await;
+                }
                 guard.complete(node);
                 reply::ok()
             }

@@ -21,6 +21,10 @@
 //!
 //! Only on FoundationDB: the embedded store's keys are not in an erlfdb
 //! transaction's reach (`fdb_only`).
+//!
+//! A call that succeeded (a job added, resubmitted, finished, canceled or
+//! removed) is counted in the caller's transaction too (`tx_counts.rs`):
+//! its count lands iff the caller commits, once.
 
 use std::sync::Arc;
 
@@ -29,6 +33,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::history::{self, Run};
 use super::job::{Fence, Job, JobHandle, JobOpts, JobSpec, JobVs};
 use super::ops;
+use super::tx_counts::{self, TxEvent};
 use super::place::wall_ms;
 use super::Jobs;
 use crate::error::Error;
@@ -62,10 +67,21 @@ impl Jobs {
 }
 
 impl TxJobs {
+    /// Counts `event` of `job_type` in the caller's transaction when
+    /// `result` is a success (on a node that counts: `tx_counts.rs`).
+    fn counted<T>(&self, job_type: &[u8], event: TxEvent, result: Result<T, Error>) -> Result<T, Error> {
+        let ctx = self.jobs.context();
+        if let (Ok(_), Some(name)) = (&result, ctx.tx_counts_name.get()) {
+            tx_counts::count(self.tx.as_ref(), &ctx.ks, name, job_type, event);
+        }
+        result
+    }
+
     /// [`Jobs::add_with`] in the caller's transaction.
     pub async fn add(self, job_type: &[u8], id: &[u8], info: &[u8], opts: &JobOpts) -> Result<(), Error> {
         let job = JobSpec { id: id.to_vec(), info: info.to_vec(), opts: opts.clone() };
-        ops::add_job(&self.tx, &self.jobs.context().ks, job_type, &job, wall_ms()).await?
+        let added = ops::add_job(&self.tx, &self.jobs.context().ks, job_type, &job, wall_ms()).await?;
+        self.counted(job_type, TxEvent::Added, added)
     }
 
     /// [`Jobs::get`] in the caller's transaction (a job this transaction
@@ -91,7 +107,8 @@ impl TxJobs {
 
     /// [`Jobs::finish`] in the caller's transaction.
     pub async fn finish(self, fence: &Fence, result: &[u8]) -> Result<(), Error> {
-        ops::finish(&self.tx, &self.jobs.context().ks, fence, result).await?.map(|_| ())
+        let finished = ops::finish(&self.tx, &self.jobs.context().ks, fence, result).await?.map(|_| ());
+        self.counted(&fence.job_type, TxEvent::Finished, finished)
     }
 
     /// [`Jobs::resubmit`] in the caller's transaction.
@@ -105,16 +122,19 @@ impl TxJobs {
     ) -> Result<(), Error> {
         let ks = &self.jobs.context().ks;
         ops::check_job_key(ks, job_type, id)?;
-        ops::resubmit(&self.tx, ks, job_type, id, info, opts, if_vs, wall_ms()).await?
+        let resubmitted = ops::resubmit(&self.tx, ks, job_type, id, info, opts, if_vs, wall_ms()).await?;
+        self.counted(job_type, TxEvent::Resubmitted, resubmitted)
     }
 
     /// [`Jobs::remove_if`] in the caller's transaction.
     pub async fn remove(self, job_type: &[u8], id: &[u8], if_vs: Option<&JobVs>) -> Result<(), Error> {
-        ops::remove_if(&self.tx, &self.jobs.context().ks, job_type, id, if_vs).await?
+        let removed = ops::remove_if(&self.tx, &self.jobs.context().ks, job_type, id, if_vs).await?;
+        self.counted(job_type, TxEvent::Removed, removed)
     }
 
     /// [`Jobs::cancel`] in the caller's transaction.
     pub async fn cancel(self, job_type: &[u8], id: &[u8]) -> Result<(), Error> {
-        ops::cancel(&self.tx, &self.jobs.context().ks, job_type, id).await?.map(|_| ())
+        let canceled = ops::cancel(&self.tx, &self.jobs.context().ks, job_type, id).await?.map(|_| ());
+        self.counted(job_type, TxEvent::Canceled, canceled)
     }
 }

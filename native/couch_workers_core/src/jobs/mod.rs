@@ -47,6 +47,7 @@
 //!   watched key's change);
 //! * `in_tx.rs`: [`TxJobs`], calls inside a caller's FoundationDB
 //!   transaction (`store::forward`);
+//! * [`tx_counts`]: those calls counted once, when the caller commits;
 //! * `take.rs`: one accept now (timeout 0), no dispatcher;
 //! * `api.rs`: [`Jobs`], the stateless job API on a context (every call
 //!   that needs no running task; the command line's);
@@ -80,6 +81,7 @@ mod sweeper;
 mod take;
 mod type_api;
 pub mod type_settings;
+pub mod tx_counts;
 mod wake;
 
 pub use api::Jobs;

@@ -3,7 +3,8 @@
 //! each key and value is for, and the values' formats: `docs/keyspace.md`
 //! (the one description); `tests/keyspace_vectors/` pins the bytes. The
 //! workers', leadership's, receipts' and reapers' keys are here, the job
-//! queue's in `jobs.rs`, the recurring jobs' in `recurring.rs`.
+//! queue's in `jobs.rs`, the recurring jobs' in `recurring.rs`, the counts
+//! of job calls in callers' transactions in `tx_counts.rs`.
 
 use foundationdb_tuple::{pack_with_versionstamp, unpack, Bytes, Subspace, Versionstamp as TupleVersionstamp};
 
@@ -12,6 +13,7 @@ use crate::store::{Versionstamp, VERSIONSTAMP_LEN};
 
 mod jobs;
 mod recurring;
+mod tx_counts;
 
 const ROOT: &[u8] = b"couch_workers";
 const WORKERS: &[u8] = b"workers";

@@ -1,6 +1,7 @@
 //! Supervision of a node's long-lived tasks: the heartbeat service, the
-//! reaper, membership watchers, accept dispatchers, job watchers, and the
-//! job promoter, pruner and sweeper.
+//! reaper, membership watchers, accept dispatchers, job watchers, the
+//! job promoter, pruner and sweeper, and the watcher of the counts of
+//! calls in callers' transactions.
 //!
 //! [`Supervisor::supervise`] runs a task made by a factory, catching a
 //! panic (`catch_unwind` over `AssertUnwindSafe`: each task keeps what a
@@ -67,11 +68,12 @@ pub enum ServiceKind {
     Sweeper,
     Leadership,
     Schedules,
+    TxCounts,
 }
 
 impl ServiceKind {
     #[cfg(feature = "testkit")]
-    pub const ALL: [ServiceKind; 10] = [
+    pub const ALL: [ServiceKind; 11] = [
         ServiceKind::Heartbeat,
         ServiceKind::Reaper,
         ServiceKind::Membership,
@@ -82,6 +84,7 @@ impl ServiceKind {
         ServiceKind::Sweeper,
         ServiceKind::Leadership,
         ServiceKind::Schedules,
+        ServiceKind::TxCounts,
     ];
 
     /// The `service` field of the events.
@@ -97,6 +100,7 @@ impl ServiceKind {
             ServiceKind::Sweeper => "job_sweeper",
             ServiceKind::Leadership => "leadership_watcher",
             ServiceKind::Schedules => "schedule_runner",
+            ServiceKind::TxCounts => "tx_counts_watcher",
         }
     }
 

@@ -114,4 +114,5 @@ const INTS: &[(i64, &str)] = &[
 mod jobs;
 mod ordering;
 mod parsing;
+mod tx_counts;
 mod workers;
