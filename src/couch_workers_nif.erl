@@ -130,6 +130,7 @@
 %% schedule_remove(Ref, Type, Id)             -> ok | {error, _}  then {Ref, ok | {error, not_found | Name}}
 %% schedules(Ref, Type)                       -> ok | {error, _}  then {Ref, {ok, [#{id, spec, info, opts := {Priority, MaxAttempts, Keep},
 %%                                                                  next_run_at, last_run}]} | {error, Name}}
+%% schedule_types(Ref)                        -> ok | {error, _}  then {Ref, {ok, [Type]} | {error, Name}}
 %% worker_notify(Registration, Owner, Tag) also sends the registration's leadership to Owner:
 %%     {couch_workers_leader, Tag, Epoch} when it becomes its type's leader (at once if it leads),
 %%     {couch_workers_leader_lost, Tag, Epoch} when it stops
@@ -242,7 +243,8 @@
     schedule_set/7,
     schedule_set_dirty/7,
     schedule_remove/3,
-    schedules/2
+    schedules/2,
+    schedule_types/1
 ]).
 
 -export([wait/2, call/1, budgeted/2]).
@@ -611,3 +613,6 @@ schedule_remove(_Ref, _Type, _Id) -> erlang:nif_error(nif_not_loaded).
 
 -spec schedules(reference(), binary()) -> ok | {error, atom()}.
 schedules(_Ref, _Type) -> erlang:nif_error(nif_not_loaded).
+
+-spec schedule_types(reference()) -> ok | {error, atom()}.
+schedule_types(_Ref) -> erlang:nif_error(nif_not_loaded).

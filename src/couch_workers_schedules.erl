@@ -1,5 +1,6 @@
 %% @doc Recurring jobs: the calls behind `couch_workers:schedule_set/5',
-%% `schedule_remove/2' and `schedules/1'.
+%% `schedule_remove/2' and `schedules/1', and `types/0' for the status
+%% page.
 %%
 %% A schedule of `JobType' creates, at each due slot `T' (Unix ms), one
 %% job of `JobType' with id `<<ScheduleId/binary, "@", T>>', `Info' and the
@@ -10,7 +11,7 @@
 %% (default `false'), `catch_up' (`latest' (default), `none' or `all').
 -module(couch_workers_schedules).
 
--export([set/5, remove/2, list/1]).
+-export([set/5, remove/2, list/1, types/0]).
 
 -spec set(binary(), binary(), map(), map(), map()) -> ok | {error, term()}.
 set(Type, Id, Spec, Info, Opts) when is_binary(Type), is_binary(Id), is_map(Spec), is_map(Info), is_map(Opts) ->
@@ -45,6 +46,17 @@ list(Type) when is_binary(Type) ->
     end;
 list(_Type) ->
     erlang:error(badarg).
+
+%% @doc The job types that have at least one schedule, in byte order, read
+%% from the schedules themselves: a type scheduled before any of its jobs
+%% exist is among them (`couch_workers:job_types/0' knows only types with
+%% jobs).
+-spec types() -> [binary()] | {error, term()}.
+types() ->
+    case couch_workers_nif:call(fun(Ref) -> couch_workers_nif:schedule_types(Ref) end) of
+        {ok, Types} -> Types;
+        {error, _} = Error -> Error
+    end.
 
 %% The NIF's entry with the spec's keys as atoms (as `schedule_set/5'
 %% takes them) and the options given as a map.

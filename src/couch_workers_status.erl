@@ -6,7 +6,8 @@
 %% it is paused (`couch_workers_ops:job_paused/1': the public API has no
 %% call that reads the flag) and this node's throughput history; each
 %% worker type's leader (`leader/1') and each job type's schedules with
-%% their next run (`schedules/1').
+%% their next run (`schedules/1'). The job types are those with jobs and
+%% those with schedules (`couch_workers_schedules:types/0').
 %%
 %% A read that fails shows as `unknown' (the page says "n/a") rather than
 %% a guess.
@@ -46,8 +47,13 @@ leader(T) ->
         {error, _} -> unknown
     end.
 
+%% The types with jobs and the types with schedules: a type whose first
+%% slot is not due yet has a schedule and no job, and is shown too.
 job_types() ->
-    list_or_empty(couch_workers:job_types()).
+    lists:umerge(
+        lists:usort(list_or_empty(couch_workers:job_types())),
+        lists:usort(list_or_empty(couch_workers_schedules:types()))
+    ).
 
 job_type(T, History) ->
     #{

@@ -28,6 +28,7 @@ http_test_() ->
                     {"/ shows a worker type and a job type", ?_test(page_shows_workers_and_jobs())},
                     {"/ shows a job type's counts by state, latest failures and paused flag", ?_test(page_shows_job_states())},
                     {"/ shows each worker type's leader and each job type's schedules", ?_test(page_shows_leaders_and_schedules())},
+                    {"/ shows the schedules of a job type that has no job yet", ?_test(page_shows_a_schedule_before_its_first_job())},
                     {"/job/Type/Id shows a job's last runs; / links failed jobs to it", ?_test(job_page_shows_runs())},
                     {"/metrics is Prometheus text", ?_test(metrics_endpoint())},
                     {"/api/... is JSON", ?_test(api_endpoints())},
@@ -169,6 +170,23 @@ page_shows_leaders_and_schedules() ->
     ?assertNotEqual(nomatch, binary:match(After, <<T/binary, " <span class=\"none\">(1 live; leader <b>w2</b>)">>)),
     ok = couch_workers:schedule_remove(T, <<"nightly">>),
     ok = couch_workers:worker_unregister(W2).
+
+%% A daily schedule set a minute ago has no job yet: its type is listed
+%% from the schedules themselves, not from the job types.
+page_shows_a_schedule_before_its_first_job() ->
+    T = unique_type("schedonly"),
+    ok = couch_workers:schedule_set(T, <<"daily">>, #{every => 86400000}, #{}, #{}),
+    ?assertNot(lists:member(T, couch_workers:job_types())),
+    [#{next_run_at := Next}] = couch_workers:schedules(T),
+    NextText = list_to_binary(calendar:system_time_to_rfc3339(Next, [{unit, millisecond}, {offset, "Z"}])),
+    {200, _, Page} = http_get("/"),
+    ?assertNotEqual(nomatch, binary:match(Page, <<"<td>", T/binary, "</td><td>daily</td>">>)),
+    ?assertNotEqual(nomatch, binary:match(Page, <<"<td>", NextText/binary, "</td><td><span class=\"none\">none yet</span>">>)),
+    {200, _, Json} = http_get("/api/status"),
+    ?assertNotEqual(nomatch, binary:match(Json, <<"\"next_run_at\":", (integer_to_binary(Next))/binary>>)),
+    ok = couch_workers:schedule_remove(T, <<"daily">>),
+    {200, _, After} = http_get("/"),
+    ?assertEqual(nomatch, binary:match(After, <<"<td>", T/binary, "</td><td>daily</td>">>)).
 
 job_page_shows_runs() ->
     T = unique_type("runs <&>"),

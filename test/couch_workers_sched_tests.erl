@@ -291,7 +291,8 @@ measured_nifs() ->
         {job_resubmit_if_leader, 7},
         {schedule_set, 7},
         {schedule_remove, 3},
-        {schedules, 2}
+        {schedules, 2},
+        {schedule_types, 1}
     ].
 
 %% Runs the iterations in a fresh process (its heap holds only the terms
@@ -418,9 +419,10 @@ iteration(#{too_large := TooLarge}, T, I, {Name, Info}, Members) ->
     ok = call(job_resubmit_if_leader, Name, [T, Id, Info, ?OPTS(undefined), undefined, {T, Epoch}]),
     ok = call(job_remove, Name, [T, Id]),
     %% A schedule with this info (an hour apart: no slot falls due),
-    %% listed (the reply holds the info), removed.
+    %% listed (the reply holds the info), its type listed, removed.
     ok = call(schedule_set, Name, [T, Id, #{every => 3600000}, Info, ?OPTS(undefined), undefined]),
     {ok, [_ | _]} = call(schedules, Name, [T]),
+    {ok, [_ | _]} = call(schedule_types, Name, []),
     ok = call(schedule_remove, Name, [T, Id]),
     in_caller_tx(Name, Info, TooLarge, T, Id, H2),
     ok.

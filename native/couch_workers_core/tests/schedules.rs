@@ -251,6 +251,28 @@ async fn after_the_whole_cluster_was_down_catch_up_latest_runs_one(store: StoreK
     node.stop().await;
 }
 
+/// The types that have schedules are read from the schedules themselves:
+/// a type scheduled before any of its jobs exist is listed (the job types
+/// are not), each type once whatever its number of schedules, a type whose
+/// name another's begins with too, and a type goes when its last
+/// schedule is removed.
+async fn job_types_lists_each_scheduled_type_once_before_any_job(store: StoreKind) {
+    let c = Cluster::on(store);
+    let node = c.node();
+    let s = schedules(&node);
+    assert!(s.job_types().await.expect("types").is_empty());
+    let daily = br#"{"every": 86400000}"#;
+    for (job_type, id) in [(&b"b"[..], &b"1"[..]), (b"b", b"2"), (b"b", b"3"), (b"a", b"1"), (b"ab", b"1")] {
+        s.set(job_type, id, daily, b"{}", &JobOpts::default(), None).await.expect("set");
+    }
+    assert_eq!(s.job_types().await.expect("types"), vec![b"a".to_vec(), b"ab".to_vec(), b"b".to_vec()]);
+    let job_types = Jobs::new(node.context().clone()).job_types().await.expect("job types");
+    assert!(job_types.is_empty(), "no slot is due yet, so no job: {job_types:?}");
+    s.remove(b"a", b"1").await.expect("remove");
+    assert_eq!(s.job_types().await.expect("types"), vec![b"ab".to_vec(), b"b".to_vec()]);
+    node.stop().await;
+}
+
 couch_workers_core::store_tests!(
     runtime: (flavor = "multi_thread"),
     stores: [embedded: Embedded, sim: Sim],
@@ -262,5 +284,6 @@ couch_workers_core::store_tests!(
         if_leader_sets_only_while_its_epoch_leads,
         three_nodes_one_stopped_and_started_again_fire_each_slot_once,
         after_the_whole_cluster_was_down_catch_up_latest_runs_one,
+        job_types_lists_each_scheduled_type_once_before_any_job,
     ],
 );

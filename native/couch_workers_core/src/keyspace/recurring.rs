@@ -24,6 +24,18 @@ impl Keyspace {
         (&*s == SCHEDULES && &*t == job_type).then(|| id.into_owned())
     }
 
+    /// Every schedule record key, of every job type.
+    pub fn all_schedules_range(&self) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(SCHEDULES),)))
+    }
+
+    /// The job type of a schedule record key; `None` for any other key.
+    pub fn schedule_type_of(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (s, t, _id) = unpack::<(Bytes, Bytes, Bytes)>(rest).ok()?;
+        (&*s == SCHEDULES).then(|| t.into_owned())
+    }
+
     /// `("couch_workers", "schedule_due", NextRunAt, JobType, ScheduleId)`:
     /// a schedule by the Unix ms of its next due slot, across every type,
     /// so that a node's runner reads one first key to know when to wake.

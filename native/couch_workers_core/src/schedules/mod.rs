@@ -7,8 +7,8 @@
 //! * `spec.rs`: the spec (`every`, `cron`, `start_at`, `overlap`,
 //!   `catch_up`) and its slots;
 //! * `record.rs`: the stored record;
-//! * `ops.rs`: set, remove, list and a slot's firing, inside a
-//!   transaction of the caller's;
+//! * `ops.rs`: set, remove, list, the types that have schedules and a
+//!   slot's firing, inside a transaction of the caller's;
 //! * `runner.rs`: the node's task that sleeps until the earliest due
 //!   slot of every type and fires it.
 //!
@@ -85,5 +85,14 @@ impl Schedules {
         let ks = &self.ctx.ks;
         check_key(&ks.schedules_range(job_type).1)?;
         Ok(run(self.ctx.db.as_ref(), self.ctx.read, |tx| async move { ops::list(&tx, ks, job_type).await }).await?)
+    }
+
+    /// The job types that have at least one schedule, in byte order
+    /// (`ops::job_types`): a type scheduled before any of its jobs exist
+    /// is among them.
+    pub async fn job_types(&self) -> Result<Vec<Vec<u8>>, Error> {
+        self.ctx.check_open()?;
+        let ks = &self.ctx.ks;
+        Ok(run(self.ctx.db.as_ref(), self.ctx.read, |tx| async move { ops::job_types(&tx, ks).await }).await?)
     }
 }

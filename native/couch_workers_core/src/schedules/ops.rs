@@ -118,6 +118,31 @@ pub async fn list(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<Vec<Schedul
         .collect())
 }
 
+/// The job types that have at least one schedule, in byte order. Skips
+/// from type to type (a tuple layer's distinct-prefix scan): one one-key
+/// snapshot read finds the next type's first record, the next starts past
+/// that type's range, so the cost is one read per type, whatever the
+/// number of its schedules.
+pub async fn job_types(tx: &Tx, ks: &Keyspace) -> Result<Vec<Vec<u8>>, StoreError> {
+    let (mut from, end) = ks.all_schedules_range();
+    let mut types = Vec::new();
+    loop {
+        let first = tx.get_range(&RangeRequest::new(from.clone(), end.clone()).limit(1).snapshot(true)).await?;
+        let Some((key, _)) = first.into_iter().next() else { return Ok(types) };
+        match ks.schedule_type_of(&key) {
+            Some(job_type) => {
+                from = ks.schedules_range(&job_type).1;
+                types.push(job_type);
+            }
+            None => {
+                // A key of no shape of ours: step over it alone.
+                from = key;
+                from.push(0x00);
+            }
+        }
+    }
+}
+
 /// A due key: `(next_run_at, job type, schedule id)`.
 pub type DueKey = (u64, Vec<u8>, Vec<u8>);
 

@@ -42,7 +42,7 @@
 //! | `accept.rs` | `job_accept/4`, `job_finish_accept/4`, `job_accept_abandon/1`: the waiter resource and its one answer |
 //! | `in_tx.rs` | `job_tx_session/1`, `job_tx_add/6`, `job_tx_update/4`, `job_tx_finish/4`, `job_tx_resubmit/7`, `job_tx_get/4`, `job_tx_remove/5`, `job_tx_cancel/4`, `job_tx_answer/3`, `job_tx_close/1`: calls inside the caller's erlfdb transaction, their requests relayed to it |
 //! | `fenced.rs` | `job_add_if_leader/6`, `job_resubmit_if_leader/7`: add and resubmit fenced by a leadership (`if_leader`) |
-//! | `schedules.rs` | `schedule_set/7`, `schedule_remove/3`, `schedules/2`: recurring jobs |
+//! | `schedules.rs` | `schedule_set/7`, `schedule_remove/3`, `schedules/2`, `schedule_types/1`: recurring jobs |
 //! | `subscribe.rs` | `job_subscribe/5`, `job_unsubscribe/1`: the subscription resource and its notifier |
 //! | `types.rs` | `job_type_get/2`, `job_type_set/3`: a job type's settings |
 

@@ -12,6 +12,8 @@
 //!   last_run}]}`, `spec` and `info` decoded from JSON (binary keys),
 //!   `opts` the tuple `{Priority, MaxAttempts, Keep}` (`undefined` when
 //!   not given, `infinity`), `last_run` a job id or `null`.
+//! * `schedule_types(Ref)`: `{ok, [Type]}`, the job types that have at
+//!   least one schedule, in byte order (a type with no job yet too).
 
 // `schedule_set/7`: its Erlang arity and the environment make eight
 // arguments, in the NIF that `budgeted_nif!` expands to as well.
@@ -23,8 +25,9 @@ use couch_workers_core::{Error as CoreError, Keep, MaxAttempts};
 use rustler::{Encoder, Env, NifResult, Term};
 use serde_json::Value;
 
-use super::args::{job_args, json_arg, opts_arg, type_args};
+use super::args::{check_ref, job_args, json_arg, opts_arg, type_args};
 use super::fenced::fence_arg;
+use super::terms::types_answer;
 use super::{spawn_call, ErrorAnswer};
 use crate::atoms;
 use crate::json::{self, budgeted_nif, json_bytes_to_term, Sched};
@@ -111,6 +114,17 @@ fn schedules<'a>(env: Env<'a>, reference: Term<'a>, job_type: Term<'a>) -> NifRe
         reference,
         move |jobs| async move { Schedules::new(jobs.context().clone()).list(&job_type).await.map_err(ScheduleError) },
         list_answer,
+    )
+}
+
+#[rustler::nif]
+fn schedule_types<'a>(env: Env<'a>, reference: Term<'a>) -> NifResult<Term<'a>> {
+    check_ref(reference)?;
+    spawn_call(
+        env,
+        reference,
+        move |jobs| async move { Schedules::new(jobs.context().clone()).job_types().await.map_err(ScheduleError) },
+        types_answer,
     )
 }
 
