@@ -30,15 +30,17 @@
 # with SIGSTOP for 3x the timeout, whose live workers are reaped; it
 # must report live_reaped > 0 and exit 1.
 #
-# Options: --fault LIST (all), --dir D (/tmp/cw_fdb_faults: one
-# directory per fault with the nodes' logs), --timeout S (4),
+# Options: --fault LIST (all), --dir D (default a new
+# /tmp/cw_fdb_faults.XXXXXX per run, so that two runs at once never share
+# a fault's cluster, pids or logs: one directory per fault with the
+# nodes' logs), --timeout S (4),
 # --no-build (skip the fdb NIF build and rebar3 compile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
 FAULTS=all
-DIR=/tmp/cw_fdb_faults
+DIR=
 TIMEOUT=4
 BUILD=1
 while [ $# -gt 0 ]; do
@@ -89,6 +91,10 @@ EBIN=$(mktemp -d /tmp/cw_fdb_faults_ebin.XXXXXX)
 trap 'rm -rf "$EBIN"' EXIT
 erlc -o "$EBIN" scripts/fdb_faults/cw_faults.erl scripts/fdb_faults/cw_faults_node.erl
 
+# A directory of this run's own: two runs at once (two clean-clone test
+# runs) in one directory stopped and read each other's clusters (lost,
+# twice and wrong answers counted in both, 5 Dec 2026).
+[ -n "$DIR" ] || DIR=$(mktemp -d /tmp/cw_fdb_faults.XXXXXX)
 mkdir -p "$DIR"
 summary=()
 rc=0
