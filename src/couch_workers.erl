@@ -448,10 +448,12 @@ workers(WorkerType) ->
 metrics() ->
     couch_workers_metrics:metrics().
 
-%% @doc `metrics/0' in the Prometheus text exposition format.
+%% @doc `metrics/0' in the Prometheus text exposition format, with each
+%% job type's running jobs and `max_running' (read from the store).
 -spec metrics(prometheus) -> iodata().
 metrics(prometheus) ->
-    couch_workers_prometheus:format(couch_workers_metrics:metrics());
+    Metrics = couch_workers_metrics:metrics(),
+    couch_workers_prometheus:format(Metrics#{running => couch_workers_status:running_limits()});
 metrics(_Format) ->
     erlang:error(badarg).
 

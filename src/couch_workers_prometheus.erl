@@ -5,6 +5,10 @@
 %% Counters are `couch_workers_<name>_total{node, type}'; latencies are
 %% summaries in seconds (`quantile' 0.5 and 0.99, `_sum', `_count') with
 %% a `_max' gauge beside each; the store's counters carry only `node'.
+%% Given `running' (`couch_workers_status:running_limits/0'), the gauges
+%% `couch_workers_jobs_running{type}' and
+%% `couch_workers_jobs_max_running{type}' (`+Inf' without a limit): read
+%% from the store, the same on every node, so without `node'.
 %% Every family has its `# HELP' and `# TYPE', once, before its samples.
 %% Label values are escaped as the format says (backslash, double quote,
 %% newline); bytes of a type that is not UTF-8 are read back as the text `\xNN' (the
@@ -20,7 +24,7 @@ content_type() ->
 
 %% @doc The exposition of a `couch_workers_metrics:metrics/0' map.
 -spec format(map()) -> iodata().
-format(#{node := Node, store := Store, types := Types}) ->
+format(#{node := Node, store := Store, types := Types} = Metrics) ->
     NodeL = label_value(atom_to_binary(Node)),
     Sorted = lists:sort(maps:to_list(Types)),
     Counters = [
@@ -51,7 +55,26 @@ format(#{node := Node, store := Store, types := Types}) ->
         )
      || K <- [services_restarted, services_failing]
     ],
-    [Counters, Latencies, StoreFams, ServiceFams].
+    [Counters, Latencies, StoreFams, ServiceFams, running(maps:get(running, Metrics, []))].
+
+running([]) ->
+    [];
+running(Limits) ->
+    Sorted = lists:sort(Limits),
+    [
+        family(
+            "couch_workers_jobs_running",
+            gauge,
+            "Jobs of the type running now, cluster-wide (the store's exact counter).",
+            [{[{"type", label_value(T)}], N} || {T, N, _} <- Sorted, is_integer(N)]
+        ),
+        family(
+            "couch_workers_jobs_max_running",
+            gauge,
+            "The type's max_running (job_type_set/2), cluster-wide; +Inf without a limit.",
+            [{[{"type", label_value(T)}], M} || {T, _, M} <- Sorted, M =/= unknown]
+        )
+    ].
 
 latency(H, NodeL, Sorted) ->
     Name = ["couch_workers_", latency_name(H), "_seconds"],
@@ -90,6 +113,7 @@ sample(Name, Labels, Value) ->
     Ls = lists:join(",", [[K, "=\"", V, "\""] || {K, V} <- Labels]),
     [Name, "{", Ls, "} ", value(Value), "\n"].
 
+value(infinity) -> "+Inf";
 value(V) when is_integer(V) -> integer_to_list(V);
 value(V) when is_float(V) -> float_to_list(V, [short]).
 

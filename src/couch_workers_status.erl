@@ -6,14 +6,15 @@
 %% it is paused (`couch_workers_ops:job_paused/1': the public API has no
 %% call that reads the flag) and this node's throughput history; each
 %% worker type's leader (`leader/1') and each job type's schedules with
-%% their next run (`schedules/1'). The job types are those with jobs and
-%% those with schedules (`couch_workers_schedules:types/0').
+%% their next run (`schedules/1'), and its settings (`job_type_get/1':
+%% its running limits beside its running count). The job types are those
+%% with jobs and those with schedules (`couch_workers_schedules:types/0').
 %%
 %% A read that fails shows as `unknown' (the page says "n/a") rather than
 %% a guess.
 -module(couch_workers_status).
 
--export([collect/1]).
+-export([collect/1, running_limits/0]).
 
 %% Workers listed per type (the count says how many there are).
 -define(MAX_LISTED, 200).
@@ -62,8 +63,26 @@ job_type(T, History) ->
         failures => failures(T),
         paused => paused(T),
         throughput => maps:get(T, History, []),
-        schedules => schedules(T)
+        schedules => schedules(T),
+        settings => settings(T)
     }.
+
+%% @doc Per job type, its running jobs (cluster-wide, the exact counter)
+%% and its `max_running' (`infinity' when it has none); `unknown' for a
+%% read that failed. For `/metrics'.
+-spec running_limits() -> [{binary(), non_neg_integer() | unknown, pos_integer() | infinity | unknown}].
+running_limits() ->
+    [
+        {T, maps:get(running, counts(T), unknown), maps:get(max_running, settings(T), unknown)}
+     || T <- job_types()
+    ].
+
+%% The type's settings (`job_type_get/1'); `#{}' when the read failed.
+settings(T) ->
+    case couch_workers:job_type_get(T) of
+        #{} = Settings -> Settings;
+        {error, _} -> #{}
+    end.
 
 %% The type's schedules: id, spec, next run and last run.
 schedules(T) ->

@@ -5,7 +5,8 @@
 %% Per worker type: its live workers, each with a bar of its heartbeat
 %% age against its timeout (green under a third, where heartbeats renew;
 %% amber under two thirds; red beyond: close to being reaped), its running
-%% jobs and options. Per job type: its counts by state, a chart of the
+%% jobs and options. Per job type: its counts by state (running beside
+%% its `max_running', when it has one), its settings, a chart of the
 %% jobs this node finished per sample interval, its latest failed jobs
 %% with their errors and its paused flag (each shown as "n/a" when its
 %% read failed). Each worker type's leader, and each job type's schedules
@@ -137,17 +138,44 @@ job_table(JTs) ->
     [
         <<"<table><tr><th>job type</th>">>,
         [[<<"<th class=\"num\">">>, atom_to_binary(S), <<"</th>">>] || S <- ?STATES],
-        <<"<th>finished on this node (last 10 min)</th><th>paused</th><th>failed jobs</th></tr>">>,
+        <<"<th>limits</th><th>finished on this node (last 10 min)</th><th>paused</th><th>failed jobs</th></tr>">>,
         [job_row(J) || J <- JTs],
         <<"</table>">>
     ].
 
-job_row(#{type := T, counts := Counts, throughput := Samples, paused := Paused, failures := Failures}) ->
+job_row(#{type := T, counts := Counts, throughput := Samples, paused := Paused, failures := Failures} = J) ->
+    Settings = maps:get(settings, J, #{}),
     [
         <<"<tr><td>">>, escape(T), <<"</td>">>,
-        [[<<"<td class=\"num\">">>, count(maps:get(S, Counts, undefined)), <<"</td>">>] || S <- ?STATES],
+        [[<<"<td class=\"num\">">>, state_count(S, Counts, Settings), <<"</td>">>] || S <- ?STATES],
+        <<"<td>">>, limits(Settings), <<"</td>">>,
         <<"<td>">>, chart(Samples), <<"</td><td>">>, paused(Paused), <<"</td><td>">>, failures(T, Failures), <<"</td></tr>">>
     ].
+
+%% The running count beside the type's `max_running', when it has one.
+state_count(running, Counts, #{max_running := Max}) when is_integer(Max) ->
+    [count(maps:get(running, Counts, undefined)), <<" / ">>, integer_to_binary(Max)];
+state_count(S, Counts, _Settings) ->
+    count(maps:get(S, Counts, undefined)).
+
+%% The type's settings that are not their default.
+limits(Settings) when map_size(Settings) =:= 0 ->
+    <<"<span class=\"none\">n/a</span>">>;
+limits(Settings) ->
+    Set = [
+        [Label, integer_to_binary(V), Unit]
+     || {Key, Label, Unit} <- [
+            {max_running, <<"max running ">>, <<>>},
+            {max_running_per_group, <<"per group ">>, <<>>},
+            {activity_timeout, <<"activity timeout ">>, <<" s">>}
+        ],
+        V <- [maps:get(Key, Settings, infinity)],
+        is_integer(V)
+    ],
+    case Set of
+        [] -> <<"<span class=\"none\">none</span>">>;
+        _ -> lists:join(<<", ">>, Set)
+    end.
 
 count(N) when is_integer(N) -> integer_to_binary(N);
 count(_) -> <<"<span class=\"none\">n/a</span>">>.

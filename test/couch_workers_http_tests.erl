@@ -31,6 +31,7 @@ http_test_() ->
                     {"/ shows the schedules of a job type that has no job yet", ?_test(page_shows_a_schedule_before_its_first_job())},
                     {"/job/Type/Id shows a job's last runs; / links failed jobs to it", ?_test(job_page_shows_runs())},
                     {"/metrics is Prometheus text", ?_test(metrics_endpoint())},
+                    {"/ and /metrics show running jobs beside max_running", ?_test(running_beside_limits())},
                     {"/api/... is JSON", ?_test(api_endpoints())},
                     {"unknown paths 404, bad encodings 400, other methods 405", ?_test(bad_requests_are_4xx())},
                     {"malformed HTTP is 4xx and the listener goes on", ?_test(malformed_http_is_4xx())},
@@ -146,7 +147,8 @@ page_shows_job_states() ->
     ?assertNotEqual(nomatch, binary:match(Row(After), <<"<span class=\"paused\">paused</span>">>)),
     ?assertEqual(nomatch, binary:match(After, <<"n/a">>)),
     {200, "application/json", Json} = http_get("/api/status"),
-    ?assertMatch({match, _}, re:run(Json, <<"\"paused\":true[^}]*\"type\":\"", T/binary, "\"|\"type\":\"", T/binary, "\"[^]]*\"paused\":true">>)),
+    %% The type's own `paused' (the settings map between them has braces).
+    ?assertMatch({match, _}, re:run(Json, <<"\"paused\":true(?:(?!\"type\":).)*\"type\":\"", T/binary, "\"|\"type\":\"", T/binary, "\"[^]]*\"paused\":true">>)),
     ok = couch_workers:job_resume(T),
     ok = couch_workers:worker_unregister(W).
 
@@ -221,6 +223,29 @@ metrics_endpoint() ->
         fun({N, L, V}) -> N =:= <<"couch_workers_jobs_added_total">> andalso maps:get(<<"type">>, L) =:= T andalso V =:= 1.0 end,
         Samples
     )).
+
+running_beside_limits() ->
+    T = unique_type("lim"),
+    Free = unique_type("free"),
+    ok = couch_workers:job_type_set(T, #{max_running => 3, activity_timeout => 61}),
+    W = couch_workers:worker_register(T, <<"w">>, #{}, self()),
+    ok = couch_workers:job_add(T, <<"a">>, #{}, #{}),
+    ok = couch_workers:job_add(Free, <<"b">>, #{}, #{}),
+    {ok, _} = couch_workers:job_accept(W, #{timeout => 5000}),
+    {200, _, Page} = http_get("/"),
+    Row = <<"<tr><td>", T/binary, "</td><td class=\"num\">0</td><td class=\"num\">0</td><td class=\"num\">1 / 3</td>">>,
+    ?assertNotEqual(nomatch, binary:match(Page, Row)),
+    ?assertNotEqual(nomatch, binary:match(Page, <<"max running 3, activity timeout 61 s">>)),
+    {200, _, Text} = http_get("/metrics"),
+    Samples = couch_workers_metrics_tests:parse(Text),
+    Gauge = fun(Name, Type) ->
+        [V || {N, L, V} <- Samples, N =:= Name, maps:get(<<"type">>, L, none) =:= Type]
+    end,
+    ?assertEqual([1.0], Gauge(<<"couch_workers_jobs_running">>, T)),
+    ?assertEqual([3.0], Gauge(<<"couch_workers_jobs_max_running">>, T)),
+    ?assertEqual([0.0], Gauge(<<"couch_workers_jobs_running">>, Free)),
+    ?assertEqual([infinity], Gauge(<<"couch_workers_jobs_max_running">>, Free)),
+    ok = couch_workers:worker_unregister(W).
 
 api_endpoints() ->
     T = unique_type("api"),

@@ -172,11 +172,14 @@ pub fn map_arg<'a>(
 /// holds the NIF's whole logic: the two answer alike but for `dirty`.
 macro_rules! budgeted_nif {
     ($normal:ident, $dirty:ident, $body:ident($($arg:ident),*)) => {
+        // An Erlang arity of seven and the environment make eight.
+        #[allow(clippy::too_many_arguments)]
         #[rustler::nif]
         fn $normal<'a>(env: Env<'a>, $($arg: Term<'a>),*) -> NifResult<Term<'a>> {
             $body(env, $($arg,)* $crate::json::Sched::Normal)
         }
 
+        #[allow(clippy::too_many_arguments)]
         #[rustler::nif(schedule = "DirtyCpu")]
         fn $dirty<'a>(env: Env<'a>, $($arg: Term<'a>),*) -> NifResult<Term<'a>> {
             $body(env, $($arg,)* $crate::json::Sched::Dirty)

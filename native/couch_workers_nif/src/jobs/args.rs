@@ -126,6 +126,22 @@ pub(super) fn opts_arg(term: Term) -> NifResult<Option<JobOpts>> {
     Ok(Some(opts))
 }
 
+/// The `Info` and `Opts` of a call that adds or queues a job again: the
+/// options' shape first (a `badarg` wins over a value error), then the
+/// info's JSON and the priority's range. `Err` holds the NIF's answer:
+/// `badarg`, or `{error, invalid_info | invalid_priority | ...}`.
+pub(super) fn info_opts_args<'a>(
+    env: Env<'a>,
+    info: Term<'a>,
+    opts: Term<'a>,
+    sched: Sched,
+) -> Result<(Vec<u8>, JobOpts), NifResult<Term<'a>>> {
+    let opts = opts_arg(opts).map_err(Err)?;
+    let info = json_arg(env, info, sched, atoms::invalid_info())?;
+    let opts = opts.ok_or_else(|| Ok((atoms::error(), atoms::invalid_priority()).encode(env)))?;
+    Ok((info, opts))
+}
+
 /// `undefined`, or a job's 12-byte `vs`.
 pub(super) fn vs_arg(term: Term) -> NifResult<Option<JobVs>> {
     if term.is_atom() {

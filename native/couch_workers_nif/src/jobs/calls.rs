@@ -7,7 +7,9 @@ use couch_workers_core::{JobSpec, JobState};
 use rustler::types::tuple::get_tuple;
 use rustler::{Encoder, Env, Error, NifResult, Term};
 
-use super::args::{check_ref, finish_args, handle_args, job_args, json_arg, opts_arg, retry_arg, type_args, vs_arg};
+use super::args::{
+    check_ref, finish_args, handle_args, info_opts_args, job_args, json_arg, opts_arg, retry_arg, type_args, vs_arg,
+};
 use super::spawn_call;
 use super::terms::{counts_answer, handle_answer, ok_answer, page_answer, types_answer};
 use crate::atoms;
@@ -34,11 +36,7 @@ fn add<'a>(
 ) -> NifResult<Term<'a>> {
     couch_workers_core::stage_mark("add_nif");
     let (job_type, id) = job_args(reference, job_type, id)?;
-    let opts = opts_arg(opts)?;
-    let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
-    let Some(opts) = opts else {
-        return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
-    };
+    let (info, opts) = try_json!(info_opts_args(env, info, opts, sched));
     spawn_call(env, reference, move |jobs| async move { jobs.add_with(&job_type, &id, &info, &opts).await }, ok_answer)
 }
 
@@ -166,12 +164,8 @@ fn resubmit<'a>(
     sched: Sched,
 ) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
-    let opts = opts_arg(opts)?;
     let if_vs = vs_arg(if_vs)?;
-    let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
-    let Some(opts) = opts else {
-        return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
-    };
+    let (info, opts) = try_json!(info_opts_args(env, info, opts, sched));
     spawn_call(
         env,
         reference,

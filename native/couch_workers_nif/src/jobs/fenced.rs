@@ -6,17 +6,16 @@
 //! a tuple of two binaries (else `badarg`).
 
 // `job_resubmit_if_leader/7`: its Erlang arity and the environment make
-// eight arguments, in the NIF that `budgeted_nif!` expands to as well.
+// eight arguments, and the bodies take the scheduler too.
 #![allow(clippy::too_many_arguments)]
 
 use couch_workers_core::leaders::Leadership;
 use rustler::types::tuple::get_tuple;
-use rustler::{Encoder, Env, NifResult, Term};
+use rustler::{Env, NifResult, Term};
 
-use super::args::{job_args, json_arg, opts_arg, vs_arg};
+use super::args::{info_opts_args, job_args, vs_arg};
 use super::spawn_call;
 use super::terms::ok_answer;
-use crate::atoms;
 use crate::json::{budgeted_nif, Sched};
 use crate::term::bytes_arg;
 
@@ -39,13 +38,9 @@ fn add<'a>(
     sched: Sched,
 ) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
-    let opts = opts_arg(opts)?;
     let (worker_type, epoch) = fence_arg(fence)?;
     let fence = Leadership::fence(&worker_type, &epoch);
-    let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
-    let Some(opts) = opts else {
-        return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
-    };
+    let (info, opts) = try_json!(info_opts_args(env, info, opts, sched));
     spawn_call(
         env,
         reference,
@@ -72,14 +67,10 @@ fn resubmit<'a>(
     sched: Sched,
 ) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
-    let opts = opts_arg(opts)?;
     let if_vs = vs_arg(if_vs)?;
     let (worker_type, epoch) = fence_arg(fence)?;
     let fence = Leadership::fence(&worker_type, &epoch);
-    let info = try_json!(json_arg(env, info, sched, atoms::invalid_info()));
-    let Some(opts) = opts else {
-        return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
-    };
+    let (info, opts) = try_json!(info_opts_args(env, info, opts, sched));
     spawn_call(
         env,
         reference,

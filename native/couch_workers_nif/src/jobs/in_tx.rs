@@ -40,7 +40,7 @@ use rustler::env::SavedTerm;
 use rustler::{Encoder, Env, LocalPid, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::args::{finish_args, handle_args, job_args, json_arg, opts_arg, vs_arg};
+use super::args::{finish_args, handle_args, info_opts_args, job_args, json_arg, vs_arg};
 use super::terms::{core_error, handle_answer, ok_answer};
 use super::types::job_with_history_answer;
 use crate::atoms;
@@ -94,14 +94,7 @@ fn add<'a>(
     sched: Sched,
 ) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
-    let opts = opts_arg(opts)?;
-    let info = match json_arg(env, info, sched, atoms::invalid_info()) {
-        Ok(bytes) => bytes,
-        Err(answer) => return answer,
-    };
-    let Some(opts) = opts else {
-        return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
-    };
+    let (info, opts) = try_json!(info_opts_args(env, info, opts, sched));
     start(env, reference, session, move |jobs| async move {
         match jobs.add(&job_type, &id, &info, &opts).await {
             Ok(()) => ok_answer(()),
@@ -167,37 +160,7 @@ fn finish<'a>(
     start(env, reference, session, move |jobs| async move { done(jobs.finish(&fence, &result).await) })
 }
 
-// The twins `budgeted_nif!` would declare, written out: seven arguments
-// and the environment are one more than clippy allows.
-#[allow(clippy::too_many_arguments)]
-#[rustler::nif]
-fn job_tx_resubmit<'a>(
-    env: Env<'a>,
-    reference: Term<'a>,
-    session: Term<'a>,
-    job_type: Term<'a>,
-    id: Term<'a>,
-    info: Term<'a>,
-    opts: Term<'a>,
-    if_vs: Term<'a>,
-) -> NifResult<Term<'a>> {
-    resubmit(env, reference, session, job_type, id, info, opts, if_vs, Sched::Normal)
-}
-
-#[allow(clippy::too_many_arguments)]
-#[rustler::nif(schedule = "DirtyCpu")]
-fn job_tx_resubmit_dirty<'a>(
-    env: Env<'a>,
-    reference: Term<'a>,
-    session: Term<'a>,
-    job_type: Term<'a>,
-    id: Term<'a>,
-    info: Term<'a>,
-    opts: Term<'a>,
-    if_vs: Term<'a>,
-) -> NifResult<Term<'a>> {
-    resubmit(env, reference, session, job_type, id, info, opts, if_vs, Sched::Dirty)
-}
+budgeted_nif!(job_tx_resubmit, job_tx_resubmit_dirty, resubmit(reference, session, job_type, id, info, opts, if_vs));
 
 // The NIF's seven arguments, the environment and the scheduler: the shape
 // every `budgeted_nif!` body has.
@@ -214,15 +177,8 @@ fn resubmit<'a>(
     sched: Sched,
 ) -> NifResult<Term<'a>> {
     let (job_type, id) = job_args(reference, job_type, id)?;
-    let opts = opts_arg(opts)?;
     let if_vs = vs_arg(if_vs)?;
-    let info = match json_arg(env, info, sched, atoms::invalid_info()) {
-        Ok(bytes) => bytes,
-        Err(answer) => return answer,
-    };
-    let Some(opts) = opts else {
-        return Ok((atoms::error(), atoms::invalid_priority()).encode(env));
-    };
+    let (info, opts) = try_json!(info_opts_args(env, info, opts, sched));
     start(env, reference, session, move |jobs| async move {
         done(jobs.resubmit(&job_type, &id, &info, &opts, if_vs.as_ref()).await)
     })
