@@ -35,18 +35,24 @@ cli_test_() ->
 type_settings(Dir) ->
     T = unique_type("cli_type"),
     {0, Shown, _} = cli(Dir, ["type", T]),
-    ?assertMatch({match, _}, re:run(Shown, <<"\\n", T/binary, " +infinity +infinity +infinity\\n">>)),
+    ?assertMatch({match, _}, re:run(Shown, <<"\\n", T/binary, " +0 +infinity +infinity +infinity\\n">>)),
     {0, Json, _} = cli(Dir, ["--json", "type", T, "--max-running", "8", "--activity-timeout", "30"]),
     ?assertEqual(
-        <<"{\"type\":\"", T/binary, "\",\"activity_timeout\":30,\"max_running\":8,\"max_running_per_group\":\"infinity\"}\n">>,
+        <<"{\"type\":\"", T/binary, "\",\"running\":0,\"activity_timeout\":30,\"max_running\":8,\"max_running_per_group\":\"infinity\"}\n">>,
         Json
     ),
     ?assertEqual(
         #{activity_timeout => 30, max_running => 8, max_running_per_group => infinity}, couch_workers:job_type_get(T)
     ),
     ok = couch_workers:job_type_set(T, #{max_running_per_group => 2}),
+    %% A running job counts.
+    ok = couch_workers:job_add(T, <<"r">>, #{}, #{}),
+    W0 = couch_workers:worker_register(T, <<"w0">>, #{}, self()),
+    {ok, _} = couch_workers:job_accept(W0, #{timeout => 5000}),
     {0, Again, _} = cli(Dir, ["type", T, "--max-running", "infinity"]),
-    ?assertMatch({match, _}, re:run(Again, <<"\\n", T/binary, " +30 +infinity +2\\n">>)),
+    ?assertMatch({match, _}, re:run(Again, <<"\\n", T/binary, " +1 +30 +infinity +2\\n">>)),
+    ok = couch_workers:worker_unregister(W0),
+    ok = couch_workers:job_remove(T, <<"r">>),
     %% A job's unique key, in its JSON line (`null` without one).
     ok = couch_workers:job_add(T, <<"u">>, #{}, #{unique => <<"db1">>}),
     {0, UJob, _} = cli(Dir, ["--json", "job", T, "u"]),

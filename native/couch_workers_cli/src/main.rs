@@ -216,7 +216,10 @@ async fn command(cmd: &Command, ctx: &Arc<Context>, out: &mut Out) -> Result<(),
             } else {
                 jobs_api.set_type_settings(t, changes).await
             };
-            out.type_settings(t, &settings.map_err(store_error)?);
+            let settings = settings.map_err(store_error)?;
+            let running = jobs_api.counts(t).await.map_err(store_error)?;
+            let running = running.iter().find(|(state, _)| *state == JobState::Running).map_or(0, |(_, n)| *n);
+            out.type_settings(t, running, &settings);
             Ok(())
         }
     }

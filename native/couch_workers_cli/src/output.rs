@@ -252,15 +252,23 @@ impl Out {
         }
     }
 
-    /// A job type's settings (`type`), `infinity` where unset.
-    pub fn type_settings(&mut self, t: &[u8], s: &couch_workers_core::job_controls::TypeSettings) {
+    /// A job type's running jobs (cluster-wide) and its settings (`type`),
+    /// `infinity` where unset.
+    pub fn type_settings(&mut self, t: &[u8], running: u64, s: &couch_workers_core::job_controls::TypeSettings) {
         let cell = |v: Option<u64>| v.map_or("infinity".to_string(), |n| n.to_string());
         let value = |v: Option<u64>| v.map_or(json!("infinity"), |n| json!(n));
-        self.header(vec!["TYPE", "ACTIVITY TIMEOUT (S)", "MAX RUNNING", "MAX RUNNING PER GROUP"]);
+        self.header(vec!["TYPE", "RUNNING", "ACTIVITY TIMEOUT (S)", "MAX RUNNING", "MAX RUNNING PER GROUP"]);
         self.row(
-            vec![text(t), cell(s.activity_timeout), cell(s.max_running), cell(s.max_running_per_group)],
+            vec![
+                text(t),
+                running.to_string(),
+                cell(s.activity_timeout),
+                cell(s.max_running),
+                cell(s.max_running_per_group),
+            ],
             json!({
                 "type": text(t),
+                "running": running,
                 "activity_timeout": value(s.activity_timeout),
                 "max_running": value(s.max_running),
                 "max_running_per_group": value(s.max_running_per_group),
