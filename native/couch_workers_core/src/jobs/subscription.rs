@@ -215,19 +215,26 @@ async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
         let ks = &s.ks;
         let read = run(s.db.as_ref(), s.read, |tx| async move {
             let job = ops::get(&tx, ks, job_type, id).await?;
+            let read_version = tx.read_version().await?;
             let watch: Watch = tx.watch(&ks.job(job_type, id));
-            Ok((job, watch))
+            Ok((job, read_version, watch))
         });
         let outcome = tokio::select! {
             _ = watcher.cancel.cancelled() => return,
             outcome = read => outcome,
         };
         let watch = match outcome {
-            Ok((Some(job), watch)) => {
+            Ok((Some(job), _, watch)) => {
                 failures = 0;
                 let mut state = watcher.lock();
                 let mut ended = false;
                 state.subscribers.retain(|_, sub| {
+                    if job.vs < sub.seen {
+                        // A read from before this subscriber joined (it
+                        // saw a later write when it subscribed): nothing
+                        // to tell it, and no incarnation to compare.
+                        return true;
+                    }
                     if is_another_job(sub.incarnation, job.incarnation) {
                         // Its job was removed, and another added with its id.
                         (sub.on_event)(JobEvent::Removed);
@@ -247,19 +254,31 @@ async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
                 }
                 watch
             }
-            Ok((None, _)) => {
-                // Removed: tell everyone, and leave (under the map lock, so
-                // a new subscriber starts a new watcher).
+            Ok((None, read_version, watch)) => {
+                // Removed: tell every subscriber that saw the job at or
+                // before this read. One that joined after a later add
+                // (its job is newer than the read) stays, and the watcher
+                // reads again for it; with none left, leave (under the map
+                // lock, so a new subscriber starts a new watcher).
+                failures = 0;
                 let watchers = home.watchers.upgrade();
                 let mut map = watchers.as_ref().map(|w| w.lock());
-                forget(map.as_deref_mut(), watcher);
                 let mut state = watcher.lock();
-                for (_, sub) in state.subscribers.drain() {
+                state.subscribers.retain(|_, sub| {
+                    if seen_version(&sub.seen) > read_version {
+                        return true;
+                    }
                     (sub.on_event)(JobEvent::Removed);
-                }
+                    false
+                });
                 state.last = None;
-                watcher.cancel.cancel();
-                return;
+                if state.subscribers.is_empty() {
+                    forget(map.as_deref_mut(), watcher);
+                    drop(state);
+                    watcher.cancel.cancel();
+                    return;
+                }
+                watch
             }
             Err(e) => {
                 if matches!(e, StoreError::Closed) || watcher.cancel.is_cancelled() {
@@ -308,6 +327,13 @@ async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
             return;
         }
     }
+}
+
+/// The commit version of the write a subscriber saw last.
+fn seen_version(seen: &JobVs) -> u64 {
+    let mut version = [0; 8];
+    version.copy_from_slice(&seen[..8]);
+    u64::from_be_bytes(version)
 }
 
 /// Takes the watcher out of the node's map, if it is still the one there.
