@@ -1,6 +1,7 @@
 //! One round's hand-out: each job offered to the round goes to the first
 //! waiter (FIFO) that can hold it, or is left, cleared or failed.
 
+use super::limits::{Admit, Limits};
 use super::{fail_unrunnable, Take};
 use crate::jobs::job::{AcceptToken, JobHandle, JobState, JobVs};
 use crate::jobs::ops::helpers::can_hold;
@@ -33,6 +34,9 @@ pub(super) enum Offered {
     Cleared,
     /// The round's write budget is spent: nothing more is taken.
     Full,
+    /// The type runs as many jobs as its `max_running` allows: nothing
+    /// more is taken.
+    AtLimit,
 }
 
 /// The waiters of a round still to serve, and what the round wrote.
@@ -52,6 +56,8 @@ pub(super) struct Taking<'a> {
     user_version: u16,
     pub unrunnable: Vec<Vec<u8>>,
     now: u64,
+    /// The type's running limits, and what this round took under them.
+    pub limits: Limits,
 }
 
 impl<'a> Taking<'a> {
@@ -61,6 +67,7 @@ impl<'a> Taking<'a> {
         queue: Vec<usize>,
         takes: Vec<Take>,
         now: u64,
+        limits: Limits,
     ) -> Self {
         Taking {
             waiters,
@@ -74,12 +81,18 @@ impl<'a> Taking<'a> {
             user_version: 0,
             unrunnable: Vec::new(),
             now,
+            limits,
         }
     }
 
     /// Waiters still without a job.
     pub fn left(&self) -> usize {
         self.queue.len() - self.next
+    }
+
+    /// The type runs as many jobs as it may: the round takes no more.
+    pub fn at_limit(&self) -> bool {
+        self.limits.type_full()
     }
 
     /// Whether any waiter still without a job has a worker id short enough
@@ -119,6 +132,9 @@ impl<'a> Taking<'a> {
                 return Offered::Cleared;
             }
         };
+        if self.limits.admit() == Admit::TypeFull {
+            return Offered::AtLimit;
+        }
         let waiters = self.waiters;
         let Some(pos) = self.queue[self.next..].iter().position(|&i| can_hold(ks, job_type, &id, &rec, &waiters[i]))
         else {
@@ -148,6 +164,7 @@ impl<'a> Taking<'a> {
 
         tx.add_read_conflict_key(&key);
         tx.add_read_conflict_key(&ks.job(job_type, &id));
+        self.limits.took(tx, ks, job_type);
         let mut rec = rec;
         unplace(tx, ks, job_type, &id, &rec);
         let token = self.tokens[waiter];
