@@ -107,6 +107,9 @@
     run_at := non_neg_integer() | null,
     keep := non_neg_integer() | infinity,
     unique := binary() | null,
+    group := binary() | null,
+    %% The job's own; `null': its type's (`job_type_get/1').
+    activity_timeout := pos_integer() | infinity | null,
     %% Only in the job `job_get/2' returns: its last 10 runs, newest first.
     history => [job_run()]
 }.

@@ -400,13 +400,30 @@ resubmit_opts(Opts) ->
             Error
     end.
 
-%% The NIF's options tuple with the `unique' key as its fifth element,
-%% when the caller gives one (a binary; else `{error, invalid_unique}').
+%% The NIF's options tuple with the options only `add' and `resubmit'
+%% take: `unique' as its fifth element when it is the only one given (the
+%% tuple nodes before `group' read), else `{.., Unique, Group,
+%% ActivityTimeout}', each `undefined' when not given. `unique' and `group'
+%% are binaries, `activity_timeout' seconds (a positive integer) or
+%% `infinity'; else `{error, invalid_unique | invalid_group |
+%% invalid_activity_timeout}'.
 with_unique(Opts, {ok, NifOpts}) ->
-    case opt(unique, Opts, undefined) of
-        undefined -> {ok, NifOpts};
-        Key when is_binary(Key) -> {ok, erlang:append_element(NifOpts, Key)};
-        _ -> {error, invalid_unique}
+    Unique = opt(unique, Opts, undefined),
+    Group = opt(group, Opts, undefined),
+    Timeout = opt(activity_timeout, Opts, undefined),
+    if
+        Unique =/= undefined andalso not is_binary(Unique) -> {error, invalid_unique};
+        Group =/= undefined andalso not is_binary(Group) -> {error, invalid_group};
+        Timeout =/= undefined andalso Timeout =/= infinity andalso
+            not (is_integer(Timeout) andalso Timeout > 0) ->
+            {error, invalid_activity_timeout};
+        Group =:= undefined andalso Timeout =:= undefined andalso Unique =:= undefined ->
+            {ok, NifOpts};
+        Group =:= undefined andalso Timeout =:= undefined ->
+            {ok, erlang:append_element(NifOpts, Unique)};
+        true ->
+            {P, S, M, K} = NifOpts,
+            {ok, {P, S, M, K, Unique, Group, cap(Timeout)}}
     end;
 with_unique(_Opts, Error) ->
     Error.

@@ -51,7 +51,8 @@
 %% test_thread_wait_ns()            -> Ns | undefined  the calling thread's run-queue wait so far (Linux)
 %%
 %% job_add(Ref, Type, Id, Info, Opts)         -> ok | {error, _} | dirty  then {Ref, ok | {error, Name}}
-%%     Opts = {Priority, Schedule, MaxAttempts, Keep}, each `undefined' when not given;
+%%     Opts = {Priority, Schedule, MaxAttempts, Keep}, each `undefined' when not given,
+%%     or that and Unique, or that and {Unique, Group, ActivityTimeout};
 %%     Schedule = {delay, Ms} | {run_at, UnixMs}; MaxAttempts = pos_integer() | infinity;
 %%     Keep = non_neg_integer() (s) | infinity
 %% job_add_many(Ref, Type, [{Id, Info, Opts}])
@@ -264,6 +265,20 @@
     {delay | run_at, non_neg_integer()} | undefined,
     pos_integer() | infinity | undefined,
     non_neg_integer() | infinity | undefined
+} | {
+    integer() | undefined,
+    {delay | run_at, non_neg_integer()} | undefined,
+    pos_integer() | infinity | undefined,
+    non_neg_integer() | infinity | undefined,
+    binary()
+} | {
+    integer() | undefined,
+    {delay | run_at, non_neg_integer()} | undefined,
+    pos_integer() | infinity | undefined,
+    non_neg_integer() | infinity | undefined,
+    binary() | undefined,
+    binary() | undefined,
+    pos_integer() | infinity | undefined
 }.
 -type retry() :: false | {delay, non_neg_integer()} | {backoff, non_neg_integer(), non_neg_integer()}.
 -export_type([registration/0, watch/0, waiter/0, job_subscription/0, budgeted_nif/0, job_opts/0, retry/0]).

@@ -60,10 +60,15 @@ types() ->
 
 %% The NIF's entry with the spec's keys as atoms (as `schedule_set/5'
 %% takes them) and the options given as a map.
-entry(#{spec := Spec, opts := {Priority, MaxAttempts, Keep}} = E) ->
-    Opts = maps:from_list(
-        [{K, V} || {K, V} <- [{priority, Priority}, {max_attempts, MaxAttempts}, {keep, Keep}], V =/= undefined]
-    ),
+entry(#{spec := Spec, opts := {Priority, MaxAttempts, Keep, Group, ActivityTimeout}} = E) ->
+    Given = [
+        {priority, Priority},
+        {max_attempts, MaxAttempts},
+        {keep, Keep},
+        {group, Group},
+        {activity_timeout, ActivityTimeout}
+    ],
+    Opts = maps:from_list([{K, V} || {K, V} <- Given, V =/= undefined]),
     E#{spec := spec(Spec), opts := Opts}.
 
 spec(Spec) ->

@@ -14,6 +14,7 @@ schedules_test_() ->
         ?TDEF_FE(every_second_creates_a_job_per_slot, 30),
         ?TDEF_FE(schedules_lists_and_remove_stops, 30),
         ?TDEF_FE(cron_and_options_are_listed_as_given),
+        ?TDEF_FE(slot_jobs_get_group_and_activity_timeout, 30),
         ?TDEF_FE(if_leader_fences_schedule_set)
     ]).
 
@@ -82,6 +83,14 @@ cron_and_options_are_listed_as_given(#{type := T}) ->
     ?assertEqual(#{max_attempts => 3, keep => 60}, Opts),
     ?assertEqual((2 * 60 + 30) * 60000, Next rem 86400000),
     ok = couch_workers:schedule_remove(T, <<"nightly">>).
+
+slot_jobs_get_group_and_activity_timeout(#{type := T}) ->
+    ok = couch_workers:schedule_set(T, <<"g">>, #{every => 1000}, #{}, #{group => <<"db">>, activity_timeout => 26}),
+    ?assertMatch([#{opts := #{group := <<"db">>, activity_timeout := 26}}], couch_workers:schedules(T)),
+    ok = wait_for(fun() -> slot_jobs(T, <<"g">>) =/= [] end, 10000),
+    [{_, Id} | _] = slot_jobs(T, <<"g">>),
+    ?assertMatch({ok, #{group := <<"db">>, activity_timeout := 26}}, couch_workers:job_get(T, Id)),
+    ok = couch_workers:schedule_remove(T, <<"g">>).
 
 if_leader_fences_schedule_set(#{type := T}) ->
     WT = <<T/binary, "-workers">>,

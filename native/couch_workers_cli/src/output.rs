@@ -2,6 +2,7 @@
 //! object per line (`--json`) for scripts. Ids and types are bytes; they
 //! are shown as UTF-8, with the bytes that are not replaced by U+FFFD.
 
+use couch_workers_core::job_controls::ActivityTimeout;
 use couch_workers_core::recurring::ScheduleEntry;
 use couch_workers_core::{Job, JobState, WorkerInfo};
 use serde_json::{json, Value};
@@ -103,6 +104,12 @@ impl Out {
             "attempts": j.attempts, "cancel_requested": j.cancel_requested,
             "error": j.error.as_deref().map(stored_json),
             "unique": j.unique.as_deref().map(text),
+            "group": j.group.as_deref().map(text),
+            "activity_timeout": match j.activity_timeout {
+                None => Value::Null,
+                Some(ActivityTimeout::Seconds(s)) => json!(s),
+                Some(ActivityTimeout::Infinity) => json!("infinity"),
+            },
         })
     }
 

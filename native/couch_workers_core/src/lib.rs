@@ -156,12 +156,12 @@ pub use log::{set_process_sink, Event, Level, Logger, Sink, Value};
 pub use log::{count, forward, Count, Forward};
 pub use metrics::{SERVICES, STORE};
 // What shapes how a type's jobs run, beyond the queue's order: the
-// type's settings (`job_type_get/1`, `job_type_set/2`), a job's run
-// history (`job_get/2`). One module, so
+// type's settings (`job_type_get/1`, `job_type_set/2`), a job's own
+// activity timeout, a job's run history (`job_get/2`). One module, so
 // that the facade grows by one name.
 pub mod job_controls {
     pub use crate::jobs::history::{Outcome, Run};
-    pub use crate::jobs::{TypeSetting, TypeSettings};
+    pub use crate::jobs::{ActivityTimeout, TypeSetting, TypeSettings};
 }
 pub use stage::mark as stage_mark;
 // What `log_event!` expands to.

@@ -42,6 +42,10 @@ fn opts(rng: &mut StdRng) -> JobOpts {
         },
         // Unique keys: tests/jobs_unique.rs.
         unique: None,
+        // A group changes nothing without a per-group limit.
+        group: rng.random_bool(0.3).then(|| b"g".to_vec()),
+        // Activity timeouts take jobs back: tests/jobs_activity.rs.
+        activity_timeout: None,
     }
 }
 

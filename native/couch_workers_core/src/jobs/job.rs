@@ -143,6 +143,20 @@ pub struct JobOpts {
     /// while the job is scheduled, pending or running, no other job of
     /// its type may hold it (`jobs/ops/unique.rs`).
     pub unique: Option<Vec<u8>>,
+    /// The job's group, for its type's `max_running_per_group`.
+    pub group: Option<Vec<u8>>,
+    /// How long the job may run without a change of its record; `None`:
+    /// its type's `activity_timeout`.
+    pub activity_timeout: Option<ActivityTimeout>,
+}
+
+/// A job's own activity timeout (the job option `activity_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivityTimeout {
+    /// Never taken back for want of activity, whatever its type says.
+    Infinity,
+    /// Taken back after this many seconds without a change of its record.
+    Seconds(u64),
 }
 
 impl JobOpts {
@@ -188,6 +202,10 @@ pub struct Job {
     pub incarnation: Option<JobIncarnation>,
     /// Its unique key, if it was given one.
     pub unique: Option<Vec<u8>>,
+    /// Its group, if it was given one.
+    pub group: Option<Vec<u8>>,
+    /// Its own activity timeout; `None`: its type's.
+    pub activity_timeout: Option<ActivityTimeout>,
 }
 
 /// What `accept` and `update` return: the job and the token of the accept

@@ -91,7 +91,7 @@ pub use dispatcher::ReplyFn;
 pub use finish_next::NextFor;
 pub use in_tx::TxJobs;
 pub use job::{
-    AcceptToken, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts,
+    AcceptToken, ActivityTimeout, AddManyError, Fence, Job, JobEvent, JobHandle, JobOpts, JobSpec, JobState, JobVs, Keep, MaxAttempts,
     Schedule,
 };
 // What only tests build jobs and clocks with.

@@ -27,15 +27,15 @@ pub struct Rec {
     /// Format 4: which job of its id it is (8 bytes, or nil for a job
     /// first written in an older format).
     pub incarnation: Option<Vec<u8>>,
-    /// Format 5: the job's unique key.
+    /// Format 5 and 6: the job's unique key.
     pub unique: Option<Vec<u8>>,
 }
 
 fn decode_record(value: &[u8]) -> Result<Rec, String> {
     let e: Vec<Element> = unpack(value).map_err(|e| format!("not a tuple: {e}"))?;
     match (e[0].as_i64(), e.len()) {
-        (Some(1), 10) | (Some(2), 16) | (Some(3), 17) | (Some(4), 18) | (Some(5), 19) => {}
-        _ => return Err(format!("not a format-1 to -5 record ({} elements)", e.len())),
+        (Some(1), 10) | (Some(2), 16) | (Some(3), 17) | (Some(4), 18) | (Some(5), 19) | (Some(6), 21) => {}
+        _ => return Err(format!("not a format-1 to -6 record ({} elements)", e.len())),
     }
     let opt_int = |i: usize| -> Result<Option<i64>, String> {
         match e.get(i) {
@@ -71,9 +71,15 @@ fn decode_record(value: &[u8]) -> Result<Rec, String> {
         expire_at,
         queued_at,
         incarnation,
-        unique: match e.get(18) {
-            None => None,
-            Some(el) => Some(bytes(el)?.ok_or("nil unique key")?),
+        unique: match (e.get(18), e.len()) {
+            (None, _) => None,
+            // Format 6: each of its three elements may be nil.
+            (Some(el), 21) => {
+                bytes(&e[19])?;
+                opt_int(20)?;
+                bytes(el)?
+            }
+            (Some(el), _) => Some(bytes(el)?.ok_or("nil unique key")?),
         },
     })
 }

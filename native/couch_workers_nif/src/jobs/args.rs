@@ -1,6 +1,7 @@
 //! The arguments of the job NIFs: shapes checked on the calling scheduler
 //! (`badarg` for a wrong one), values that are answered at once.
 
+use couch_workers_core::job_controls::ActivityTimeout;
 use couch_workers_core::log_event;
 use couch_workers_core::Logger;
 use couch_workers_core::{AcceptToken, Fence, JobOpts, JobVs, Keep, MaxAttempts, Retry, Schedule};
@@ -51,15 +52,20 @@ pub(super) fn priority_arg(term: Term) -> NifResult<Option<i64>> {
 /// map and builds it): `Schedule` `{delay, Ms}` or `{run_at, Ms}`,
 /// `MaxAttempts` a positive integer or `infinity`, `Keep` a non-negative
 /// integer or `infinity`; or `{Priority, Schedule, MaxAttempts, Keep,
-/// Unique}`, `Unique` a binary (the job's unique key) or `undefined`.
+/// Unique}`, `Unique` a binary (the job's unique key) or `undefined`; or
+/// `{.., Unique, Group, ActivityTimeout}`, `Group` a binary,
+/// `ActivityTimeout` a positive integer (seconds) or `infinity`, each or
+/// `undefined`.
 /// `Ok(None)`: a priority outside i64. Anything
 /// else is `badarg`.
 pub(super) fn opts_arg(term: Term) -> NifResult<Option<JobOpts>> {
     let fields = get_tuple(term)?;
-    // A fifth element, `Unique` (a binary or `undefined`), when given.
-    let (priority, schedule, max_attempts, keep, unique) = match fields[..] {
-        [p, s, m, k] => (p, s, m, k, None),
-        [p, s, m, k, u] => (p, s, m, k, Some(u)),
+    // `Unique`, `Group` and `ActivityTimeout` (each a value or
+    // `undefined`) when given.
+    let (priority, schedule, max_attempts, keep, unique, group, timeout) = match fields[..] {
+        [p, s, m, k] => (p, s, m, k, None, None, None),
+        [p, s, m, k, u] => (p, s, m, k, Some(u), None, None),
+        [p, s, m, k, u, g, t] => (p, s, m, k, Some(u), Some(g), Some(t)),
         _ => return Err(Error::BadArg),
     };
     let given = |t: Term| !(t.is_atom() && t.decode::<rustler::Atom>().is_ok_and(|a| a == atoms::undefined()));
@@ -103,6 +109,19 @@ pub(super) fn opts_arg(term: Term) -> NifResult<Option<JobOpts>> {
     }
     if let Some(unique) = unique.filter(|u| given(*u)) {
         opts.unique = Some(bytes_arg(unique)?.to_vec());
+    }
+    if let Some(group) = group.filter(|g| given(*g)) {
+        opts.group = Some(bytes_arg(group)?.to_vec());
+    }
+    if let Some(timeout) = timeout.filter(|t| given(*t)) {
+        opts.activity_timeout = Some(if is_infinity(timeout) {
+            ActivityTimeout::Infinity
+        } else {
+            match timeout.decode::<u64>() {
+                Ok(n) if n > 0 => ActivityTimeout::Seconds(n),
+                _ => return Err(Error::BadArg),
+            }
+        });
     }
     Ok(Some(opts))
 }

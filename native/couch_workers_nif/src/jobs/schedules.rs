@@ -10,7 +10,7 @@
 //! * `schedule_remove(Ref, Type, Id)`: `ok` or `{error, not_found}`.
 //! * `schedules(Ref, Type)`: `{ok, [#{id, spec, info, opts, next_run_at,
 //!   last_run}]}`, `spec` and `info` decoded from JSON (binary keys),
-//!   `opts` the tuple `{Priority, MaxAttempts, Keep}` (`undefined` when
+//!   `opts` the tuple `{Priority, MaxAttempts, Keep, Group, ActivityTimeout}` (`undefined` when
 //!   not given, `infinity`), `last_run` a job id or `null`.
 //! * `schedule_types(Ref)`: `{ok, [Type]}`, the job types that have at
 //!   least one schedule, in byte order (a type with no job yet too).
@@ -19,6 +19,7 @@
 // arguments, in the NIF that `budgeted_nif!` expands to as well.
 #![allow(clippy::too_many_arguments)]
 
+use couch_workers_core::job_controls::ActivityTimeout;
 use couch_workers_core::leaders::Leadership;
 use couch_workers_core::recurring::{ScheduleEntry, Schedules};
 use couch_workers_core::{Error as CoreError, Keep, MaxAttempts};
@@ -148,6 +149,12 @@ fn entry_term<'a>(env: Env<'a>, e: &ScheduleEntry) -> Term<'a> {
         Some(Keep::Seconds(s)) => s.encode(env),
     };
     let priority = e.opts.priority.map_or_else(undefined, |p| p.encode(env));
+    let group = e.opts.group.as_deref().map_or_else(undefined, |g| binary(env, g));
+    let activity_timeout = match e.opts.activity_timeout {
+        None => undefined(),
+        Some(ActivityTimeout::Infinity) => atoms::infinity().encode(env),
+        Some(ActivityTimeout::Seconds(s)) => s.encode(env),
+    };
     let last_run = e.last_run.as_ref().map_or_else(|| atoms::null().encode(env), |id| binary(env, id));
     let keys = [
         atoms::id().encode(env),
@@ -161,7 +168,7 @@ fn entry_term<'a>(env: Env<'a>, e: &ScheduleEntry) -> Term<'a> {
         binary(env, &e.id),
         json_bytes_to_term(env, &e.spec_json),
         json_bytes_to_term(env, &e.info),
-        (priority, max_attempts, keep).encode(env),
+        (priority, max_attempts, keep, group, activity_timeout).encode(env),
         e.next_run_at.encode(env),
         last_run,
     ];

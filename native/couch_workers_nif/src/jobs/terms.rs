@@ -1,5 +1,6 @@
 //! Jobs as Erlang terms, and the answers the job NIFs reply with.
 
+use couch_workers_core::job_controls::ActivityTimeout;
 use couch_workers_core::Error as CoreError;
 use couch_workers_core::{AcceptToken, Job, JobHandle, JobState, Keep, MaxAttempts};
 use rustler::{Encoder, Env, Term};
@@ -52,6 +53,14 @@ pub fn job_to_term<'a>(env: Env<'a>, job: &Job, token: Option<&AcceptToken>) -> 
     ];
     keys.push(atom(env, "unique"));
     values.push(job.unique.as_deref().map_or_else(null, |u| binary(env, u)));
+    keys.push(atom(env, "group"));
+    values.push(job.group.as_deref().map_or_else(null, |g| binary(env, g)));
+    keys.push(atom(env, "activity_timeout"));
+    values.push(match job.activity_timeout {
+        None => null(),
+        Some(ActivityTimeout::Seconds(s)) => s.encode(env),
+        Some(ActivityTimeout::Infinity) => atoms::infinity().encode(env),
+    });
     if let Some(token) = token {
         keys.push(atoms::token().encode(env));
         values.push(binary(env, token));

@@ -167,4 +167,10 @@ pub(super) fn apply_opts(rec: &mut Record, opts: &JobOpts) {
     if let Some(k) = opts.keep {
         rec.keep = k;
     }
+    if let Some(g) = &opts.group {
+        rec.group = Some(g.clone());
+    }
+    if let Some(t) = opts.activity_timeout {
+        rec.activity_timeout = Some(t);
+    }
 }

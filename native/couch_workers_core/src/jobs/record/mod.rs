@@ -5,7 +5,7 @@
 
 use foundationdb_tuple::{pack, pack_with_versionstamp, unpack, Bytes, Element, Versionstamp as TupleVs};
 
-use super::job::{AcceptToken, Job, JobIncarnation, JobOpts, JobState, JobVs, Keep, MaxAttempts, Schedule};
+use super::job::{AcceptToken, ActivityTimeout, Job, JobIncarnation, JobOpts, JobState, JobVs, Keep, MaxAttempts, Schedule};
 use crate::store::StoreError;
 
 /// The format version of job records written by this code for a job
@@ -15,6 +15,12 @@ pub const RECORD_FORMAT: i64 = 4;
 
 /// Job records that carry `Unique` (format 4 and one more element).
 const RECORD_FORMAT_5: i64 = 5;
+
+/// Job records that carry a group or an activity timeout of their own:
+/// format 4 and `Unique`, `Group`, `ActivityTimeout` (each nil when
+/// unset). Written only for jobs given one of the two, so that nodes that
+/// read format 5 and older keep reading every other job.
+const RECORD_FORMAT_6: i64 = 6;
 
 /// Job records written before `Incarnation` (still read).
 const RECORD_FORMAT_3: i64 = 3;
@@ -60,6 +66,10 @@ pub(crate) struct Record {
     pub incarnation: Option<JobIncarnation>,
     /// The unique key the job holds while it is not ended (format 5).
     pub unique: Option<Vec<u8>>,
+    /// The job's group (format 6).
+    pub group: Option<Vec<u8>>,
+    /// The job's own activity timeout; `None`: its type's (format 6).
+    pub activity_timeout: Option<ActivityTimeout>,
 }
 
 /// A fresh incarnation for a job being added: 8 random bytes, none of
@@ -125,6 +135,19 @@ impl Record {
             queued_at: None,
             incarnation: Some(new_incarnation()),
             unique: opts.unique.clone(),
+            group: opts.group.clone(),
+            activity_timeout: opts.activity_timeout,
+        }
+    }
+
+    /// The format this record is written in: the oldest that holds it.
+    fn format(&self) -> i64 {
+        if self.group.is_some() || self.activity_timeout.is_some() {
+            RECORD_FORMAT_6
+        } else if self.unique.is_some() {
+            RECORD_FORMAT_5
+        } else {
+            RECORD_FORMAT
         }
     }
 
@@ -134,7 +157,7 @@ impl Record {
     /// the one tuple of all their elements: the tuple layer's Rust types
     /// stop at twelve elements.)
     pub fn encode(&self, user_version: u16) -> Vec<u8> {
-        let format = if self.unique.is_some() { RECORD_FORMAT_5 } else { RECORD_FORMAT };
+        let format = self.format();
         let mut out = pack_with_versionstamp(&(
             format,
             Bytes::from(self.state.name().as_bytes()),
@@ -159,8 +182,14 @@ impl Record {
             self.queued_at.map(clamp_i64),
             self.incarnation.as_ref().map(|i| Bytes::from(&i[..])),
         )));
-        if let Some(unique) = &self.unique {
-            out.extend(pack(&(Bytes::from(unique.as_slice()),)));
+        match format {
+            RECORD_FORMAT_6 => out.extend(pack(&(
+                self.unique.as_deref().map(Bytes::from),
+                self.group.as_deref().map(Bytes::from),
+                activity_timeout_code(self.activity_timeout),
+            ))),
+            RECORD_FORMAT_5 => out.extend(pack(&(self.unique.as_deref().map(Bytes::from),))),
+            _ => {}
         }
         out.extend(offset);
         out
@@ -224,6 +253,7 @@ impl Record {
             Some(RECORD_FORMAT_3) => 17,
             Some(RECORD_FORMAT) => 18,
             Some(RECORD_FORMAT_5) => 19,
+            Some(RECORD_FORMAT_6) => 21,
             Some(other) => return Err(corrupt(&format!("unknown format {other}"))),
             None => return Err(corrupt("no format version")),
         };
@@ -255,6 +285,8 @@ impl Record {
             queued_at: None,
             incarnation: None,
             unique: None,
+            group: None,
+            activity_timeout: None,
         };
         if len >= 16 {
             rec.error = opt_bytes(&e[10])?;
@@ -278,6 +310,14 @@ impl Record {
         }
         if len == 19 {
             rec.unique = Some(bytes(&e[18]).ok_or_else(|| corrupt("unique"))?);
+        }
+        if len == 21 {
+            rec.unique = opt_bytes(&e[18])?;
+            rec.group = opt_bytes(&e[19])?;
+            rec.activity_timeout = match &e[20] {
+                Element::Nil => None,
+                other => Some(activity_timeout_from(other.as_i64()).ok_or_else(|| corrupt("activity_timeout"))?),
+            };
         }
         Ok(rec)
     }
@@ -305,6 +345,8 @@ impl Record {
             queued_at: self.queued_at,
             incarnation: self.incarnation,
             unique: self.unique.clone(),
+            group: self.group.clone(),
+            activity_timeout: self.activity_timeout,
         }
     }
 }
@@ -347,6 +389,22 @@ fn max_attempts_from(code: Option<i64>) -> Option<MaxAttempts> {
     }
 }
 
+/// `-1`: infinity; `None` (the type's) stays nil.
+fn activity_timeout_code(t: Option<ActivityTimeout>) -> Option<i64> {
+    t.map(|t| match t {
+        ActivityTimeout::Seconds(s) => clamp_i64(s),
+        ActivityTimeout::Infinity => -1,
+    })
+}
+
+fn activity_timeout_from(code: Option<i64>) -> Option<ActivityTimeout> {
+    match code? {
+        -1 => Some(ActivityTimeout::Infinity),
+        n if n > 0 => Some(ActivityTimeout::Seconds(n as u64)),
+        _ => None,
+    }
+}
+
 fn keep_code(k: Option<Keep>) -> Option<i64> {
     k.map(|k| match k {
         Keep::Seconds(s) => clamp_i64(s),
@@ -363,27 +421,54 @@ fn keep_from(code: Option<i64>) -> Option<Keep> {
 }
 
 /// A resubmission: `(Info, Priority | nil, ScheduleKind, ScheduleMs | nil,
-/// MaxAttempts | nil, Keep | nil)`; `ScheduleKind` 0 none, 1 delay, 2
-/// run_at; nil is "not given".
+/// MaxAttempts | nil, Keep | nil)`, and `Group | nil, ActivityTimeout |
+/// nil` when either is given; `ScheduleKind` 0 none, 1 delay, 2 run_at;
+/// nil is "not given".
 fn encode_resubmit(r: &Resubmit) -> Vec<u8> {
     let (kind, at) = match r.opts.schedule {
         None => (0i64, None),
         Some(Schedule::Delay(d)) => (1, Some(clamp_i64(d))),
         Some(Schedule::RunAt(t)) => (2, Some(clamp_i64(t))),
     };
-    pack(&(
+    let mut out = pack(&(
         Bytes::from(r.info.as_slice()),
         r.opts.priority,
         kind,
         at,
         max_attempts_code(r.opts.max_attempts),
         keep_code(r.opts.keep),
-    ))
+    ));
+    if r.opts.group.is_some() || r.opts.activity_timeout.is_some() {
+        out.extend(pack(&(r.opts.group.as_deref().map(Bytes::from), activity_timeout_code(r.opts.activity_timeout))));
+    }
+    out
 }
 
 fn decode_resubmit(v: &[u8]) -> Result<Resubmit, StoreError> {
-    type R<'a> = (Bytes<'a>, Option<i64>, i64, Option<i64>, Option<i64>, Option<i64>);
-    let (info, priority, kind, at, max_attempts, keep): R = unpack(v).map_err(|e| corrupt(&e.to_string()))?;
+    let e: Vec<Element> = unpack(v).map_err(|e| corrupt(&e.to_string()))?;
+    if e.len() != 6 && e.len() != 8 {
+        return Err(corrupt("resubmit element count"));
+    }
+    let info = bytes(&e[0]).ok_or_else(|| corrupt("resubmit info"))?;
+    let opt_i64 = |e: &Element| match e {
+        Element::Nil => Ok(None),
+        other => other.as_i64().map(Some).ok_or_else(|| corrupt("resubmit integer")),
+    };
+    let priority = opt_i64(&e[1])?;
+    let kind = e[2].as_i64().ok_or_else(|| corrupt("resubmit schedule"))?;
+    let at = opt_i64(&e[3])?;
+    let max_attempts = opt_i64(&e[4])?;
+    let keep = opt_i64(&e[5])?;
+    let (group, activity_timeout) = match e.get(6..8) {
+        Some([g, t]) => (
+            opt_bytes(g)?,
+            match opt_i64(t)? {
+                None => None,
+                code => Some(activity_timeout_from(code).ok_or_else(|| corrupt("resubmit activity_timeout"))?),
+            },
+        ),
+        _ => (None, None),
+    };
     let at = at.and_then(|t| u64::try_from(t).ok());
     let schedule = match (kind, at) {
         (0, _) => None,
@@ -399,7 +484,7 @@ fn decode_resubmit(v: &[u8]) -> Result<Resubmit, StoreError> {
         None => None,
         code => Some(keep_from(code).ok_or_else(|| corrupt("resubmit keep"))?),
     };
-    Ok(Resubmit { info: info.into_owned(), opts: JobOpts { priority, schedule, max_attempts, keep, unique: None } })
+    Ok(Resubmit { info, opts: JobOpts { priority, schedule, max_attempts, keep, unique: None, group, activity_timeout } })
 }
 
 /// The active value for `set_versionstamped_value`: `(1, AcceptVS)`.

@@ -33,6 +33,8 @@ fn round_trip_binary_safe() {
         // NUL bytes, which the tuple layer escapes.
         incarnation: Some([0, 0xff, 0, 1, 2, 3, 0, 0]),
         unique: None,
+        group: None,
+        activity_timeout: None,
         resubmit: Some(Resubmit {
             info: b"{\"b\":2}".to_vec(),
             opts: JobOpts {
@@ -41,6 +43,8 @@ fn round_trip_binary_safe() {
                 max_attempts: Some(MaxAttempts::Limit(2)),
                 keep: None,
                 unique: None,
+                group: None,
+                activity_timeout: None,
             },
         }),
     };
@@ -157,6 +161,49 @@ fn format_5_holds_the_unique_key_and_only_a_job_with_one_is_written_so() {
     e.truncate(18);
     e[0] = Element::Int(5);
     assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
+}
+
+#[test]
+fn format_6_holds_group_and_activity_timeout_and_only_a_job_with_one_is_written_so() {
+    use crate::jobs::job::ActivityTimeout;
+    for (group, timeout, unique) in [
+        (Some(b"tenant\x00a".to_vec()), None, None),
+        (None, Some(ActivityTimeout::Seconds(61)), Some(b"k".to_vec())),
+        (Some(b"g".to_vec()), Some(ActivityTimeout::Infinity), None),
+    ] {
+        let opts = JobOpts { group: group.clone(), activity_timeout: timeout, unique, ..JobOpts::default() };
+        let rec = Record::new(b"{}".to_vec(), &opts);
+        let stored = commit(&rec.encode(0), [6; 10]);
+        let e = unpack::<Vec<Element>>(&stored).unwrap();
+        assert_eq!((e.len(), &e[0]), (21, &Element::Int(6)));
+        let back = Record::decode(&stored).unwrap();
+        assert_eq!(back, Record { vs: back.vs, ..rec.clone() });
+        assert_eq!((back.to_job(b"t", b"i", 0).group, back.to_job(b"t", b"i", 0).activity_timeout), (group, timeout));
+        // Format 6 of twenty elements, a timeout of 0, or format 5 of
+        // twenty-one: corrupt.
+        let mut e: Vec<Element> = e.into_iter().map(|e| e.into_owned()).collect();
+        let mut short = e.clone();
+        short.truncate(20);
+        assert!(Record::decode(&foundationdb_tuple::pack(&short)).is_err());
+        e[20] = Element::Int(0);
+        assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
+        e[20] = Element::Nil;
+        e[0] = Element::Int(5);
+        assert!(Record::decode(&foundationdb_tuple::pack(&e)).is_err());
+    }
+    // A deferred resubmit keeps both options; one without them keeps the
+    // six-element value older nodes read.
+    let mut rec = Record::new(b"{}".to_vec(), &JobOpts::default());
+    let with = JobOpts {
+        group: Some(b"g2".to_vec()),
+        activity_timeout: Some(ActivityTimeout::Seconds(5)),
+        ..JobOpts::default()
+    };
+    rec.resubmit = Some(Resubmit { info: b"{}".to_vec(), opts: with.clone() });
+    let back = Record::decode(&commit(&rec.encode(0), [6; 10])).unwrap();
+    assert_eq!(back.resubmit.unwrap().opts, with);
+    let plain = Resubmit { info: b"{}".to_vec(), opts: JobOpts::priority(1) };
+    assert_eq!(unpack::<Vec<Element>>(&encode_resubmit(&plain)).unwrap().len(), 6);
 }
 
 #[test]
