@@ -1,6 +1,7 @@
-//! Running limits of a job type (`max_running`), enforced by the accept
-//! round on the exact running counter: never more at any instant (read by
-//! a sampler in its own transactions), slots freed by a run's end and by
+//! Running limits of a job type (`max_running`, `max_running_per_group`),
+//! enforced by the accept round on the exact running counters: never more
+//! at any instant (read by a sampler in its own transactions), a full
+//! group passed over in queue order, slots freed by a run's end and by
 //! failover in their own transactions, a raised limit and a run's end on
 //! another node waking waiting acceptors at once (the end-to-accept
 //! latency printed), a lowered one stopping nothing. On every store.
@@ -11,7 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use couch_workers_core::jobs::{JobHandle, JobState, NextFor, TypeSetting};
+use std::collections::HashMap;
+
+use couch_workers_core::jobs::ops;
+use couch_workers_core::jobs::{JobHandle, JobOpts, JobState, NextFor, TypeSetting};
 use couch_workers_core::keyspace::Incarnation;
 use couch_workers_core::store::{run, RangeRequest, TxOptions};
 use couch_workers_core::workers;
@@ -224,6 +228,156 @@ async fn raising_wakes_waiters_and_lowering_stops_nothing(store: StoreKind) {
     b.stop().await;
 }
 
+async fn add_in(node: &Node, id: &str, group: Option<&str>, priority: i64) {
+    let opts = JobOpts { priority: Some(priority), group: group.map(|g| g.as_bytes().to_vec()), ..JobOpts::default() };
+    node.jobs().add_with(T, id.as_bytes(), &info(0), &opts).await.expect("add");
+}
+
+/// Per group: its running counter and its running records, read in one
+/// transaction of their own.
+async fn running_by_group(node: &Node, groups: &[&str]) -> HashMap<String, (i64, usize)> {
+    let ks = node.keyspace();
+    run(node.db().as_ref(), TxOptions::read(), |tx| async move {
+        let (b, e) = ks.by_state_range(T, b"running");
+        let mut out: HashMap<String, (i64, usize)> = HashMap::new();
+        for g in groups {
+            let count = counter(tx.get(&ks.group_running(T, g.as_bytes()), false).await?);
+            out.insert(g.to_string(), (count, 0));
+        }
+        for (key, _) in tx.get_range(&RangeRequest::new(b, e)).await? {
+            let id = ks.parse_by_state(T, b"running", &key).expect("an index key");
+            let job = ops::get(&tx, ks, T, &id).await?.expect("its record");
+            if let Some(g) = job.group {
+                out.entry(String::from_utf8(g).unwrap()).or_default().1 += 1;
+            }
+        }
+        Ok(out)
+    })
+    .await
+    .expect("read the group counters")
+}
+
+/// Under `max_running_per_group` 2: a full group's jobs are passed over
+/// and the next jobs of groups with room are taken in queue order
+/// (priority, then first in first out), a job without a group by the
+/// type's limit alone; then 6 workers on two nodes drain 60 jobs of 3
+/// groups, and a sampler never sees a group over 2 (counter and records
+/// agreeing).
+async fn a_full_group_is_passed_over_and_the_group_limit_holds(store: StoreKind) {
+    let c = Cluster::on(store);
+    let (a, b) = (c.node(), c.node());
+    a.jobs().set_type_settings(T, &[TypeSetting::MaxRunningPerGroup(Some(2))]).await.unwrap();
+    for i in 1..=5 {
+        add_in(&a, &format!("a{i}"), Some("A"), 0).await;
+    }
+    add_in(&a, "b1", Some("B"), 0).await;
+    add_in(&a, "n1", None, 0).await;
+    add_in(&a, "b2", Some("B"), 0).await;
+    add_in(&a, "b3", Some("B"), 0).await;
+    add_in(&a, "c1", Some("C"), 1).await;
+    // A pending key's value names the job's group (`""`: none), so that a
+    // full group's jobs are passed over without reading their records.
+    let values: Vec<Vec<u8>> = range(&a, ks(&a).pending_range(T)).await.into_iter().map(|(_, v)| v).collect();
+    assert_eq!(values[0], b"\x01A\x00");
+    assert_eq!(values[6], b"");
+    let _w = register(&a, T, b"w").await;
+    let mut held = HashMap::new();
+    let mut order = Vec::new();
+    loop {
+        match a.jobs().accept(T, b"w", Duration::ZERO).await {
+            Ok(h) => {
+                order.push(String::from_utf8(h.job.id.clone()).unwrap());
+                held.insert(h.job.id.clone(), h);
+            }
+            Err(Error::NotFound) => break,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(order, ["a1", "a2", "b1", "n1", "b2", "c1"], "A and B full, C's one job taken after priority 0");
+    // A slot of A frees: the next of A, first in first out; a new job of
+    // A with an earlier priority comes before the rest of A.
+    add_in(&a, "a0", Some("A"), -1).await;
+    a.jobs().finish(&held[&b"a1".to_vec()].fence(), b"{}").await.unwrap();
+    assert_eq!(accept_now(a.jobs(), T, b"w").await.job.id, b"a0");
+    a.jobs().finish(&held[&b"b1".to_vec()].fence(), b"{}").await.unwrap();
+    assert_eq!(accept_now(a.jobs(), T, b"w").await.job.id, b"b3", "B has room again");
+    assert_eq!(a.jobs().accept(T, b"w", Duration::ZERO).await.map(|h| h.job.id), Err(Error::NotFound));
+    let now = running_by_group(&a, &["A", "B", "C"]).await;
+    assert_eq!((now["A"], now["B"], now["C"]), ((2, 2), (2, 2), (1, 1)));
+    a.jobs().remove(T, b"a2").await.unwrap();
+    assert_eq!(running_by_group(&a, &["A"]).await["A"], (1, 1), "a removal frees the group's slot");
+    assert_eq!(accept_now(a.jobs(), T, b"w").await.job.id, b"a3");
+    drop(_w);
+    // Unregistered: its runs go back (failover) and free every slot.
+    a.unregister_worker(&register(&a, T, b"w").await).await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            running_by_group(&a, &["A", "B", "C"]).await.values().all(|v| *v == (0, 0))
+        })
+        .await
+    );
+    a.jobs().set_type_settings(T, &[TypeSetting::MaxRunningPerGroup(None)]).await.unwrap();
+    for id in [b"a0".as_slice(), b"a3", b"a4", b"a5", b"b1", b"b2", b"b3", b"c1", b"n1"] {
+        let _ = a.jobs().remove(T, id).await;
+    }
+
+    // The drain: 60 jobs of 3 groups (20 each, interleaved), 6 workers on
+    // two nodes waiting for jobs, the sampler watching each group.
+    a.jobs().set_type_settings(T, &[TypeSetting::MaxRunningPerGroup(Some(2))]).await.unwrap();
+    const JOBS: usize = 60;
+    for i in 0..JOBS {
+        add_in(&a, &format!("d{i:03}"), Some(["X", "Y", "Z"][i % 3]), 0).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sa, sstop) = (a.clone(), stop.clone());
+    let sampling = tokio::spawn(async move {
+        let (mut most, mut samples) = (0, 0);
+        while !sstop.load(Ordering::SeqCst) {
+            for (g, (count, records)) in running_by_group(&sa, &["X", "Y", "Z"]).await {
+                assert!(count <= 2, "group {g}: {count} running");
+                assert_eq!(count, records as i64, "group {g}: the counter is its running records");
+                most = most.max(count);
+            }
+            samples += 1;
+        }
+        (most, samples)
+    });
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for (n, node) in [&a, &b].into_iter().enumerate() {
+        for w in 0..3 {
+            let (node, done) = (node.clone(), done.clone());
+            let worker = format!("g{n}{w}").into_bytes();
+            let reg = register(&node, T, &worker).await;
+            workers.push(tokio::spawn(async move {
+                let _reg = reg;
+                let jobs = node.jobs();
+                while done.load(Ordering::SeqCst) < JOBS {
+                    let h = match jobs.accept(T, &worker, Duration::from_millis(300)).await {
+                        Ok(h) => h,
+                        Err(Error::NotFound) => continue,
+                        Err(e) => panic!("accept: {e:?}"),
+                    };
+                    // Long enough for runs to overlap where an accept takes
+                    // a few ms (FoundationDB).
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                    jobs.finish(&h.fence(), b"{}").await.expect("finish");
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            }));
+        }
+    }
+    for w in workers {
+        tokio::time::timeout(Duration::from_secs(60), w).await.expect("the jobs finish").unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (most, samples) = sampling.await.unwrap();
+    println!("{store:?}: most running in one group {most} in {samples} samples (limit 2)");
+    assert_eq!(most, 2, "a group reached its limit");
+    a.stop().await;
+    b.stop().await;
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -297,5 +451,6 @@ couch_workers_core::store_tests!(
         failover_frees_the_slots_of_a_dead_workers_runs,
         raising_wakes_waiters_and_lowering_stops_nothing,
         a_run_end_serves_a_waiter_on_another_node,
+        a_full_group_is_passed_over_and_the_group_limit_holds,
     ],
 );

@@ -264,6 +264,7 @@ async fn take_pending(
         }
         let ids = batch.iter().map(|(_, p)| p.as_ref().map(|(_, _, id)| ks.job(worker_type, id)));
         let values = get_some(tx, ids, true).await?;
+        load_groups(tx, ks, worker_type, taking, &values).await?;
         for ((key, parsed), value) in batch.into_iter().zip(values) {
             let offered = if taking.full || taking.at_limit() {
                 Offered::Full
@@ -293,6 +294,7 @@ async fn take_due(
     let due = tx.get_range(&RangeRequest::new(begin, end).limit(taking.left()).snapshot(true)).await?;
     let ids: Vec<Option<(i64, Vec<u8>)>> = due.iter().map(|(k, _)| ks.parse_scheduled(worker_type, k)).collect();
     let values = get_some(tx, ids.iter().map(|p| p.as_ref().map(|(_, id)| ks.job(worker_type, id))), true).await?;
+    load_groups(tx, ks, worker_type, taking, &values).await?;
     for (((key, _), id), value) in due.into_iter().zip(ids).zip(values) {
         let Some((at, id)) = id else { continue };
         let candidate = Candidate { key, due: Some(at), parsed: Some((0, [0; 12], id)), value };
@@ -301,6 +303,22 @@ async fn take_due(
         }
     }
     Ok(())
+}
+
+/// Under a per-group limit, reads the counters of the groups of the
+/// records about to be offered (`values`), which the offers check.
+async fn load_groups(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    taking: &mut Taking<'_>,
+    values: &[Option<Vec<u8>>],
+) -> Result<(), StoreError> {
+    if !taking.limits.per_group() {
+        return Ok(());
+    }
+    let groups = values.iter().flatten().filter_map(|v| Record::decode(v).ok()).filter_map(|r| r.group);
+    taking.limits.load(tx, ks, job_type, groups).await
 }
 
 /// Fails a queued job whose running record would be over the value limit

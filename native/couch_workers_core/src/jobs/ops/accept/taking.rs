@@ -132,8 +132,10 @@ impl<'a> Taking<'a> {
                 return Offered::Cleared;
             }
         };
-        if self.limits.admit() == Admit::TypeFull {
-            return Offered::AtLimit;
+        match self.limits.admit(rec.group.as_deref()) {
+            Admit::Yes => {}
+            Admit::TypeFull => return Offered::AtLimit,
+            Admit::GroupFull => return Offered::Left,
         }
         let waiters = self.waiters;
         let Some(pos) = self.queue[self.next..].iter().position(|&i| can_hold(ks, job_type, &id, &rec, &waiters[i]))
@@ -164,7 +166,7 @@ impl<'a> Taking<'a> {
 
         tx.add_read_conflict_key(&key);
         tx.add_read_conflict_key(&ks.job(job_type, &id));
-        self.limits.took(tx, ks, job_type);
+        self.limits.took(tx, ks, job_type, rec.group.as_deref());
         let mut rec = rec;
         unplace(tx, ks, job_type, &id, &rec);
         let token = self.tokens[waiter];
