@@ -378,6 +378,28 @@ async fn a_full_group_is_passed_over_and_the_group_limit_holds(store: StoreKind)
     b.stop().await;
 }
 
+/// A job whose group is too long for its group's running counter (the
+/// counter's key would be over the store's key limit) can never start:
+/// an accept fails it (as a job too large to run) and takes the next,
+/// with or without a per-group limit, instead of failing every round.
+async fn a_group_too_long_for_its_counter_fails_the_job_not_the_accepts(store: StoreKind) {
+    let c = Cluster::on(store);
+    let node = c.node();
+    let long = "g".repeat(9_990);
+    let _w = register(&node, T, b"w").await;
+    for limit in [None, Some(1)] {
+        node.jobs().set_type_settings(T, &[TypeSetting::MaxRunningPerGroup(limit)]).await.unwrap();
+        let (bad, good) = (format!("long{limit:?}"), format!("short{limit:?}"));
+        add_in(&node, &bad, Some(&long), 0).await;
+        add_in(&node, &good, Some("g"), 0).await;
+        let h = accept_now(node.jobs(), T, b"w").await;
+        assert_eq!(h.job.id, good.as_bytes(), "limit {limit:?}");
+        assert_eq!(get(node.jobs(), T, bad.as_bytes()).await.state, JobState::Failed);
+        node.jobs().finish(&h.fence(), b"{}").await.unwrap();
+    }
+    node.stop().await;
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -452,5 +474,6 @@ couch_workers_core::store_tests!(
         raising_wakes_waiters_and_lowering_stops_nothing,
         a_run_end_serves_a_waiter_on_another_node,
         a_full_group_is_passed_over_and_the_group_limit_holds,
+        a_group_too_long_for_its_counter_fails_the_job_not_the_accepts,
     ],
 );

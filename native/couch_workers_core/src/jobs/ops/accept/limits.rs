@@ -27,7 +27,7 @@ use crate::jobs::ops::helpers::get_many;
 use crate::jobs::ops::type_settings;
 use crate::jobs::place::read_counter;
 use crate::keyspace::Keyspace;
-use crate::store::{StoreError, Tx};
+use crate::store::{StoreError, Tx, MAX_KEY_SIZE};
 
 /// The state name of the type's running counter.
 pub(super) const RUNNING: &[u8] = b"running";
@@ -100,9 +100,16 @@ impl Limits {
     ) -> Result<(), StoreError> {
         let mut wanted: Vec<Vec<u8>> = Vec::new();
         for g in groups {
-            if !self.knows(&g) && !wanted.contains(&g) {
-                wanted.push(g);
+            if self.knows(&g) || wanted.contains(&g) {
+                continue;
             }
+            if ks.group_running(job_type, &g).len() > MAX_KEY_SIZE {
+                // No run of it can start (the offer fails such a job),
+                // and the store refuses to read such a key.
+                self.groups.insert(g, (0, 0));
+                continue;
+            }
+            wanted.push(g);
         }
         if wanted.is_empty() {
             return Ok(());

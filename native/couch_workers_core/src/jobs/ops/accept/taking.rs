@@ -132,6 +132,11 @@ impl<'a> Taking<'a> {
                 return Offered::Cleared;
             }
         };
+        // A group whose running counter's key would be over the key limit:
+        // no accept could commit the job.
+        if rec.group.as_ref().is_some_and(|g| ks.group_running(job_type, g).len() > MAX_KEY_SIZE) {
+            return self.fail(tx, ks, job_type, &key, id, rec);
+        }
         match self.limits.admit(rec.group.as_deref()) {
             Admit::Yes => {}
             Admit::TypeFull => return Offered::AtLimit,
@@ -141,15 +146,7 @@ impl<'a> Taking<'a> {
         let Some(pos) = self.queue[self.next..].iter().position(|&i| can_hold(ks, job_type, &id, &rec, &waiters[i]))
         else {
             if rec.running_len(b"") > MAX_VALUE_SIZE {
-                let mut rec = rec;
-                if fail_unrunnable(tx, ks, job_type, &id, &mut rec, self.user_version, self.now) {
-                    tx.add_read_conflict_key(&key);
-                    tx.add_read_conflict_key(&ks.job(job_type, &id));
-                    self.user_version = self.user_version.wrapping_add(1);
-                    self.progress = true;
-                    self.unrunnable.push(id);
-                    return Offered::Cleared;
-                }
+                return self.fail(tx, ks, job_type, &key, id, rec);
             }
             return Offered::Left;
         };
@@ -183,5 +180,19 @@ impl<'a> Taking<'a> {
         self.progress = true;
         self.takes[waiter] = Take::Job(JobHandle { job: rec.to_job(job_type, &id, self.now), token, queued_at });
         Offered::Taken
+    }
+
+    /// Fails a queued job that no worker can run ([`fail_unrunnable`]),
+    /// or leaves it if even its failed record would not fit.
+    fn fail(&mut self, tx: &Tx, ks: &Keyspace, job_type: &[u8], key: &[u8], id: Vec<u8>, mut rec: Record) -> Offered {
+        if !fail_unrunnable(tx, ks, job_type, &id, &mut rec, self.user_version, self.now) {
+            return Offered::Left;
+        }
+        tx.add_read_conflict_key(key);
+        tx.add_read_conflict_key(&ks.job(job_type, &id));
+        self.user_version = self.user_version.wrapping_add(1);
+        self.progress = true;
+        self.unrunnable.push(id);
+        Offered::Cleared
     }
 }
