@@ -12,7 +12,7 @@
 
 -export([main/1]).
 
--define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2n", "J2t0", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "H1", "J3x"]).
+-define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2n", "J2t0", "J2l8", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "H1", "J3x"]).
 %% Extra workloads, run only when named with --only.
 -define(EXTRA, ["sqlite_shapes", "J2sqlite", "J2x"]).
 %% What --store fdb runs by default.
@@ -173,6 +173,8 @@ sizes("J2n", true, _) -> #{jobs => 1000, workers => 8};
 sizes("J2n", false, _) -> #{jobs => 20000, workers => 8};
 sizes("J2t0", true, _) -> #{jobs => 1000, workers => 8};
 sizes("J2t0", false, _) -> #{jobs => 20000, workers => 8};
+sizes("J2l8", true, _) -> #{jobs => 1000, workers => 8};
+sizes("J2l8", false, _) -> #{jobs => 20000, workers => 8};
 sizes("J2f", true, _) -> #{jobs => 1000, workers => 8};
 sizes("J2f", false, _) -> #{jobs => 20000, workers => 8};
 sizes("J5", true, _) -> #{jobs => 1000, spread_ms => 2000, workers => 8};

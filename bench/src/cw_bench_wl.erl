@@ -151,6 +151,7 @@ run(Workload, Params) ->
         'J2' -> with_app(Params, fun(P) -> cw_bench_wl_jobs:j2(P, 'J2') end);
         'J2n' -> with_app(Params, fun(P) -> cw_bench_wl_jobs:j2(P#{finish_accept => true}, 'J2n') end);
         'J2t0' -> with_app(Params, fun(P) -> cw_bench_wl_jobs:j2(P#{accept_timeout_ms => 0}, 'J2t0') end);
+        'J2l8' -> with_app(Params, fun(P) -> cw_bench_wl_jobs:j2(P#{max_running => 8}, 'J2l8') end);
         'J2f' -> with_app(Params, fun cw_bench_wl_jobs:j2f/1);
         'J3' -> with_app(Params, fun cw_bench_wl_jobs:j3/1);
         'J5' -> with_app(Params, fun cw_bench_wl_jobs:j5/1);

@@ -59,12 +59,16 @@ add_batches(Type, I, N, B) ->
 %% path (the dispatcher); `J2t0' uses timeout 0 (one transaction per
 %% accept, no waiting). `J2n' finishes each job with job_finish_accept/3,
 %% which takes the worker's next job in the same transaction (a
-%% job_accept only when that took none).
+%% job_accept only when that took none). `J2l8' sets the type's
+%% `max_running' to 8 (as many as the workers: what the limit's reads
+%% and conflicts cost, not a wait for slots).
 j2(P, Name) ->
     N = maps:get(jobs, P, 20000),
     W = maps:get(workers, P, 8),
     AT = maps:get(accept_timeout_ms, P, 1000),
     Type = <<"j2">>,
+    MaxRunning = maps:get(max_running, P, infinity),
+    ok = couch_workers:job_type_set(Type, #{max_running => MaxRunning}),
     ok = add_batches(Type, 1, N, 1000),
     N = couch_workers:job_pending_count(Type),
     Self = self(),
@@ -100,6 +104,7 @@ j2(P, Name) ->
         jobs => Total,
         workers => W,
         accept_timeout_ms => AT,
+        max_running => MaxRunning,
         pending_left => Left,
         seconds => Us / 1.0e6,
         jobs_per_s => rate(Total, Us),

@@ -68,6 +68,7 @@ mod commit;
 pub mod dispatcher;
 mod finish_next;
 mod in_tx;
+mod limits;
 pub mod history;
 pub mod job;
 pub mod ops;

@@ -24,6 +24,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::history;
+use super::limits;
 use super::job::{JobState, Keep, Schedule};
 use super::record::{self, incomplete_vs, Record};
 use crate::keyspace::Keyspace;
@@ -78,6 +79,7 @@ pub(crate) fn unplace(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &
     }
     tx.clear(&ks.by_state(job_type, state_key(rec), id));
     tx.atomic_add(&ks.state_count(job_type, state_key(rec)), -1);
+    limits::count_running_group(tx, ks, job_type, rec, -1);
 }
 
 /// Puts the record into the keys and counter of `rec.state` and writes
@@ -120,7 +122,8 @@ pub(crate) fn place(
             tx.set(&ks.scheduled(job_type, key_i64(at), id), b"");
         }
         JobState::Pending => {
-            tx.set_versionstamped_key(&ks.pending_new(job_type, rec.priority, user_version, id), b"");
+            let group = limits::pending_value(rec);
+            tx.set_versionstamped_key(&ks.pending_new(job_type, rec.priority, user_version, id), &group);
         }
         JobState::Running => {
             if let Some(worker) = &rec.worker {
@@ -145,6 +148,7 @@ pub(crate) fn place(
     }
     tx.set(&ks.by_state(job_type, state_key(rec), id), b"");
     tx.atomic_add(&ks.state_count(job_type, state_key(rec)), 1);
+    limits::count_running_group(tx, ks, job_type, rec, 1);
     write_record(tx, ks, job_type, id, rec, user_version);
 }
 

@@ -222,6 +222,21 @@ impl Keyspace {
 
 const TYPE_SETTINGS: &[u8] = b"type_settings";
 
+// ---- running limits ---------------------------------------------------------
+
+impl Keyspace {
+    /// `("couch_workers", "group_running", JobType, Group)`: how many jobs
+    /// of the type's group `Group` are running (little-endian i64, atomic
+    /// adds in the transactions that move a grouped job into or out of
+    /// `running`; `jobs/limits.rs`), read by accepts under a
+    /// `max_running_per_group`.
+    pub fn group_running(&self, job_type: &[u8], group: &[u8]) -> Vec<u8> {
+        self.root.pack(&(b(GROUP_RUNNING), b(job_type), b(group)))
+    }
+}
+
+const GROUP_RUNNING: &[u8] = b"group_running";
+
 // ---- unique keys ------------------------------------------------------------
 
 impl Keyspace {

@@ -29,6 +29,8 @@ pub struct Rec {
     pub incarnation: Option<Vec<u8>>,
     /// Format 5 and 6: the job's unique key.
     pub unique: Option<Vec<u8>>,
+    /// Format 6: the job's group.
+    pub group: Option<Vec<u8>>,
 }
 
 fn decode_record(value: &[u8]) -> Result<Rec, String> {
@@ -81,6 +83,10 @@ fn decode_record(value: &[u8]) -> Result<Rec, String> {
             }
             (Some(el), _) => Some(bytes(el)?.ok_or("nil unique key")?),
         },
+        group: match e.len() {
+            21 => bytes(&e[19])?,
+            _ => None,
+        },
     })
 }
 
@@ -123,6 +129,8 @@ pub struct Snapshot {
     pub history: BTreeMap<JobKey, BTreeSet<(i64, i64)>>,
     /// (type, unique key) → the id its key names.
     pub uniques: BTreeMap<(Vec<u8>, Vec<u8>), Vec<u8>>,
+    /// (type, group) → the group's running counter.
+    pub group_running: BTreeMap<(Vec<u8>, Vec<u8>), i64>,
     /// Keys of no known shape.
     pub unknown: Vec<Vec<u8>>,
 }
@@ -217,6 +225,9 @@ pub async fn snapshot(db: &dyn Database, ks: &Keyspace) -> Snapshot {
             // Recurring jobs: a record, its due key, the runners' key.
             (b"schedules", 3) | (b"schedule_due", 4) | (b"schedules_vs", 1) => {}
             (b"orphans", 3) => s.orphans.push((b(1).unwrap_or_default(), b(2).unwrap_or_default())),
+            (b"group_running", 3) => {
+                s.group_running.insert((b(1).unwrap_or_default(), b(2).unwrap_or_default()), le_i64(&value));
+            }
             _ => s.unknown.push(key.clone()),
         }
     }
@@ -253,6 +264,7 @@ impl Snapshot {
     ///   expiry key, and each type's job count equals its records.
     pub fn violations(&self) -> Vec<String> {
         let mut v = self.index_violations();
+        v.extend(self.group_violations());
         v.extend(self.controls_violations());
         let mut pending_records: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
         for ((t, id), rec) in &self.jobs {
@@ -484,6 +496,27 @@ impl Snapshot {
             }
         }
         v
+    }
+
+    /// Each group's running counter equals its running records (a
+    /// counter left at 0 by runs that ended is fine).
+    fn group_violations(&self) -> Vec<String> {
+        let mut running: BTreeMap<(Vec<u8>, Vec<u8>), i64> = BTreeMap::new();
+        for ((t, _), rec) in &self.jobs {
+            if let Ok(Rec { state, group: Some(g), .. }) = rec {
+                if state == "running" {
+                    *running.entry((t.clone(), g.clone())).or_default() += 1;
+                }
+            }
+        }
+        let mut keys: BTreeSet<&(Vec<u8>, Vec<u8>)> = running.keys().collect();
+        keys.extend(self.group_running.keys());
+        keys.into_iter()
+            .filter_map(|k| {
+                let (n, c) = (running.get(k).copied().unwrap_or(0), self.group_running.get(k).copied().unwrap_or(0));
+                (n != c).then(|| format!("type {} group {}: running counter {c}, records {n}", show(&k.0), show(&k.1)))
+            })
+            .collect()
     }
 
     /// Panics with the list of violations, if any.

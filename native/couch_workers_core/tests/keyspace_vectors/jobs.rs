@@ -389,3 +389,16 @@ fn history_keys() {
         assert_eq!(ks.parse_history(b"t", b"j\0", &ks.history_part(b"t", b"j", 7, 0)), None);
     }
 }
+
+// ---- running limits -------------------------------------------------------
+
+/// `("couch_workers", "group_running", JobType, Group)`, outside every
+/// type's job records.
+#[test]
+fn group_running_key() {
+    for (ks, p) in both() {
+        same(&ks.group_running(b"repl", b"g\x00"), &hs(&[p, ROOT, "01 'group_running' 00 01 'repl' 00 01 67 00ff 00"]));
+        let (begin, end) = ks.jobs_range(b"group_running");
+        assert!(!(begin <= ks.group_running(b"t", b"g") && ks.group_running(b"t", b"g") < end));
+    }
+}

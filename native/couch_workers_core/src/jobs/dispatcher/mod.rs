@@ -42,6 +42,12 @@
 //! * while the type is paused (a flag every round reads), rounds take
 //!   nothing and the watch stays armed: `job_resume/1` bumps `jobs_vs`,
 //!   which wakes every node's dispatcher at once;
+//! * while a running limit of the type (`max_running`,
+//!   `max_running_per_group`) holds jobs back from the waiters left, the
+//!   watch also covers the type's running counter, which every run's end
+//!   moves (on any node, failover included): the next round follows the
+//!   end at once. A change of a limit bumps `jobs_vs`, so a raised limit
+//!   serves the waiters at once too;
 //! * at the handle's watch limit (`too_many_watches`) the dispatcher
 //!   polls instead, with the growing pause of `tasks::watch_limit`
 //!   (not a write round every 50 ms); arriving waiters are still served

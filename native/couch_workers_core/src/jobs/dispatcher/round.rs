@@ -37,7 +37,8 @@ impl Dispatcher {
             async move {
                 let round = ops::accept(&tx, ks, job_type, acceptors).await?;
                 let left = rest > 0 || round.takes.iter().any(|t| matches!(t, Take::NoJob));
-                let seen = if left { Some(ops::pending_version(&tx, ks, job_type).await?) } else { None };
+                let seen =
+                    if left { Some(ops::round_version(&tx, ks, job_type, round.held_back).await?) } else { None };
                 Ok((round, seen))
             }
         })
@@ -66,6 +67,7 @@ impl Dispatcher {
         // pending jobs only because it was full: the waiters behind it are
         // due a round now, since no watch fires for jobs already pending.
         let batch_drained = !round.takes.iter().any(|t| matches!(t, Take::NoJob));
+        let held_back = round.held_back;
         log_unrunnable(&self.shared, job_type, &round.unrunnable);
         self.next_due = round.next_due;
         self.paused = round.paused;
@@ -116,9 +118,12 @@ impl Dispatcher {
         // job that became pending since the round's read either moved
         // `jobs_vs` before this read (then it differs from what the round
         // saw: another round at once) or fires the watch.
-        let (now, watch) =
-            run(shared.db.as_ref(), shared.read, |tx| async move { ops::pending_watch(&tx, ks, job_type).await })
-                .await?;
+        // Under a running limit that held jobs back, the type's running
+        // counter is watched too: a run that ends on any node frees a slot.
+        let (now, watch) = run(shared.db.as_ref(), shared.read, |tx| async move {
+            ops::round_watch(&tx, ks, job_type, held_back).await
+        })
+        .await?;
         if now != seen {
             return Ok((true, None));
         }

@@ -6,9 +6,11 @@
 //! * `spread`: where a round starts after a failed attempt;
 //! * `claims`: the jobs a node's takes have in flight, which its other
 //!   takes offer last;
-//! * `taking`: each offered job to the first waiter that can hold it.
+//! * `taking`: each offered job to the first waiter that can hold it;
+//! * `limits`: the type's running limits, as a round applies them.
 
 mod claims;
+mod limits;
 mod scan;
 mod spread;
 mod taking;
@@ -23,6 +25,7 @@ use crate::jobs::place::{self, earliest_scheduled, key_i64, place, unplace};
 use crate::jobs::record::Record;
 use crate::keyspace::{Incarnation, Keyspace};
 use crate::store::{RangeRequest, StoreError, Tx, Watch, MAX_VALUE_SIZE};
+use limits::Limits;
 use scan::Scan;
 use taking::{Candidate, Offered, Taking};
 
@@ -128,6 +131,10 @@ pub struct AcceptRound {
     /// The ids of the queued jobs this round failed because no worker can
     /// hold them ([`fail_unrunnable`]), for the node's log.
     pub unrunnable: Vec<Vec<u8>>,
+    /// Waiters were left while a running limit of the type held jobs
+    /// back: a run that ends anywhere may serve them, so their dispatcher
+    /// also watches the type's running counter ([`round_watch`]).
+    pub held_back: bool,
 }
 
 /// Takes up to one pending job for each waiter (a waiter is the worker id
@@ -165,11 +172,21 @@ pub async fn accept(
     }
     let mut takes = vec![Take::NoJob; waiters.len()];
     if waiters.is_empty() {
-        return Ok(AcceptRound { takes, more: false, next_due: None, paused: false, unrunnable: Vec::new() });
+        return Ok(AcceptRound {
+            takes,
+            more: false,
+            next_due: None,
+            paused: false,
+            unrunnable: Vec::new(),
+            held_back: false,
+        });
     }
     // Not a snapshot: a pause that commits while this round runs makes it
-    // retry, and the retry sees the pause.
-    let paused = tx.get(&ks.paused(worker_type), false).await?.is_some();
+    // retry, and the retry sees the pause. The type's limits are read at
+    // the same time (no extra wait for an unlimited type).
+    let paused_key = ks.paused(worker_type);
+    let (paused, limits) = futures::try_join!(tx.get(&paused_key, false), Limits::read(tx, ks, worker_type))?;
+    let paused = paused.is_some();
     let next_due = earliest_scheduled(tx, ks, worker_type).await?;
     // Which workers are registered (each distinct worker read once).
     let distinct: Vec<&[u8]> = {
@@ -200,24 +217,32 @@ pub async fn accept(
         }
     }
     if queue.is_empty() || paused {
-        return Ok(AcceptRound { takes, more: false, next_due, paused, unrunnable: Vec::new() });
+        return Ok(AcceptRound { takes, more: false, next_due, paused, unrunnable: Vec::new(), held_back: false });
     }
 
-    let mut taking = Taking::new(waiters, tokens, queue, takes, now);
+    let mut taking = Taking::new(waiters, tokens, queue, takes, now, limits);
+    if taking.at_limit() {
+        // The type is full: nothing is read, and the waiters wait for a
+        // run to end (or the limit to rise).
+        let Taking { takes, .. } = taking;
+        return Ok(AcceptRound { takes, more: false, next_due, paused, unrunnable: Vec::new(), held_back: true });
+    }
     let read_all = take_pending(tx, ks, worker_type, &mut taking, retries, claims).await?;
     // Every pending job was offered, waiters are left, and scheduled jobs
     // are due: take those too, straight from scheduled (in due order),
     // rather than wait for a transaction that moves them to pending. No
     // pending job waits behind them.
-    if read_all && taking.left() > 0 && !taking.full && next_due.is_some_and(|t| t <= now) {
+    if read_all && taking.left() > 0 && !taking.full && !taking.at_limit() && next_due.is_some_and(|t| t <= now) {
         take_due(tx, ks, worker_type, &mut taking, now).await?;
     }
     // Waiters left while pending jobs may remain that this round did not
     // offer (the write budget ran out, or it read as far as it may after
     // clearing stale keys): another round at once rather than a watch.
-    let more = taking.left() > 0 && (taking.full || (!read_all && taking.progress));
+    // (Not while the type is full: a run that ends wakes them.)
+    let more = taking.left() > 0 && !taking.at_limit() && (taking.full || (!read_all && taking.progress));
+    let held_back = taking.left() > 0 && taking.limits.held_back;
     let Taking { takes, unrunnable, .. } = taking;
-    Ok(AcceptRound { takes, more, next_due, paused, unrunnable })
+    Ok(AcceptRound { takes, more, next_due, paused, unrunnable, held_back })
 }
 
 /// Offers the type's pending jobs to the round's waiters until each has
@@ -232,15 +257,16 @@ async fn take_pending(
     claims: Option<&Claimed<'_>>,
 ) -> Result<bool, StoreError> {
     let mut scan = Scan::start(tx, ks, worker_type, taking.left(), retries, claims).await?;
-    while taking.left() > 0 && !taking.full {
+    while taking.left() > 0 && !taking.full && !taking.at_limit() {
         let batch = scan.next_batch(tx, taking).await?;
         if batch.is_empty() {
             break;
         }
         let ids = batch.iter().map(|(_, p)| p.as_ref().map(|(_, _, id)| ks.job(worker_type, id)));
         let values = get_some(tx, ids, true).await?;
+        load_groups(tx, ks, worker_type, taking, &values).await?;
         for ((key, parsed), value) in batch.into_iter().zip(values) {
-            let offered = if taking.full {
+            let offered = if taking.full || taking.at_limit() {
                 Offered::Full
             } else {
                 let candidate = Candidate { key: key.clone(), due: None, parsed, value };
@@ -268,14 +294,31 @@ async fn take_due(
     let due = tx.get_range(&RangeRequest::new(begin, end).limit(taking.left()).snapshot(true)).await?;
     let ids: Vec<Option<(i64, Vec<u8>)>> = due.iter().map(|(k, _)| ks.parse_scheduled(worker_type, k)).collect();
     let values = get_some(tx, ids.iter().map(|p| p.as_ref().map(|(_, id)| ks.job(worker_type, id))), true).await?;
+    load_groups(tx, ks, worker_type, taking, &values).await?;
     for (((key, _), id), value) in due.into_iter().zip(ids).zip(values) {
         let Some((at, id)) = id else { continue };
         let candidate = Candidate { key, due: Some(at), parsed: Some((0, [0; 12], id)), value };
-        if taking.offer(tx, ks, worker_type, candidate) == Offered::Full {
+        if matches!(taking.offer(tx, ks, worker_type, candidate), Offered::Full | Offered::AtLimit) {
             break;
         }
     }
     Ok(())
+}
+
+/// Under a per-group limit, reads the counters of the groups of the
+/// records about to be offered (`values`), which the offers check.
+async fn load_groups(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    taking: &mut Taking<'_>,
+    values: &[Option<Vec<u8>>],
+) -> Result<(), StoreError> {
+    if !taking.limits.per_group() {
+        return Ok(());
+    }
+    let groups = values.iter().flatten().filter_map(|v| Record::decode(v).ok()).filter_map(|r| r.group);
+    taking.limits.load(tx, ks, job_type, groups).await
 }
 
 /// Fails a queued job whose running record would be over the value limit
@@ -413,6 +456,43 @@ pub async fn pending_watch(tx: &Tx, ks: &Keyspace, job_type: &[u8]) -> Result<(O
     let key = ks.jobs_vs(job_type);
     let seen = tx.get(&key, true).await?;
     Ok((seen, tx.watch(&key)))
+}
+
+/// What wakes the waiters a round left: `jobs_vs`, and, when a running
+/// limit held jobs back (`held_back`), the type's running counter too
+/// (a run that ends anywhere moves it). Their values as this transaction
+/// sees them, as snapshots ([`pending_version`], for [`round_watch`]).
+pub async fn round_version(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    held_back: bool,
+) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+    let mut seen = vec![pending_version(tx, ks, job_type).await?];
+    if held_back {
+        seen.push(tx.get(&ks.state_count(job_type, limits::RUNNING), true).await?);
+    }
+    Ok(seen)
+}
+
+/// [`pending_watch`] over the keys of [`round_version`]: their values,
+/// and one watch that fires when any of them changes. Run it in a
+/// read-only transaction.
+pub async fn round_watch(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    held_back: bool,
+) -> Result<(Vec<Option<Vec<u8>>>, Watch), StoreError> {
+    let (vs, watch) = pending_watch(tx, ks, job_type).await?;
+    if !held_back {
+        return Ok((vec![vs], watch));
+    }
+    let running = ks.state_count(job_type, limits::RUNNING);
+    let count = tx.get(&running, true).await?;
+    let ended = tx.watch(&running);
+    let either: Watch = Box::pin(async move { futures::future::select(watch, ended).await.factor_first().0 });
+    Ok((vec![vs, count], either))
 }
 
 /// Moves up to `limit` of the type's scheduled jobs that are due by

@@ -53,7 +53,10 @@ mod run_end;
 mod type_settings;
 mod unique;
 
-pub use accept::{accept, new_tokens, pending_version, pending_watch, promote_due, Acceptors, Claims, Take};
+pub use accept::{accept, new_tokens, promote_due, round_version, round_watch, Acceptors, Claims, Take};
+// For the tests that arm the accept watch by hand.
+#[cfg(feature = "internals")]
+pub use accept::{pending_version, pending_watch};
 // For the contention tests' takes (`tests/jobs_take_contention.rs`).
 #[cfg(feature = "internals")]
 pub use accept::Claimed;

@@ -1,11 +1,21 @@
 //! The order in which a round reads the pending queue and offers its
 //! jobs: queue order (spread after a failed attempt, [`super::spread`]),
 //! the jobs that the node's other takes claimed last ([`super::Claims`]),
-//! and reading on past jobs that no waiter of the round can hold.
+//! and reading on past jobs that no waiter of the round can hold, or
+//! whose group runs as many jobs as it may (`max_running_per_group`: the
+//! group is in the pending key's value, so passing over a full group's
+//! jobs reads no record).
+//!
+//! What passing over costs is bounded per round: at most
+//! [`SCAN_PAST_BYTES`] of pending keys and values read past, and one
+//! counter read per group met. A full group with more queued jobs than
+//! that at the head of the queue holds the waiters of other groups until
+//! one of its runs ends (each end runs another round).
 
 use std::collections::VecDeque;
 
 use super::claims::Claimed;
+use crate::jobs::limits::pending_group;
 use super::spread;
 use super::taking::Taking;
 use crate::jobs::job::JobVs;
@@ -21,6 +31,10 @@ pub const SCAN_PAST_BYTES: usize = 1_000_000;
 /// give its waiters.
 const PAGE_MIN: usize = 32;
 
+/// Most keys ahead whose groups' counters a round reads at once with the
+/// one it needs.
+const GROUPS_AHEAD: usize = 64;
+
 /// A pending key and what it says (`None`: not a key this code writes).
 pub(super) type PendingKey = (Vec<u8>, Option<(i64, JobVs, Vec<u8>)>);
 
@@ -30,8 +44,9 @@ pub(super) struct Scan<'a> {
     job_type: &'a [u8],
     claims: Option<&'a Claimed<'a>>,
     end: Vec<u8>,
-    /// Keys read and not yet offered, in the order they will be.
-    order: VecDeque<Vec<u8>>,
+    /// Keys (and their values) read and not yet offered, in the order
+    /// they will be.
+    order: VecDeque<(Vec<u8>, Vec<u8>)>,
     /// The last key read (the next read starts after it).
     last: Option<Vec<u8>>,
     /// The last read reached the end of the queue.
@@ -64,8 +79,7 @@ impl<'a> Scan<'a> {
         let rows = tx.get_range(&RangeRequest::new(begin, end.clone()).limit(limit).snapshot(true)).await?;
         let read_all = rows.len() < limit;
         let last = rows.last().map(|(k, _)| k.clone());
-        let keys: Vec<Vec<u8>> = rows.into_iter().map(|(k, _)| k).collect();
-        let order = spread::order(keys, window, |k| ks.parse_pending(job_type, k).map(|(p, _, _)| p));
+        let order = spread::order(rows, window, |(k, _)| ks.parse_pending(job_type, k).map(|(p, _, _)| p));
         Ok(Scan { ks, job_type, claims, end, order, last, read_all, passed: 0, deferred: VecDeque::new() })
     }
 
@@ -74,7 +88,7 @@ impl<'a> Scan<'a> {
     /// on when those read are spent; empty when none is left. Keys whose
     /// active key is too long for every such waiter are passed over
     /// unread.
-    pub async fn next_batch(&mut self, tx: &Tx, taking: &Taking<'_>) -> Result<Vec<PendingKey>, StoreError> {
+    pub async fn next_batch(&mut self, tx: &Tx, taking: &mut Taking<'_>) -> Result<Vec<PendingKey>, StoreError> {
         let (ks, job_type) = (self.ks, self.job_type);
         let mut batch = Vec::new();
         while batch.len() < taking.left() {
@@ -83,7 +97,7 @@ impl<'a> Scan<'a> {
                 self.offer_deferred(&mut batch, taking.left());
                 break;
             }
-            let Some(key) = self.order.pop_front() else { break };
+            let Some((key, value)) = self.order.pop_front() else { break };
             let parsed = ks.parse_pending(job_type, &key);
             let later = match (&parsed, self.deferred.front()) {
                 (Some((p, _, _)), Some((_, Some((q, _, _))))) => q < p,
@@ -91,7 +105,7 @@ impl<'a> Scan<'a> {
             };
             if later {
                 // The claimed keys of an earlier priority come first.
-                self.order.push_front(key);
+                self.order.push_front((key, value));
                 self.offer_deferred(&mut batch, taking.left());
                 continue;
             }
@@ -101,6 +115,11 @@ impl<'a> Scan<'a> {
                     continue;
                 }
             }
+            if self.group_full(tx, taking, &value).await? {
+                self.passed += value.len();
+                self.passed(&key);
+                continue;
+            }
             if self.claims.is_some_and(|c| !c.claim(&key)) {
                 self.deferred.push_back((key, parsed));
             } else {
@@ -108,6 +127,28 @@ impl<'a> Scan<'a> {
             }
         }
         Ok(batch)
+    }
+
+    /// Whether the pending job whose key has `value` is of a group that
+    /// runs as many jobs as it may (reading the counters of its group and
+    /// of the groups of the next keys, if not read yet). A value that
+    /// names no group, or that this code does not write, is not held
+    /// here (the offer checks the record's group).
+    async fn group_full(&self, tx: &Tx, taking: &mut Taking<'_>, value: &[u8]) -> Result<bool, StoreError> {
+        if !taking.limits.per_group() {
+            return Ok(false);
+        }
+        let Ok(Some(group)) = pending_group(value) else { return Ok(false) };
+        if !taking.limits.knows(&group) {
+            let ahead = self.order.iter().take(GROUPS_AHEAD).filter_map(|(_, v)| pending_group(v).ok().flatten());
+            let groups: Vec<Vec<u8>> = std::iter::once(group.clone()).chain(ahead).collect();
+            taking.limits.load(tx, self.ks, self.job_type, groups).await?;
+        }
+        let full = taking.limits.group_full(&group);
+        if full {
+            taking.limits.held_back = true;
+        }
+        Ok(full)
     }
 
     /// Moves deferred keys into `batch` while it has room for `waiters`.
@@ -129,7 +170,7 @@ impl<'a> Scan<'a> {
         let rows = tx.get_range(&RangeRequest::new(begin, self.end.clone()).limit(limit).snapshot(true)).await?;
         self.read_all = rows.len() < limit;
         self.last = rows.last().map(|(k, _)| k.clone());
-        self.order.extend(rows.into_iter().map(|(k, _)| k));
+        self.order.extend(rows);
         Ok(!self.order.is_empty())
     }
 

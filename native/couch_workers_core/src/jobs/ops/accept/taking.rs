@@ -1,6 +1,7 @@
 //! One round's hand-out: each job offered to the round goes to the first
 //! waiter (FIFO) that can hold it, or is left, cleared or failed.
 
+use super::limits::{Admit, Limits};
 use super::{fail_unrunnable, Take};
 use crate::jobs::job::{AcceptToken, JobHandle, JobState, JobVs};
 use crate::jobs::ops::helpers::can_hold;
@@ -33,6 +34,9 @@ pub(super) enum Offered {
     Cleared,
     /// The round's write budget is spent: nothing more is taken.
     Full,
+    /// The type runs as many jobs as its `max_running` allows: nothing
+    /// more is taken.
+    AtLimit,
 }
 
 /// The waiters of a round still to serve, and what the round wrote.
@@ -52,6 +56,8 @@ pub(super) struct Taking<'a> {
     user_version: u16,
     pub unrunnable: Vec<Vec<u8>>,
     now: u64,
+    /// The type's running limits, and what this round took under them.
+    pub limits: Limits,
 }
 
 impl<'a> Taking<'a> {
@@ -61,6 +67,7 @@ impl<'a> Taking<'a> {
         queue: Vec<usize>,
         takes: Vec<Take>,
         now: u64,
+        limits: Limits,
     ) -> Self {
         Taking {
             waiters,
@@ -74,12 +81,18 @@ impl<'a> Taking<'a> {
             user_version: 0,
             unrunnable: Vec::new(),
             now,
+            limits,
         }
     }
 
     /// Waiters still without a job.
     pub fn left(&self) -> usize {
         self.queue.len() - self.next
+    }
+
+    /// The type runs as many jobs as it may: the round takes no more.
+    pub fn at_limit(&self) -> bool {
+        self.limits.type_full()
     }
 
     /// Whether any waiter still without a job has a worker id short enough
@@ -119,19 +132,21 @@ impl<'a> Taking<'a> {
                 return Offered::Cleared;
             }
         };
+        // A group whose running counter's key would be over the key limit:
+        // no accept could commit the job.
+        if rec.group.as_ref().is_some_and(|g| ks.group_running(job_type, g).len() > MAX_KEY_SIZE) {
+            return self.fail(tx, ks, job_type, &key, id, rec);
+        }
+        match self.limits.admit(rec.group.as_deref()) {
+            Admit::Yes => {}
+            Admit::TypeFull => return Offered::AtLimit,
+            Admit::GroupFull => return Offered::Left,
+        }
         let waiters = self.waiters;
         let Some(pos) = self.queue[self.next..].iter().position(|&i| can_hold(ks, job_type, &id, &rec, &waiters[i]))
         else {
             if rec.running_len(b"") > MAX_VALUE_SIZE {
-                let mut rec = rec;
-                if fail_unrunnable(tx, ks, job_type, &id, &mut rec, self.user_version, self.now) {
-                    tx.add_read_conflict_key(&key);
-                    tx.add_read_conflict_key(&ks.job(job_type, &id));
-                    self.user_version = self.user_version.wrapping_add(1);
-                    self.progress = true;
-                    self.unrunnable.push(id);
-                    return Offered::Cleared;
-                }
+                return self.fail(tx, ks, job_type, &key, id, rec);
             }
             return Offered::Left;
         };
@@ -148,6 +163,7 @@ impl<'a> Taking<'a> {
 
         tx.add_read_conflict_key(&key);
         tx.add_read_conflict_key(&ks.job(job_type, &id));
+        self.limits.took(tx, ks, job_type, rec.group.as_deref());
         let mut rec = rec;
         unplace(tx, ks, job_type, &id, &rec);
         let token = self.tokens[waiter];
@@ -164,5 +180,19 @@ impl<'a> Taking<'a> {
         self.progress = true;
         self.takes[waiter] = Take::Job(JobHandle { job: rec.to_job(job_type, &id, self.now), token, queued_at });
         Offered::Taken
+    }
+
+    /// Fails a queued job that no worker can run ([`fail_unrunnable`]),
+    /// or leaves it if even its failed record would not fit.
+    fn fail(&mut self, tx: &Tx, ks: &Keyspace, job_type: &[u8], key: &[u8], id: Vec<u8>, mut rec: Record) -> Offered {
+        if !fail_unrunnable(tx, ks, job_type, &id, &mut rec, self.user_version, self.now) {
+            return Offered::Left;
+        }
+        tx.add_read_conflict_key(key);
+        tx.add_read_conflict_key(&ks.job(job_type, &id));
+        self.user_version = self.user_version.wrapping_add(1);
+        self.progress = true;
+        self.unrunnable.push(id);
+        Offered::Cleared
     }
 }
