@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::helpers::{check_index_keys, check_job_key, check_room_to_run, get_many, new_record, read_record};
 use super::run_end::{end_run, Retry, RunEnd};
-use super::unique::{check_unique_key, claim, holder};
+use super::unique::{check_option_keys, claim, holder};
 use super::OpResult;
 use crate::error::Error;
 use crate::jobs::job::{AddManyError, Fence, Job, JobHandle, JobOpts, JobSpec, JobState, JobVs, NewJob, Schedule};
@@ -41,7 +41,7 @@ pub async fn add_job(
         Ok(rec) => rec,
         Err(e) => return Ok(Err(e)),
     };
-    if let Err(e) = check_unique_key(ks, job_type, job.opts.unique.as_deref()) {
+    if let Err(e) = check_option_keys(ks, job_type, &job.opts) {
         return Ok(Err(e));
     }
     if tx.get(&ks.job(job_type, &job.id), false).await?.is_some() {
@@ -141,7 +141,7 @@ pub async fn add_many_jobs(
             Ok(rec) => rec,
             Err(e) => return Ok(Err(e.into())),
         };
-        if let Err(e) = check_unique_key(ks, job_type, job.opts.unique.as_deref()) {
+        if let Err(e) = check_option_keys(ks, job_type, &job.opts) {
             return Ok(Err(e.into()));
         }
         let job_key = ks.job(job_type, &job.id).len();

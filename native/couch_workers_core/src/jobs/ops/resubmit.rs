@@ -3,7 +3,7 @@
 use super::helpers::{check_index_keys, check_room_to_run, read_record};
 use super::lifecycle::add_job;
 use super::run_end::{apply_opts, apply_resubmit};
-use super::unique::{change, check_unique_key};
+use super::unique::{change, check_option_keys};
 use super::OpResult;
 use crate::error::Error;
 use crate::jobs::job::{JobOpts, JobSpec, JobState, JobVs, Schedule};
@@ -45,7 +45,7 @@ pub async fn resubmit(
     if_vs: Option<&JobVs>,
     now: u64,
 ) -> Result<OpResult<()>, StoreError> {
-    if let Err(e) = check_unique_key(ks, job_type, opts.unique.as_deref()) {
+    if let Err(e) = check_option_keys(ks, job_type, opts) {
         return Ok(Err(e));
     }
     let rec = match read_if(tx, ks, job_type, id, if_vs).await? {

@@ -8,6 +8,7 @@
 
 use super::helpers::read_record;
 use crate::error::{check_key, Error};
+use crate::jobs::job::JobOpts;
 use crate::keyspace::Keyspace;
 use crate::store::{StoreError, Tx};
 
@@ -35,12 +36,17 @@ pub(super) async fn holder(
     Ok(holds.then_some(stored))
 }
 
-/// Checks that the unique key's key fits, before anything is read.
-pub(super) fn check_unique_key(ks: &Keyspace, job_type: &[u8], key: Option<&[u8]>) -> Result<(), Error> {
-    match key {
-        Some(k) => check_key(&ks.unique(job_type, k)),
-        None => Ok(()),
+/// Checks that the keys a job's options give it fit, before anything is
+/// read: its unique key's, and its group's running counter (which a job
+/// over the limit could never be accepted under).
+pub(super) fn check_option_keys(ks: &Keyspace, job_type: &[u8], opts: &JobOpts) -> Result<(), Error> {
+    if let Some(key) = &opts.unique {
+        check_key(&ks.unique(job_type, key))?;
     }
+    if let Some(group) = &opts.group {
+        check_key(&ks.group_running(job_type, group))?;
+    }
+    Ok(())
 }
 
 /// Takes `key` for job `id`: `Duplicate(holder)` (nothing written) if
