@@ -4,7 +4,8 @@
 # The wrapper must build when the binary is missing, when it was built
 # with other features than asked for, and when cargo rewrote the binary
 # after the wrapper's own build (its features are then unknown); and it
-# must not build when nothing changed.
+# must not build when nothing changed, nor after scripts/build-release.sh
+# built the features asked for (it writes the wrapper's stamp).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 T=$(mktemp -d)
@@ -43,5 +44,15 @@ sleep 1.1
 printf '#!/bin/sh\necho ran\n' >"$T/target/release/couch-workers"
 check "binary rewritten by cargo after the stamp: built" 1 fdb
 check "and then nothing changed: not built" 0 fdb
+# The test command's own build (scripts/build-release.sh) writes the
+# stamp of what it built: the wrapper asked for those features does not
+# build again, asked for others it does.
+sleep 1.1
+"$ROOT/scripts/build-release.sh" >/dev/null
+check "after scripts/build-release.sh: not built" 0 ""
+sleep 1.1
+"$ROOT/scripts/build-release.sh" fdb >/dev/null
+check "after scripts/build-release.sh fdb: not built" 0 fdb
+check "after it, other features asked: built" 1 ""
 [ "$fails" -eq 0 ] || { echo "bin/couch-workers: $fails rebuild decisions wrong"; exit 1; }
 echo "bin/couch-workers: rebuild decisions right"
