@@ -30,7 +30,11 @@ fi
 echo "build-release: cargo build --release --locked -p couch_workers_cli -p couch_workers_nif $*"
 cargo build --release --locked -p couch_workers_cli -p couch_workers_nif "$@"
 
-# The stamp bin/couch-workers reads and writes (its STAMP), newer than
-# the binary cargo just wrote.
+# The binary marked checked, as the wrapper does after its own build:
+# cargo leaves it as it is when no source of it changed (a test or a doc
+# under native/ did), and the wrapper builds a binary older than a
+# source. Then the stamp bin/couch-workers reads and writes (its STAMP),
+# newer than the binary.
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+touch "$TARGET/release/couch-workers"
 echo "features=$FEATURES" >"$TARGET/release/couch-workers.features"
