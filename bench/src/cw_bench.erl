@@ -12,7 +12,7 @@
 
 -export([main/1]).
 
--define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2n", "J2t0", "J2l8", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "H1", "J3x"]).
+-define(ALL, ["commit_rate", "handoff", "core", "J1", "J1b", "J2", "J2n", "J2t0", "J2l8", "J2f", "J3", "J4", "J5", "M1", "M2", "M2r", "M3", "M4", "M4core", "I1", "I2", "H1", "J3x"]).
 %% Extra workloads, run only when named with --only.
 -define(EXTRA, ["sqlite_shapes", "J2sqlite", "J2x"]).
 %% What --store fdb runs by default.
@@ -177,7 +177,7 @@ sizes("J2l8", true, _) -> #{jobs => 1000, workers => 8};
 sizes("J2l8", false, _) -> #{jobs => 20000, workers => 8};
 sizes("J2f", true, _) -> #{jobs => 1000, workers => 8};
 sizes("J2f", false, _) -> #{jobs => 20000, workers => 8};
-sizes("J5", true, _) -> #{jobs => 1000, spread_ms => 2000, workers => 8};
+sizes("J5", true, _) -> #{jobs => 1000, spread_ms => 500, workers => 8};
 sizes("J5", false, _) -> #{jobs => 10000, spread_ms => 10000, workers => 8};
 sizes("J3", true, _) -> #{jobs => 100, interval_ms => 10};
 sizes("J3", false, _) -> #{jobs => 500, interval_ms => 10};
@@ -201,13 +201,15 @@ sizes("M4", true, _) -> #{sizes => [100, 1000], changes => 10};
 sizes("M4", false, _) -> #{sizes => [100, 10000], changes => 20};
 sizes("M4core", true, _) -> #{sizes => [100, 1000], changes => 10};
 sizes("M4core", false, _) -> #{sizes => [100, 10000], changes => 20};
-sizes("I1", true, _) -> #{seconds => 3};
+sizes("I1", true, _) -> #{seconds => 1};
 sizes("I1", false, _) -> #{seconds => 60};
+sizes("I2", true, _) -> #{seconds => 1};
+sizes("I2", false, _) -> #{seconds => 60};
 sizes("J2x", true, _) -> #{jobs => 1000, workers => 4, nodes => [1, 2, 4]};
 sizes("J2x", false, _) -> #{jobs => 10000, workers => 4, nodes => [1, 2, 4]};
 sizes("J3x", true, _) -> #{jobs => 100, interval_ms => 10};
 sizes("J3x", false, _) -> #{jobs => 500, interval_ms => 10};
-sizes("H1", true, _) -> #{workers => 1000, seconds => 6};
+sizes("H1", true, _) -> #{workers => 1000, seconds => 2};
 sizes("H1", false, _) -> #{workers => 10000, seconds => 20}.
 
 %% ---- running one workload ------------------------------------------------------

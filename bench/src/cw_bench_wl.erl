@@ -7,7 +7,7 @@
 %% This module is the child VM's entry, the app on a fresh store, peers
 %% and the helpers the workloads share; the workloads are one module per
 %% family: `cw_bench_wl_jobs' (J*), `cw_bench_wl_members' (M*),
-%% `cw_bench_wl_idle' (I1), `cw_bench_scale' (J3x, across nodes).
+%% `cw_bench_wl_idle' (I1, I2), `cw_bench_scale' (J3x, across nodes).
 %%
 %% Clocks: latencies within one VM use erlang:monotonic_time/1. Latencies
 %% across two VMs on one host (M2) use os:system_time(microsecond), the
@@ -162,6 +162,7 @@ run(Workload, Params) ->
         'M3' -> cw_bench_wl_members:m3(Params);
         'M4' -> cw_bench_wl_members:m4(Params);
         'I1' -> with_app(Params, fun cw_bench_wl_idle:i1/1);
+        'I2' -> with_app(Params, fun cw_bench_wl_idle:i2/1);
         'J3x' -> cw_bench_scale:j3x(Params);
         'J2x' -> cw_bench_wl_nodes:j2x(Params)
     end.
