@@ -10,7 +10,8 @@
 
 limits_test_() ->
     couch_workers_test_util:app_fixture("couch_workers running limits", fun setup/0, fun teardown/1, [
-        ?TDEF_FE(max_running_2_with_3_workers, 30)
+        ?TDEF_FE(max_running_2_with_3_workers, 30),
+        ?TDEF_FE(readme_example_runs)
     ]).
 
 setup() ->
@@ -18,6 +19,23 @@ setup() ->
 
 teardown(#{}) ->
     ok.
+
+%% The README's limits example, line for line; then a worker takes the
+%% job, which runs under both limits.
+readme_example_runs(#{}) ->
+    ok = couch_workers:job_type_set(<<"replication">>, #{max_running => 8, max_running_per_group => 2}),
+    ok = couch_workers:job_add(<<"replication">>, <<"doc1">>, #{}, #{group => <<"https://target-a">>, unique => <<"repid-1">>}),
+    {error, {duplicate, <<"doc1">>}} = couch_workers:job_add(<<"replication">>, <<"doc2">>, #{}, #{unique => <<"repid-1">>}),
+    ?assertEqual(
+        #{max_running => 8, max_running_per_group => 2, activity_timeout => infinity},
+        couch_workers:job_type_get(<<"replication">>)
+    ),
+    W = register_worker(<<"replication">>, <<"n1-r1">>),
+    {ok, #{id := <<"doc1">>, group := <<"https://target-a">>}} = couch_workers:job_accept(W, #{timeout => 5000}),
+    ?assertMatch(#{running := 1}, couch_workers:job_counts(<<"replication">>)),
+    ok = couch_workers:worker_unregister(W),
+    ok = couch_workers:job_remove(<<"replication">>, <<"doc1">>),
+    ok = couch_workers:job_type_set(<<"replication">>, #{max_running => infinity, max_running_per_group => infinity}).
 
 max_running_2_with_3_workers(#{type := T}) ->
     N = 30,
