@@ -110,7 +110,7 @@ else
         --test workers_heartbeat_service --test workers_owner_events --test workers_incarnation \
         --test sim_value_sizes --test sim_membership_log --test reaper_wake --test workers_unregister_race \
         --test jobs_take_contention --test jobs_subscribe_gap --test leadership --test schedules \
-        --test jobs_type_settings --test jobs_unique --test jobs_history \
+        --test jobs_type_settings --test jobs_unique --test jobs_history --test jobs_activity \
         --test jobs_limits \
         -- --skip embedded:: --skip sim::
 

@@ -120,7 +120,7 @@
     worker := worker_id(),
     started_at := non_neg_integer(),
     ended_at := non_neg_integer() | null,
-    outcome := running | finished | failed | retried | released | lost | canceled,
+    outcome := running | finished | failed | retried | released | lost | canceled | timeout,
     error := map() | null
 }.
 %% What `job_accept/2' and `job_update/2' return: the job and `token', the

@@ -46,6 +46,9 @@
 %% same key starts a new registration. `{couch_workers_worker_at_risk,
 %% Ref, heartbeat_failing}' when the node's heartbeat service keeps
 %% failing (restarted 5 times within a minute): the worker may be reaped.
+%% `{couch_workers_job_timeout, Ref, JobType, JobId}' when this node's
+%% activity observer took a running job of the worker back (its record
+%% did not change for its `activity_timeout').
 %%
 %% The server never waits for the store: it calls the NIF with a fresh
 %% reference, keeps the caller's `From', and answers with
@@ -191,6 +194,8 @@ handle_info({couch_workers_worker_reaped, Ref} = Msg, St) ->
 handle_info({couch_workers_worker_lost, Ref, _Reason} = Msg, St) ->
     {noreply, forward(Ref, Msg, St)};
 handle_info({couch_workers_worker_at_risk, Ref, _Reason} = Msg, St) ->
+    {noreply, forward(Ref, Msg, St)};
+handle_info({couch_workers_job_timeout, Ref, _Type, _Id} = Msg, St) ->
     {noreply, forward(Ref, Msg, St)};
 handle_info({'DOWN', Mon, process, Pid, Reason}, St) ->
     case maps:take(Mon, St#st.monitors) of

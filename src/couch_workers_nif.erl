@@ -40,6 +40,7 @@
 %%     replaced by another registration: {couch_workers_worker_lost, Tag, superseded} to Owner and
 %%     {couch_workers_worker_superseded, Tag} to the caller (again to a later caller; see workers.rs)
 %%     the node's heartbeat service keeps failing: {couch_workers_worker_at_risk, Tag, heartbeat_failing} to Owner
+%%     a running job taken back for its activity timeout: {couch_workers_job_timeout, Tag, JobType, JobId} to Owner
 %% worker_remove_dead(Ref, Registration) as worker_unregister, for an owner that died: its running
 %%     jobs fail with worker_lost instead of being released
 %% membership_watch(Type, Tag)      -> {ok, Watch} | {error, Name}     Tag: an atom or a reference

@@ -147,8 +147,10 @@ worker(Action, Type, Id) ->
 %% @doc A log event of the Rust side: reaps (by this node's reaper) and
 %% the running jobs they failed over, leftovers of removed workers that
 %% this node's sweeper requeued, prunes by this node's pruner, and failed
-%% heartbeats (of this node's workers) are counted; the rest are only
-%% logged.
+%% heartbeats (of this node's workers) are counted; running jobs of this
+%% node's workers taken back for their activity timeout (`job_timed_out')
+%% are emitted to telemetry, `[couch_workers, job, timed_out]'; the rest
+%% are only logged.
 -spec log_event(atom(), map()) -> ok.
 log_event(worker_reaped, #{type := Type, id := Id} = Fields) ->
     couch_workers_metrics:count(workers_reaped, Type),
@@ -171,6 +173,12 @@ log_event(heartbeat_failed, #{type := Type, id := Id} = Fields) ->
         [couch_workers, heartbeat, failed],
         #{system_time => erlang:system_time(), count => 1, failures => maps:get(failures, Fields, 1)},
         #{type => Type, id => Id, reason => maps:get(reason, Fields, null)}
+    );
+log_event(job_timed_out, #{type := Type, id := Id} = Fields) ->
+    couch_workers_telemetry:execute(
+        [couch_workers, job, timed_out],
+        #{system_time => erlang:system_time(), count => 1},
+        #{type => Type, id => Id, worker => maps:get(worker, Fields, null), timeout => maps:get(timeout_s, Fields, null)}
     );
 log_event(tx_calls_counted, #{type := Type, event := Event, count := N}) when is_integer(N), N > 0 ->
     case tx_event(Event) of

@@ -22,6 +22,7 @@ use crate::services::heartbeat::{HeartbeatService, Heartbeats};
 use crate::services::leadership::{LeaderSlot, Leaderships, OnLeaderEvent};
 use crate::services::membership::{MembershipWatcher, OnMembership, OnMembershipUpdate};
 use crate::services::owner_events::{OnOwnerEvent, OwnerEvents};
+use crate::services::activity::{ActivityCounts, ActivityObserver};
 use crate::services::reaper::Reaper;
 use crate::roster;
 use crate::schedules::runner::ScheduleRunner;
@@ -75,6 +76,8 @@ pub struct Node {
     heartbeats: Arc<Heartbeats>,
     /// The registrations' leadership slots and their types' watchers.
     leaderships: Arc<Leaderships>,
+    /// What the activity observer did.
+    activity: Arc<ActivityCounts>,
 }
 
 impl Node {
@@ -99,6 +102,7 @@ impl Node {
             jobs,
             heartbeats: Arc::new(Heartbeats::default()),
             leaderships: Arc::new(Leaderships::default()),
+            activity: Arc::default(),
         });
         let cancel = ctx.cancel.child_token();
         let service =
@@ -133,7 +137,28 @@ impl Node {
             move || reaper.clone().run(),
             None,
         );
+        let cancel = ctx.cancel.child_token();
+        let observer = ActivityObserver {
+            ctx: ctx.clone(),
+            cancel: cancel.clone(),
+            local: node.heartbeats.clone(),
+            counts: node.activity.clone(),
+        };
+        ctx.spawn_supervised(ServiceKind::Activity, Vec::new(), cancel, None, move || observer.clone().run(), None);
         node
+    }
+
+    /// What this node's activity observer did (tests).
+    #[cfg(feature = "internals")]
+    pub fn activity_counts(&self) -> &ActivityCounts {
+        &self.activity
+    }
+
+    /// This node's registrations as the activity observer sees them
+    /// (tests that run observers of their own).
+    #[cfg(feature = "internals")]
+    pub fn local_workers(&self) -> Arc<dyn crate::services::activity::LocalWorkers> {
+        self.heartbeats.clone()
     }
 
     /// Counts the job calls this node relays inside callers' transactions

@@ -56,6 +56,7 @@ rustler::atoms! {
     couch_workers_worker_lost,
     couch_workers_worker_superseded,
     superseded,
+    couch_workers_job_timeout,
     // jobs: map keys
     type_ = "type",
     id,

@@ -48,7 +48,7 @@ use crate::json::{self, budgeted_nif, Sched};
 use crate::reply::{self, Replier};
 use crate::runtime;
 use crate::stats::{self, LiveResource};
-use crate::term::{bytes_arg, error_tuple};
+use crate::term::{binary, bytes_arg, error_tuple};
 
 /// Health timeout when the options name none, seconds.
 pub const DEFAULT_TIMEOUT_S: u64 = 15;
@@ -259,6 +259,12 @@ impl OwnerTarget {
             OwnerEvent::HeartbeatFailing => {
                 self.send_to(&self.owner, |env, tag| {
                     (atoms::couch_workers_worker_at_risk(), tag, atoms::heartbeat_failing()).encode(env)
+                });
+            }
+            OwnerEvent::JobTimedOut { job_type, job_id } => {
+                self.send_to(&self.owner, |env, tag| {
+                    let (t, id) = (binary(env, &job_type), binary(env, &job_id));
+                    (atoms::couch_workers_job_timeout(), tag, t, id).encode(env)
                 });
             }
         }

@@ -40,6 +40,10 @@ pub enum Outcome {
     /// Its worker died (reaped, replaced, its owner exited).
     Lost,
     Canceled,
+    /// Taken back from its worker: its record did not change for its
+    /// activity timeout (`jobs/activity.rs`), whether it was queued again
+    /// or, its attempts spent, failed.
+    Timeout,
 }
 
 impl Outcome {
@@ -52,6 +56,7 @@ impl Outcome {
             Outcome::Released => "released",
             Outcome::Lost => "lost",
             Outcome::Canceled => "canceled",
+            Outcome::Timeout => "timeout",
         }
     }
 
@@ -64,6 +69,7 @@ impl Outcome {
             Outcome::Released,
             Outcome::Lost,
             Outcome::Canceled,
+            Outcome::Timeout,
         ]
         .into_iter()
         .find(|o| o.name().as_bytes() == name)
@@ -81,7 +87,8 @@ pub struct Run {
     /// Unix ms on the ending node's wall clock; `None` while it runs.
     pub ended_at: Option<u64>,
     pub outcome: Outcome,
-    /// The run's failure, a JSON object (`failed`, `retried`, `lost`).
+    /// The run's failure, a JSON object (`failed`, `retried`, `lost`,
+    /// `timeout`).
     pub error: Option<Vec<u8>>,
 }
 
@@ -119,6 +126,8 @@ pub(crate) fn outcome_of(state: JobState, ended_by: Outcome) -> Outcome {
     match state {
         JobState::Canceled => Outcome::Canceled,
         JobState::Finished => Outcome::Finished,
+        // A timeout is told as such, also when it spent the last attempt.
+        _ if ended_by == Outcome::Timeout => Outcome::Timeout,
         JobState::Failed => Outcome::Failed,
         _ if ended_by == Outcome::Failed => Outcome::Retried,
         _ => ended_by,

@@ -63,6 +63,7 @@
 //! `pruner`, `sweeper`; none of those uses `service`. Each task takes the
 //! node's [`crate::context::Context`] and its own registry.
 
+mod activity;
 mod api;
 mod commit;
 pub mod dispatcher;

@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | `scheduled` | `("scheduled", JobType, RunAt, JobId)` (the timers read it) |
 //! | `pending` | `("pending", JobType, Priority, VS, JobId)` (the queue) |
-//! | `running` | `("active", WorkerType, Worker, JobId)` (failover reads it) |
+//! | `running` | `("active", WorkerType, Worker, JobId)` (failover reads it); with an activity timeout, `("activity", JobType, TimeoutS, VS, JobId)` (`activity.rs`) |
 //! | `finished`, `canceled`, `failed` | `("expiry", ExpireAt, JobType, JobId)` with a finite `keep` (the pruner reads it; a short one also bumps `expiry_vs`) |
 //!
 //! A job with a unique key holds `("unique", JobType, Key)` from its add
@@ -23,8 +23,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::history;
-use super::limits;
+use super::{activity, history, limits};
 use super::job::{JobState, Keep, Schedule};
 use super::record::{self, incomplete_vs, Record};
 use crate::keyspace::Keyspace;
@@ -47,8 +46,17 @@ pub(crate) fn key_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// Writes the record with a fresh versionstamp of `user_version`.
+/// Writes the record, in the state it is stored in, with a fresh
+/// versionstamp of `user_version`. A running job's write is a change of
+/// it: its activity index key moves with the versionstamp.
 pub(crate) fn write_record(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, user_version: u16) {
+    activity::unindex(tx, ks, job_type, id, rec);
+    activity::index(tx, ks, job_type, id, rec, user_version);
+    store_record(tx, ks, job_type, id, rec, user_version);
+}
+
+/// Writes the record with a fresh versionstamp of `user_version`.
+fn store_record(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, user_version: u16) {
     rec.vs = incomplete_vs(user_version);
     tx.set_versionstamped_value(&ks.job(job_type, id), &rec.encode(user_version));
 }
@@ -70,6 +78,7 @@ pub(crate) fn unplace(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &
             if let Some(worker) = &rec.worker {
                 tx.clear(&ks.active(job_type, worker, id));
             }
+            activity::unindex(tx, ks, job_type, id, rec);
         }
         JobState::Finished | JobState::Canceled | JobState::Failed => {
             if let Some(at) = rec.expire_at {
@@ -131,6 +140,7 @@ pub(crate) fn place(
                 // Only an accept makes a job running: a run starts.
                 history::write_start(tx, ks, job_type, id, rec.attempts, worker, now_ms);
             }
+            activity::index_run(tx, ks, job_type, id, rec, user_version);
         }
         JobState::Finished | JobState::Canceled | JobState::Failed => {
             give_up_unique(tx, ks, job_type, rec);
@@ -149,7 +159,7 @@ pub(crate) fn place(
     tx.set(&ks.by_state(job_type, state_key(rec), id), b"");
     tx.atomic_add(&ks.state_count(job_type, state_key(rec)), 1);
     limits::count_running_group(tx, ks, job_type, rec, 1);
-    write_record(tx, ks, job_type, id, rec, user_version);
+    store_record(tx, ks, job_type, id, rec, user_version);
 }
 
 /// Sets `rec` to be queued: `scheduled` until the schedule's time, or

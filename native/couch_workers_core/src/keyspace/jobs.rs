@@ -220,6 +220,20 @@ impl Keyspace {
     }
 }
 
+impl Keyspace {
+    /// Every type's settings key (the activity observer reads them all).
+    pub fn type_settings_range(&self) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(TYPE_SETTINGS),)))
+    }
+
+    /// Decodes a type settings key's job type.
+    pub fn parse_type_settings(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let rest = key.strip_prefix(self.root.bytes())?;
+        let (s, t) = unpack::<(Bytes, Bytes)>(rest).ok()?;
+        (&*s == TYPE_SETTINGS).then(|| t.into_owned())
+    }
+}
+
 const TYPE_SETTINGS: &[u8] = b"type_settings";
 
 // ---- running limits ---------------------------------------------------------

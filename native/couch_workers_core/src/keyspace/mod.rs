@@ -14,6 +14,9 @@ use crate::store::{Versionstamp, VERSIONSTAMP_LEN};
 mod jobs;
 mod recurring;
 mod tx_counts;
+// Activity timeouts' index of running jobs.
+mod activity;
+pub use activity::TypeTimeouts;
 
 const ROOT: &[u8] = b"couch_workers";
 const WORKERS: &[u8] = b"workers";
@@ -67,6 +70,10 @@ fn b(bytes: &[u8]) -> Bytes<'_> {
 pub struct Keyspace {
     /// prefix ++ pack(("couch_workers",))
     root: Subspace,
+    /// The job types' default activity timeouts as this node last read
+    /// them (`activity.rs`), shared by the clones of one context's key
+    /// space: what `jobs/place.rs`, which reads nothing, indexes by.
+    type_timeouts: std::sync::Arc<TypeTimeouts>,
 }
 
 /// What a key under `("couch_workers", "workers")` is.
@@ -142,7 +149,7 @@ impl Keyspace {
     /// embedded store).
     pub fn new(prefix: &[u8]) -> Self {
         let root = Subspace::from_bytes(prefix.to_vec()).subspace(&(b(ROOT),));
-        Keyspace { root }
+        Keyspace { root, type_timeouts: std::sync::Arc::default() }
     }
 
     /// Every key of couch_workers: `prefix ++ pack(("couch_workers",))`.

@@ -87,7 +87,7 @@ const UNREADABLE_TIMEOUT: Duration = Duration::from_secs(15);
 const MIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The versions that `d` spans at [`VERSIONS_PER_SECOND`].
-fn versions_in(d: Duration) -> u64 {
+pub fn versions_in(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).saturating_mul(VERSIONS_PER_SECOND / 1_000_000)
 }
 
@@ -145,6 +145,31 @@ pub enum Verdict {
     Alive { left: Duration },
     /// Seen unchanged for its timeout in both measures.
     Dead,
+}
+
+/// Whether `look`, the next after `last` (`None`: the first since
+/// observation started), shows the store or the observer stalled, or the
+/// store's versions jumping: then what was observed must be forgotten.
+/// `bound` is the stall bound (a look may take that long, and come that
+/// much later than planned), `max_sleep` the longest the observer plans
+/// to wait between two looks. The rule of every observer of liveness: the
+/// reaper's ([`Observer`]) and the activity observer's of running jobs
+/// (`services/activity/`).
+pub fn stall_or_jump(last: Option<&Look>, look: &Look, bound: Duration, max_sleep: Duration) -> Option<Restart> {
+    if look.finished.saturating_duration_since(look.started) > bound {
+        return Some(Restart::SlowLook);
+    }
+    let last = last?;
+    if look.started.saturating_duration_since(last.finished) > max_sleep.min(bound) + bound {
+        return Some(Restart::Quiet);
+    }
+    let Some(advanced) = look.read_version.checked_sub(last.read_version) else {
+        return Some(Restart::VersionBack);
+    };
+    // The widest local window that can hold both read versions.
+    let elapsed = look.finished.saturating_duration_since(last.started);
+    let allowed = versions_in(elapsed).saturating_mul(JUMP_RATE_FACTOR).saturating_add(JUMP_SLACK_VERSIONS);
+    (advanced > allowed).then_some(Restart::VersionJump)
 }
 
 /// The first sighting of a record, kept while it stays unchanged.
@@ -226,21 +251,7 @@ impl Observer {
             // nobody sleeps until the store changes.
             return None;
         }
-        let bound = self.stall_bound();
-        if look.finished.saturating_duration_since(look.started) > bound {
-            return Some(Restart::SlowLook);
-        }
-        let last = self.last?;
-        if look.started.saturating_duration_since(last.finished) > self.max_sleep.min(bound) + bound {
-            return Some(Restart::Quiet);
-        }
-        let Some(advanced) = look.read_version.checked_sub(last.read_version) else {
-            return Some(Restart::VersionBack);
-        };
-        // The widest local window that can hold both read versions.
-        let elapsed = look.finished.saturating_duration_since(last.started);
-        let allowed = versions_in(elapsed).saturating_mul(JUMP_RATE_FACTOR).saturating_add(JUMP_SLACK_VERSIONS);
-        (advanced > allowed).then_some(Restart::VersionJump)
+        stall_or_jump(self.last.as_ref(), look, self.stall_bound(), self.max_sleep)
     }
 
     /// Judges the record of `worker` as read in `look` (recorded with

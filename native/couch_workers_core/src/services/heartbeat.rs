@@ -196,6 +196,15 @@ impl Heartbeats {
     }
 }
 
+/// The activity observer takes back only this node's workers' jobs, and
+/// tells their owners.
+impl super::activity::LocalWorkers for Heartbeats {
+    fn owners(&self) -> HashMap<(Vec<u8>, Vec<u8>), Arc<OwnerEvents>> {
+        let entries = self.lock();
+        entries.values().map(|e| ((e.spec.worker_type.clone(), e.spec.id.clone()), e.events.clone())).collect()
+    }
+}
+
 /// When a registration renewed by a transaction that began at `started`
 /// must be renewed next: within the last tenth of a period after it.
 fn next_due(started: Instant, period: Duration) -> Instant {
@@ -409,7 +418,7 @@ impl HeartbeatService {
             match event {
                 OwnerEvent::Reaped => log_event!(self.ctx.log, Warning, "worker_reinstated", "type" = t, id = id),
                 OwnerEvent::Superseded => log_event!(self.ctx.log, Warning, "worker_superseded", "type" = t, id = id),
-                OwnerEvent::HeartbeatFailing => {}
+                _ => {}
             }
             sink.emit(event);
         }

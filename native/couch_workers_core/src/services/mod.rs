@@ -1,8 +1,10 @@
 //! Background services of a node, on the tokio runtime: the heartbeat
 //! service (and the events it finds for a registration's owner), the
-//! reaper and membership watchers. Each task holds a cancellation token
+//! reaper, membership watchers and the activity observer (running jobs'
+//! activity timeouts). Each task holds a cancellation token
 //! (its own, a child of the node's) and stops when its owner goes.
 
+pub mod activity;
 pub mod heartbeat;
 pub mod leadership;
 pub mod membership;

@@ -13,7 +13,7 @@
 use std::sync::Mutex;
 
 /// An event of one registration, for its owner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OwnerEvent {
     /// The worker was reaped and is registered again, under the same
     /// registration.
@@ -25,6 +25,9 @@ pub enum OwnerEvent {
     /// the worker may be reaped. The service is still restarted; a later
     /// reap is told as `Reaped`.
     HeartbeatFailing,
+    /// A job of the worker was taken back: it was not updated for its
+    /// activity timeout (`services/activity/`).
+    JobTimedOut { job_type: Vec<u8>, job_id: Vec<u8> },
 }
 
 /// Called on a runtime thread, with the channel's lock held: it must be
@@ -45,6 +48,8 @@ struct Inner {
     missed_reaped: bool,
     missed_superseded: bool,
     missed_failing: bool,
+    /// Jobs taken back while no listener was set, each told once.
+    missed_timeouts: Vec<OwnerEvent>,
     superseded: bool,
 }
 
@@ -60,6 +65,7 @@ impl OwnerEvents {
                 OwnerEvent::Reaped => inner.missed_reaped = true,
                 OwnerEvent::Superseded => inner.missed_superseded = true,
                 OwnerEvent::HeartbeatFailing => inner.missed_failing = true,
+                timed_out @ OwnerEvent::JobTimedOut { .. } => inner.missed_timeouts.push(timed_out),
             },
         }
     }
@@ -74,6 +80,9 @@ impl OwnerEvents {
         }
         if std::mem::take(&mut inner.missed_failing) {
             listener(OwnerEvent::HeartbeatFailing);
+        }
+        for timed_out in std::mem::take(&mut inner.missed_timeouts) {
+            listener(timed_out);
         }
         if std::mem::take(&mut inner.missed_superseded) {
             listener(OwnerEvent::Superseded);

@@ -69,11 +69,12 @@ pub enum ServiceKind {
     Leadership,
     Schedules,
     TxCounts,
+    Activity,
 }
 
 impl ServiceKind {
     #[cfg(feature = "testkit")]
-    pub const ALL: [ServiceKind; 11] = [
+    pub const ALL: [ServiceKind; 12] = [
         ServiceKind::Heartbeat,
         ServiceKind::Reaper,
         ServiceKind::Membership,
@@ -85,6 +86,7 @@ impl ServiceKind {
         ServiceKind::Leadership,
         ServiceKind::Schedules,
         ServiceKind::TxCounts,
+        ServiceKind::Activity,
     ];
 
     /// The `service` field of the events.
@@ -101,6 +103,7 @@ impl ServiceKind {
             ServiceKind::Leadership => "leadership_watcher",
             ServiceKind::Schedules => "schedule_runner",
             ServiceKind::TxCounts => "tx_counts_watcher",
+            ServiceKind::Activity => "activity_observer",
         }
     }
 

@@ -177,17 +177,18 @@ pub async fn until_not_running(jobs: &JobService, t: &[u8], id: &[u8], within: D
 }
 
 /// Waits until a new node on `sim` (before anything is registered on it)
-/// has made its start-up writes and gone to sleep: each of its four
+/// has made its start-up writes and gone to sleep: each of its five
 /// background services (the reaper on `health_vs`, the promoter on
 /// `scheduled_vs`, the pruner on `expiry_vs`, the orphan sweeper on
-/// `orphans_vs`) arms its watch only after its first pass, so four armed
-/// watches mean that no start-up write is still on its way. What the test
+/// `orphans_vs`, the activity observer on `activity_vs`) arms its watch
+/// only after its first pass's writes, so five armed watches mean that no
+/// start-up write is still on its way. What the test
 /// writes next wakes only read-only passes (the reaper's look at a live
 /// worker), which no scripted commit fault can meet. Counts, not a sleep:
 /// a loaded machine only makes the wait longer. A new service that
 /// sleeps on a watch must raise `SERVICES`, or this waits too little.
 pub async fn sim_node_settled(sim: &couch_workers_core::store::sim::SimStore) {
-    const SERVICES: usize = 4;
+    const SERVICES: usize = 5;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while sim.stats().armed_watches < SERVICES {
         assert!(tokio::time::Instant::now() < deadline, "the node's services never all slept: {:?}", sim.stats());

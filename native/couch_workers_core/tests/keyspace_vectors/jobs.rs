@@ -402,3 +402,45 @@ fn group_running_key() {
         assert!(!(begin <= ks.group_running(b"t", b"g") && ks.group_running(b"t", b"g") < end));
     }
 }
+
+// ---- activity timeouts' index -----------------------------------------------
+
+/// `("couch_workers", "activity", JobType, TimeoutS, VS, JobId)`: written
+/// with an incomplete versionstamp, it commits to the key of the record's
+/// `vs`, which parses back; `activity_after` ends the keys changed at or
+/// before a commit version (every batch order and job id of it), before
+/// the next version's and the next timeout's.
+#[test]
+fn activity_key() {
+    use super::parsing::commit_versionstamp;
+    let ks = Keyspace::new(b"");
+    same(
+        &ks.activity_new(b"repl", 30, 5, b"j1"),
+        &hs(&[
+            ROOT,
+            "01 'activity' 00",
+            "01 'repl' 00",
+            "15 1e",
+            "33 ffffffffffffffffffff 0005",
+            "01 'j1' 00",
+            "22000000",
+        ]),
+    );
+    for (ks, _) in both() {
+        let vs10 = [0, 0, 0, 0, 0, 0, 0, 42, 0, 1];
+        let key = commit_versionstamp(&ks.activity_new(b"repl", 30, 3, b"j1"), vs10);
+        let mut vs12 = [0u8; 12];
+        vs12[..10].copy_from_slice(&vs10);
+        vs12[10..].copy_from_slice(&3u16.to_be_bytes());
+        assert_eq!(key, ks.activity(b"repl", 30, &vs12, b"j1"));
+        assert_eq!(ks.parse_activity(&key), Some((b"repl".to_vec(), 30, vs12, b"j1".to_vec())));
+        let (begin, end) = ks.activity_bucket_range(b"repl", 30);
+        assert!(begin < key && key < ks.activity_after(b"repl", 30, 42) && ks.activity_after(b"repl", 30, 42) < end);
+        assert!(ks.activity_after(b"repl", 30, 41) < key, "changed after version 41");
+        let next_version = ks.activity(b"repl", 30, &[0, 0, 0, 0, 0, 0, 0, 43, 0, 0, 0, 0], b"");
+        assert!(ks.activity_after(b"repl", 30, 42) < next_version);
+        assert!(end <= ks.activity_bucket_range(b"repl", 31).0, "one timeout's keys before the next's");
+        let (all_begin, all_end) = ks.activity_range();
+        assert!(all_begin < begin && end < all_end);
+    }
+}

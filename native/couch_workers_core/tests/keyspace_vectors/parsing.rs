@@ -57,7 +57,7 @@ fn parse_active_round_trips() {
 
 /// What FoundationDB does at commit with a versionstamped parameter: drop
 /// the 4-byte little-endian offset and write the 10-byte versionstamp there.
-fn commit_versionstamp(param: &[u8], vs10: [u8; 10]) -> Vec<u8> {
+pub(super) fn commit_versionstamp(param: &[u8], vs10: [u8; 10]) -> Vec<u8> {
     let (body, offset) = param.split_at(param.len() - 4);
     let at = u32::from_le_bytes(offset.try_into().unwrap()) as usize;
     let mut out = body.to_vec();

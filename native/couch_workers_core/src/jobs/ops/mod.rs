@@ -38,6 +38,7 @@
 //! * `requeue`: failover of a removed worker's jobs, and the orphan sweep;
 //! * `query`: one job, counts, types, pages; `pause`; `prune`;
 //! * `type_settings`: a type's settings, read and changed;
+//! * `take_back`: a running job taken back for its activity timeout;
 //! * `unique`: a job's unique key, claimed while it is queued or running.
 
 mod accept;
@@ -50,6 +51,7 @@ mod reclaim;
 mod requeue;
 mod resubmit;
 mod run_end;
+mod take_back;
 mod type_settings;
 mod unique;
 
@@ -72,6 +74,7 @@ pub use requeue::{orphans, requeue_worker_jobs, sweep_orphan, Departure, SweepCu
 pub use requeue::REQUEUE_MAX_JOBS;
 pub use resubmit::resubmit;
 pub use run_end::{Retry, RunEnd};
+pub use take_back::{clear_if_stale, take_back, Due, TakeBack};
 pub use type_settings::{set_type_settings, type_settings};
 
 use crate::error::Error;

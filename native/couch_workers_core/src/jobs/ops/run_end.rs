@@ -24,6 +24,9 @@ pub enum RunEnd {
     Released { opts: JobOpts, info: Option<Vec<u8>>, bump: bool },
     /// Its worker died: a failure with `worker_lost`, retried at once.
     Lost,
+    /// Its record did not change for its activity timeout: taken back as
+    /// by its worker's death, with `activity_timeout` (`jobs/activity.rs`).
+    TimedOut,
 }
 
 /// Whether and when a failed run is tried again.
@@ -80,8 +83,10 @@ pub(crate) fn end_run(
         RunEnd::Failed { .. } => Outcome::Failed,
         RunEnd::Released { .. } => Outcome::Released,
         RunEnd::Lost => Outcome::Lost,
+        RunEnd::TimedOut => Outcome::Timeout,
     };
     let attempt = rec.attempts;
+    let timed_out = end == RunEnd::TimedOut;
     match end {
         RunEnd::Canceled => rec.state = JobState::Canceled,
         RunEnd::Finished(result) => {
@@ -97,8 +102,8 @@ pub(crate) fn end_run(
                 None => rec.state = JobState::Failed,
             }
         }
-        RunEnd::Lost => {
-            rec.error = Some(record::worker_lost_error());
+        RunEnd::Lost | RunEnd::TimedOut => {
+            rec.error = Some(if timed_out { activity_timeout_error() } else { record::worker_lost_error() });
             if cancel {
                 rec.state = JobState::Canceled;
             } else if rec.max_attempts.allows_retry(rec.attempts) {
@@ -133,7 +138,7 @@ pub(crate) fn end_run(
         // The run's end (its outcome is the run's, its error the run's
         // failure).
         let outcome = history::outcome_of(rec.state, ended_by);
-        let failed = matches!(outcome, Outcome::Failed | Outcome::Retried | Outcome::Lost);
+        let failed = matches!(outcome, Outcome::Failed | Outcome::Retried | Outcome::Lost | Outcome::Timeout);
         let error = if failed { rec.error.as_deref() } else { None };
         history::write_end(tx, ks, job_type, id, attempt, outcome, error, now);
     }
@@ -144,6 +149,11 @@ pub(crate) fn end_run(
     let mut queued = Queued::default();
     queued.note(rec);
     queued
+}
+
+/// The error a run taken back for its activity timeout leaves.
+pub(crate) fn activity_timeout_error() -> Vec<u8> {
+    br#"{"reason":"activity_timeout"}"#.to_vec()
 }
 
 /// Queues `rec` again as `resubmit` says: its info, its options over the

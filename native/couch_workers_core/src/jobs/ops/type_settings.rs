@@ -19,7 +19,9 @@ pub async fn type_settings(tx: &Tx, ks: &Keyspace, job_type: &[u8], snapshot: bo
 /// two concurrent changes of different settings both land). A change of
 /// a running limit bumps the type's `jobs_vs`, so that every node's
 /// dispatcher looks again at once (a raised limit serves waiting
-/// acceptors). `Invalid` for a value out of range, and nothing written.
+/// acceptors); a change of the activity timeout bumps `activity_vs`, so
+/// that every node's activity observer reads it again. `Invalid` for a
+/// value out of range, and nothing written.
 pub async fn set_type_settings(
     tx: &Tx,
     ks: &Keyspace,
@@ -35,6 +37,11 @@ pub async fn set_type_settings(
         tx.set(&ks.type_settings(job_type), &new.encode());
         if new.limits_differ(&old) {
             bump_jobs_vs(tx, ks, job_type);
+        }
+        // Every node's activity observer reads the default timeouts
+        // again (one with nothing to observe sleeps on this key).
+        if new.activity_timeout != old.activity_timeout {
+            tx.set_versionstamped_value(&ks.activity_vs(), &Keyspace::vs_placeholder_value());
         }
     }
     Ok(Ok(new))
