@@ -23,11 +23,11 @@ teardown(#{}) ->
 %% The README's limits example, line for line; then a worker takes the
 %% job, which runs under both limits.
 readme_example_runs(#{}) ->
-    ok = couch_workers:job_type_set(<<"replication">>, #{max_running => 8, max_running_per_group => 2}),
+    ok = couch_workers:job_type_set(<<"replication">>, #{max_running => 8, max_running_per_group => 2, activity_timeout => 61}),
     ok = couch_workers:job_add(<<"replication">>, <<"doc1">>, #{}, #{group => <<"https://target-a">>, unique => <<"repid-1">>}),
     {error, {duplicate, <<"doc1">>}} = couch_workers:job_add(<<"replication">>, <<"doc2">>, #{}, #{unique => <<"repid-1">>}),
     ?assertEqual(
-        #{max_running => 8, max_running_per_group => 2, activity_timeout => infinity},
+        #{max_running => 8, max_running_per_group => 2, activity_timeout => 61},
         couch_workers:job_type_get(<<"replication">>)
     ),
     W = register_worker(<<"replication">>, <<"n1-r1">>),
@@ -35,7 +35,9 @@ readme_example_runs(#{}) ->
     ?assertMatch(#{running := 1}, couch_workers:job_counts(<<"replication">>)),
     ok = couch_workers:worker_unregister(W),
     ok = couch_workers:job_remove(<<"replication">>, <<"doc1">>),
-    ok = couch_workers:job_type_set(<<"replication">>, #{max_running => infinity, max_running_per_group => infinity}).
+    ok = couch_workers:job_type_set(
+        <<"replication">>, #{max_running => infinity, max_running_per_group => infinity, activity_timeout => infinity}
+    ).
 
 max_running_2_with_3_workers(#{type := T}) ->
     N = 30,
