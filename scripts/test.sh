@@ -179,7 +179,7 @@ test/integration/rebar3_dep.sh
 
 # Last: these build the NIF with the fdb feature into priv/.
 if [ "$FDB_FOUND" = yes ]; then
-    stage "FoundationDB live: EUnit, every suite with the app on the cluster, erlfdb beside it (the NIF and the command line built with the fdb feature)"
+    stage "FoundationDB live: EUnit, every suite whose outcome depends on the store, with the app on the cluster, erlfdb beside it (the NIF and the command line built with the fdb feature)"
     scripts/build-erlfdb.sh
     # The command line and the NIF with fdb in one cargo run (the command
     # line's suite below runs bin/couch-workers on the cluster; the rebar
