@@ -334,16 +334,25 @@ async fn the_wal_stays_bounded_under_a_steady_writer() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = open(dir.path());
     let value = vec![7u8; 2_000];
-    let mut longest = 0;
+    let (mut longest, mut last, mut restarts) = (0, 0, 0);
     for i in 0..30_000u32 {
         let tx = db.create_transaction(&TxOptions::write()).await.expect("transaction");
         tx.set(&i.to_be_bytes(), &value);
         tx.commit().await.expect("commit");
-        longest = longest.max(db.wal_frames());
+        let frames = db.wal_frames();
+        if frames < last {
+            restarts += 1;
+        }
+        (longest, last) = (longest.max(frames), frames);
     }
     // 30,000 commits of ~2 pages each: ~60,000 frames without restarts.
+    // The thread starts the log over past 4,000 frames; on a machine
+    // whose 2 cores run other builds it can be late (22,333 frames was
+    // seen at load 7-8), so the bound is what a log that never restarted
+    // could not meet, and the restarts are counted.
     assert!(longest >= 1_000, "the WAL grew past the checkpoint start ({longest} frames)");
-    assert!(longest < 20_000, "the WAL restarted: at most {longest} frames");
+    assert!(restarts >= 2, "the WAL started over {restarts} times (longest {longest} frames)");
+    assert!(longest < 40_000, "the WAL restarted: at most {longest} frames");
     let wal = std::fs::metadata(dir.path().join(format!("{FILE_NAME}-wal"))).expect("wal").len();
     assert!(wal < 100 * 1024 * 1024, "WAL file {wal} bytes");
     assert_eq!(get(&db, &29_999u32.to_be_bytes()).await, Some(value));
