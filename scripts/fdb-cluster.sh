@@ -36,10 +36,20 @@ need_fdb() {
 or set COUCH_WORKERS_FDB_DIR to a directory with bin/fdbserver, bin/fdbcli and lib/libfdb_c.so"
 }
 
+# Attempts of start_cluster so far (a port taken between free_port and
+# the server's bind starts the cluster again on other ports).
+start_attempt=1
+
 # A loopback port nobody listens on now (the server's bind is the real
 # test: start_proc fails if it was taken meanwhile, and start retries).
+# COUCH_WORKERS_FDB_TAKEN_PORT, for the test of that retry: the port the
+# first attempt's first process is given, whether free or not.
 free_port() {
     local p
+    if [ "$start_attempt" = 1 ] && [ -n "${COUCH_WORKERS_FDB_TAKEN_PORT:-}" ] && [ "${1:-}" = 0 ]; then
+        echo "$COUCH_WORKERS_FDB_TAKEN_PORT"
+        return 0
+    fi
     for _ in $(seq 1 200); do
         p=$((20000 + RANDOM % 40000))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
@@ -104,7 +114,7 @@ start_cluster() {
     # On any failure below, leave nothing behind.
     trap 'stop_cluster "$dir"' ERR
     for ((i = 0; i < procs; i++)); do
-        ports+=("$(free_port)")
+        ports+=("$(free_port "$i")")
         echo "${ports[$i]}" >"$dir/port.$i"
         coords+="${coords:+,}127.0.0.1:${ports[$i]}"
     done
@@ -117,7 +127,19 @@ start_cluster() {
         for ((i = 0; i < procs; i++)); do
             kill -0 "$(cat "$dir/pid.$i")" 2>/dev/null || {
                 cat "$dir/server.$i.out" >&2
+                local taken=""
+                grep -q "Local address in use" "$dir/server.$i.out" && taken=yes
                 stop_cluster "$dir"
+                if [ -n "$taken" ] && [ "$start_attempt" -lt 3 ]; then
+                    # Another process (another test run's cluster) bound the
+                    # port after free_port found it free: start again on
+                    # other ports.
+                    echo "fdb-cluster: port ${ports[$i]} was taken meanwhile; starting again on other ports" >&2
+                    trap - ERR
+                    start_attempt=$((start_attempt + 1))
+                    start_cluster "$procs"
+                    return
+                fi
                 die "fdbserver $i exited at start (port ${ports[$i]})"
             }
         done

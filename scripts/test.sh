@@ -93,6 +93,8 @@ MSG
     echo "==> NOT RUN: every live FoundationDB suite (COUCH_WORKERS_NO_FDB=1)" >&2
 else
     echo "==> FoundationDB: $FDB_WHERE"
+    # A port taken between its choice and the server's bind: started again.
+    scripts/fdb-cluster-retry-test.sh
     fdb_assignments=$(scripts/fdb-cluster.sh start)
     eval "$fdb_assignments"
     trap 'scripts/fdb-cluster.sh stop "$FDB_CLUSTER_DIR"; stage_report' EXIT
