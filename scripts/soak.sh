@@ -6,8 +6,9 @@
 # python3's sqlite3 module). At the end it prints jobs added, finished,
 # lost (must be 0), finished twice (must be 0), stuck (a job running under
 # a live worker that is not running it, looked for during the run and
-# after the drain; must be 0) and live workers reaped (must be 0), and
-# exits 0 only when all four are 0 and every job was added.
+# after the drain; must be 0), live workers reaped (must be 0) and nodes
+# that exited without being killed (must be 0), and exits 0 only when all
+# five are 0 and every job was added.
 #
 #   scripts/soak.sh                          # 1,000,000 jobs, a kill every 30 s, a stall every 60 s
 #   scripts/soak.sh --jobs 20000 --kill-every 10 --stall-every 20
@@ -52,7 +53,7 @@ while [ $# -gt 0 ]; do
         --stuck-after) STUCK_AFTER=$2; shift 2 ;;
         --inject-stuck) INJECT_STUCK=true; shift ;;
         --no-build) BUILD=0; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "soak: unknown argument $1" >&2; exit 2 ;;
     esac
 done

@@ -33,9 +33,14 @@
 %% when its worker's node is killed (the restart's registration fails it
 %% over), so it is looked for while the run goes: every `stuck_look'
 %% seconds the controller lists the running jobs and the registered
-%% workers. A job seen running with the same `vs' under the same worker,
-%% registered at every look, for `stuck_after' seconds or more is a
-%% suspect; it is stuck unless that worker's own log shows it held that
+%% workers. A worker is live when its registration is the one of its
+%% node's running incarnation (the node and incarnation are in the
+%% registration's options): a killed node's registrations stay while the
+%% store stalls (nothing commits, the reaper holds off) until its
+%% restart's registrations commit and fail their jobs over, and the jobs
+%% under them are not under a live worker. A job seen running with the
+%% same `vs' under the same worker, live at every look, for `stuck_after'
+%% seconds or more is a suspect; it is stuck unless that worker's own log shows it held that
 %% accept (a line for the job and attempt: finished, `not_owner' or a
 %% failed finish; a finish retried through a store stall can take long).
 %% After the drain, a job still running under a registered worker is
@@ -58,6 +63,9 @@
 %% stored result is counted with it (a finish that returned `ok' but was
 %% not the one that stuck).
 %%
+%% A node that exits without being killed (a worker crashed) is counted
+%% and printed as an unexpected exit: must be 0.
+%%
 %% The worker nodes (starting, killing, what runs in them):
 %% `cw_soak_node'.
 -module(cw_soak).
@@ -69,7 +77,7 @@
 -spec main(map()) -> no_return().
 -spec now_ms() -> integer().
 
--import(cw_soak_node, [start_node/4, node_os_pid/1, wait_gone/2, stop_nodes/1]).
+-import(cw_soak_node, [start_node/4, node_os_pid/1, node_alive/1, wait_gone/2, stop_nodes/1]).
 
 -define(TYPE, <<"soak">>).
 
@@ -136,15 +144,18 @@ main(Opts0) ->
         stalls => 0,
         next_look => T0 + maps:get(stuck_look, Opts) * 1000,
         seen => #{},
-        suspects => #{}
+        suspects => #{},
+        exits => 0
     }),
     _ = Producer,
     #{kills := Kills, stalls := Stalls, produced := {Added, AddErrors}} = Loop,
     out("soak: all ~b jobs added (~b add retries), none pending; ~b kills, ~b stalls; no more of either; draining", [
         Added, AddErrors, Kills, Stalls
     ]),
-    {Drain, #{suspects := Suspects}} = drain(N, now_ms() + maps:get(drain_timeout, Opts) * 1000, Opts, Loop),
-    %% Before the nodes stop (their unregisters release what they hold).
+    {Drain, Drained} = drain(N, now_ms() + maps:get(drain_timeout, Opts) * 1000, Opts, Loop),
+    %% Before the nodes stop (their unregisters release what they hold;
+    %% they exit then).
+    #{suspects := Suspects, exits := Exits} = Final = flush_port_exits(Drained),
     StuckAtEnd = running_under_live_workers(),
     stop_nodes(Dir),
     Report = check(N, Added, Logs, Suspects, StuckAtEnd),
@@ -161,6 +172,8 @@ main(Opts0) ->
         "  kills (kill -9):     ~b, each followed by a restart~n"
         "  store stalls:        ~b (write lock held by another process for ~.1f s each)~n"
         "  live workers reaped: ~b (worker_reinstated/worker_superseded on nodes that were not killed)~n"
+        "  nodes that exited by themselves (not killed): ~b~n"
+        "  jobs seen running under a killed incarnation's registration (its restart fails them over; not stuck): ~b~n"
         "  re-runs (attempts > 1, jobs that were running on a killed node): ~b~n"
         "  finished but unlogged (kill between the finish's commit and its log line): ~b~n"
         "  finish ok logged with another writer than the stored result's: ~b~n"
@@ -181,6 +194,8 @@ main(Opts0) ->
             Stalls,
             maps:get(stall_for, Opts),
             LiveReaped,
+            Exits,
+            map_size(maps:get(under_dead, Final, #{})),
             maps:get(reruns, Report),
             maps:get(unlogged, Report),
             maps:get(wrong_writer, Report),
@@ -203,7 +218,10 @@ main(Opts0) ->
     end,
     _ = application:stop(couch_workers),
     halt(
-        case Lost =:= 0 andalso Twice =:= 0 andalso Stuck =:= 0 andalso Added =:= N andalso LiveReaped =:= 0 of
+        case
+            Lost =:= 0 andalso Twice =:= 0 andalso Stuck =:= 0 andalso Added =:= N andalso LiveReaped =:= 0 andalso
+                Exits =:= 0
+        of
             true -> 0;
             false -> 1
         end
@@ -222,8 +240,8 @@ loop_wait(Opts, St) ->
     receive
         {produced, P} ->
             loop(Opts, St#{produced => P});
-        {Port, {exit_status, _}} when is_port(Port) ->
-            loop(Opts, St);
+        {Port, {exit_status, Status}} when is_port(Port) ->
+            loop(Opts, port_exit(Port, Status, St));
         {stall_done, Output} ->
             out("soak: ~.1f s: stall ended: ~s", [(now_ms() - maps:get(t0, St)) / 1000, string:trim(Output)]),
             loop(Opts, St)
@@ -280,11 +298,19 @@ look(#{stuck_look := Every, stuck_after := After}, #{seen := Seen, suspects := S
     Next = St#{next_look => Now + Every * 1000},
     case {running_jobs(), live_workers()} of
         {{ok, Running}, {ok, Live}} ->
-            %% (A change of the job changes its vs: a new entry.)
+            %% (A change of the job changes its vs: a new entry. A job
+            %% under a worker whose registration is no more a running
+            %% incarnation's leaves `seen'.)
             Seen2 = maps:from_list([
                 {{Id, VS}, maps:get({Id, VS}, Seen, {Now, W, A})}
-             || {Id, W, VS, A} <- Running, maps:is_key(W, Live)
+             || {Id, W, VS, A} <- Running, maps:get(W, Live, absent) =:= true
             ]),
+            %% Counted only, to show the case happened.
+            UnderDead = lists:foldl(
+                fun(Id, Acc) -> Acc#{Id => true} end,
+                maps:get(under_dead, St, #{}),
+                [Id || {Id, W, _VS, _A} <- Running, maps:get(W, Live, absent) =:= false]
+            ),
             Suspects1 = maps:fold(
                 fun({Id, _VS}, {First, W, A}, Acc) when Now - First >= After * 1000 ->
                         maps:put({Id, A}, {W, (Now - First) div 1000}, Acc);
@@ -294,7 +320,7 @@ look(#{stuck_look := Every, stuck_after := After}, #{seen := Seen, suspects := S
                 Suspects,
                 Seen2
             ),
-            Next#{seen => Seen2, suspects => Suspects1};
+            Next#{seen => Seen2, suspects => Suspects1, under_dead => UnderDead};
         _ ->
             Next
     end.
@@ -330,11 +356,46 @@ running_jobs(Cont, Acc) ->
             Error
     end.
 
-%% The worker ids registered now (read from the store), as a set.
+%% The ids of the registered workers (read from the store), each with
+%% whether it is live: registered by a node incarnation whose OS process
+%% runs, or by the controller itself (the injected stuck job's worker
+%% names no node).
 live_workers() ->
+    Running = maps:from_list([
+        {iolist_to_binary(io_lib:format("n~b", [I])), Inc}
+     || {I, #{inc := Inc} = Node} <- maps:to_list(get(nodes)), node_alive(Node)
+    ]),
     case couch_workers:workers(?TYPE) of
-        Workers when is_list(Workers) -> {ok, maps:from_list([{Id, true} || #{id := Id} <- Workers])};
-        {error, _} = Error -> Error
+        Workers when is_list(Workers) ->
+            {ok, maps:from_list([{Id, live_registration(O, Running)} || #{id := Id, opts := O} <- Workers])};
+        {error, _} = Error ->
+            Error
+    end.
+
+live_registration(#{<<"node">> := Node, <<"inc">> := Inc}, Running) ->
+    maps:get(Node, Running, none) =:= Inc;
+live_registration(#{}, _Running) ->
+    true.
+
+%% A node's port reported its exit: the port of a node that was killed
+%% and replaced is no more in `nodes'; one still there exited by itself.
+port_exit(Port, Status, #{t0 := T0} = St) ->
+    case [I || {I, #{port := P}} <- maps:to_list(get(nodes)), P =:= Port] of
+        [] ->
+            St;
+        [I] ->
+            out("soak: ~.1f s: node n~b exited by itself (status ~p; its output: n~b.out)", [
+                (now_ms() - T0) / 1000, I, Status, I
+            ]),
+            St#{exits => maps:get(exits, St, 0) + 1}
+    end.
+
+%% The unexpected exits the port messages told after the loop (the drain
+%% receives none).
+flush_port_exits(St) ->
+    receive
+        {Port, {exit_status, Status}} when is_port(Port) -> flush_port_exits(port_exit(Port, Status, St))
+    after 0 -> St
     end.
 
 %% After the drain: [{Id, Attempt, Worker, 0}] of the jobs running under a
@@ -342,7 +403,7 @@ live_workers() ->
 running_under_live_workers() ->
     case {running_jobs(), live_workers()} of
         {{ok, Running}, {ok, Live}} ->
-            [{Id, A, W, 0} || {Id, W, _VS, A} <- Running, maps:is_key(W, Live)];
+            [{Id, A, W, 0} || {Id, W, _VS, A} <- Running, maps:get(W, Live, absent) =:= true];
         Failed ->
             out("soak: the stuck check after the drain could not read the store: ~p", [Failed]),
             [{read_failed, 0, <<>>, 0}]

@@ -5,10 +5,11 @@
 %% each logging the jobs it finished.
 -module(cw_soak_node).
 
--export([start_node/4, node_os_pid/1, wait_gone/2, stop_nodes/1, node_main/1]).
+-export([start_node/4, node_os_pid/1, node_alive/1, wait_gone/2, stop_nodes/1, node_main/1]).
 
 -spec start_node(pos_integer(), pos_integer(), file:filename(), map()) -> map().
 -spec node_os_pid(map()) -> string().
+-spec node_alive(map()) -> boolean().
 -spec wait_gone(string(), non_neg_integer()) -> ok.
 -spec stop_nodes(file:filename()) -> ok.
 -spec node_main([{atom(), term()}]) -> no_return().
@@ -56,6 +57,9 @@ wait_pid_file(File, Deadline) ->
     end.
 
 node_os_pid(#{os_pid := OsPid}) -> OsPid.
+
+%% Whether the node's OS process runs (not killed, not exited).
+node_alive(#{os_pid := OsPid}) -> os_pid_alive(OsPid).
 
 wait_gone(OsPid, Timeout) ->
     Deadline = now_ms() + Timeout,
@@ -135,11 +139,26 @@ wait_stop(Dir, Workers) ->
 
 worker(#{dir := Dir, timeout := Timeout} = Cfg, Node, Inc, Slot) ->
     Id = iolist_to_binary(io_lib:format("~s-w~b", [Node, Slot])),
-    Ref = couch_workers:worker_register(?TYPE, Id, #{timeout => Timeout, node => Node, inc => Inc}, self()),
-    true = is_reference(Ref),
+    %% `node' and `inc' tell the controller's stuck check which
+    %% incarnation a registration belongs to.
+    Ref = register_worker(Id, #{timeout => Timeout, node => Node, inc => Inc}, 0),
     Log = filename:join([Dir, "logs", io_lib:format("~s-i~b-w~b.log", [Node, Inc, Slot])]),
     {ok, Fd} = file:open(Log, [append, raw, binary]),
     work(Cfg, Ref, Fd, {Node, Inc, Slot}).
+
+%% A registration that timed out (the store stalled: on the embedded
+%% store it did not commit) is tried again, as a real worker would; any
+%% other answer ends the node (the controller counts its exit).
+register_worker(Id, Opts, Tries) ->
+    case couch_workers:worker_register(?TYPE, Id, Opts, self()) of
+        Ref when is_reference(Ref) ->
+            Ref;
+        {error, timeout} when Tries < 100 ->
+            timer:sleep(200),
+            register_worker(Id, Opts, Tries + 1);
+        Other ->
+            error({worker_register, Id, Other})
+    end.
 
 work(#{batch := B} = Cfg, Ref, Fd, Me) ->
     receive
