@@ -49,6 +49,7 @@
     | jobs_canceled
     | jobs_removed
     | jobs_requeued
+    | jobs_timed_out
     | jobs_pruned
     | workers_registered
     | workers_unregistered
@@ -73,6 +74,7 @@ counters() ->
         jobs_canceled,
         jobs_removed,
         jobs_requeued,
+        jobs_timed_out,
         jobs_pruned,
         workers_registered,
         workers_unregistered,

@@ -149,7 +149,8 @@ worker(Action, Type, Id) ->
 %% this node's sweeper requeued, prunes by this node's pruner, and failed
 %% heartbeats (of this node's workers) are counted; running jobs of this
 %% node's workers taken back for their activity timeout (`job_timed_out')
-%% are emitted to telemetry, `[couch_workers, job, timed_out]'; the rest
+%% are counted and emitted to telemetry, `[couch_workers, job,
+%% timed_out]'; the rest
 %% are only logged.
 -spec log_event(atom(), map()) -> ok.
 log_event(worker_reaped, #{type := Type, id := Id} = Fields) ->
@@ -175,6 +176,7 @@ log_event(heartbeat_failed, #{type := Type, id := Id} = Fields) ->
         #{type => Type, id => Id, reason => maps:get(reason, Fields, null)}
     );
 log_event(job_timed_out, #{type := Type, id := Id} = Fields) ->
+    couch_workers_metrics:count(jobs_timed_out, Type),
     couch_workers_telemetry:execute(
         [couch_workers, job, timed_out],
         #{system_time => erlang:system_time(), count => 1},

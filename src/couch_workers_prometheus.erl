@@ -158,6 +158,7 @@ help(jobs_retried) -> "job_fail calls on this node that queued their job again (
 help(jobs_released) -> "Jobs given back with job_release by workers on this node.";
 help(jobs_resubmitted) -> "job_resubmit calls answered ok on this node (added, requeued or marked to run again).";
 help(jobs_requeued) -> "Running jobs of dead workers that this node failed over (its reaper, and its sweeper's leftovers).";
+help(jobs_timed_out) -> "Running jobs of this node's workers taken back for their activity timeout.";
 help(jobs_pruned) -> "Ended jobs past their keep that this node's pruner removed.";
 help(jobs_canceled) -> "job_cancel calls answered ok on this node (a finished job's included).";
 help(jobs_removed) -> "Jobs removed through this node.";

@@ -3,7 +3,8 @@
 %% attempt spent, pending again, the error `activity_timeout'); the
 %% worker's owner is told `{couch_workers_job_timeout, WorkerRef, Type,
 %% Id}'; the old handle is refused; telemetry emits
-%% `[couch_workers, job, timed_out]'.
+%% `[couch_workers, job, timed_out]' and the node's metrics count it
+%% (`jobs_timed_out').
 -module(couch_workers_activity_tests).
 
 -include("couch_workers_test.hrl").
@@ -16,7 +17,8 @@ activity_test_() ->
     couch_workers_test_util:app_fixture("couch_workers activity timeouts", fun setup/0, fun teardown/1, [
         ?TDEF_FE(a_job_not_updated_is_taken_back_and_its_owner_told, 15),
         ?TDEF_FE(an_updated_job_keeps_running, 15),
-        ?TDEF_FE(the_timeout_is_emitted_to_telemetry, 15)
+        ?TDEF_FE(the_timeout_is_emitted_to_telemetry, 15),
+        ?TDEF_FE(the_timeout_is_counted_in_metrics, 15)
     ]).
 
 setup() ->
@@ -111,4 +113,38 @@ emitted(T, W) ->
         _ = code:purge(telemetry),
         _ = code:delete(telemetry),
         _ = code:purge(telemetry)
+    end.
+
+the_timeout_is_counted_in_metrics(#{type := T}) ->
+    with_worker(T, fun(W) -> counted(T, W) end).
+
+counted(T, W) ->
+    Before = timed_out_count(T),
+    ok = couch_workers:job_add(T, <<"d">>, #{}, #{activity_timeout => 1}),
+    {ok, _Handle} = couch_workers:job_accept(W, #{timeout => 5000}),
+    receive
+        {couch_workers_job_timeout, W, T, <<"d">>} -> ok
+    after 6000 -> erlang:error(no_timeout_message)
+    end,
+    %% Counted from the core's log event, which may come a moment after
+    %% the owner's message.
+    ?assertEqual(ok, wait_count(T, Before + 1, 50)),
+    Text = iolist_to_binary(couch_workers:metrics(prometheus)),
+    Node = atom_to_binary(node()),
+    Sample = iolist_to_binary([
+        "couch_workers_jobs_timed_out_total{node=\"", Node, "\",type=\"", T, "\"} ", integer_to_binary(Before + 1), "\n"
+    ]),
+    ?assertMatch({_, _}, binary:match(Text, Sample)).
+
+timed_out_count(T) ->
+    #{types := Types} = couch_workers:metrics(),
+    maps:get(jobs_timed_out, maps:get(T, Types, #{}), 0).
+
+wait_count(T, Want, Tries) ->
+    case timed_out_count(T) of
+        Want -> ok;
+        Got when Tries =:= 0 -> {count, Got};
+        _ ->
+            timer:sleep(100),
+            wait_count(T, Want, Tries - 1)
     end.

@@ -85,6 +85,7 @@ counters_are_exact() ->
             jobs_canceled => 1,
             jobs_removed => 1,
             jobs_requeued => 0,
+            jobs_timed_out => 0,
             jobs_pruned => 0,
             workers_registered => 1,
             workers_unregistered => 1,
