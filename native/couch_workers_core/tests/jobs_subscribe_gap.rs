@@ -126,6 +126,35 @@ async fn a_read_older_than_a_subscriber_tells_it_nothing(store: StoreKind) {
     node.stop().await;
 }
 
+/// Subscribers that read the job just before a removal and join its
+/// watcher around the watcher's read of the removal are all told
+/// `Removed`, whichever side of that read they joined on (one that joined
+/// while it was in flight is told by the read after it: no change would
+/// fire the watch again).
+async fn a_subscriber_joining_around_a_removal_is_told(store: StoreKind) {
+    let c = Cluster::on(store);
+    let node = c.node();
+    let jobs = node.jobs();
+    for round in 0..100 {
+        let id = format!("s{round}").into_bytes();
+        add(jobs, T, &id, 0).await;
+        let (on, mut first_rx) = events();
+        let (_, _first) = jobs.subscribe(T, &id, on).await.unwrap();
+        let (n, joining_id) = (node.clone(), id.clone());
+        let joining = tokio::spawn(async move {
+            let (on, rx) = events();
+            n.jobs().subscribe(T, &joining_id, on).await.map(|(_, sub)| (sub, rx))
+        });
+        jobs.remove(T, &id).await.unwrap();
+        assert_eq!(next_event(&mut first_rx).await, JobEvent::Removed, "round {round}");
+        match joining.await.unwrap() {
+            Ok((_sub, mut rx)) => assert_eq!(next_event(&mut rx).await, JobEvent::Removed, "round {round}"),
+            Err(e) => assert!(matches!(e, couch_workers_core::Error::NotFound), "round {round}: {e:?}"),
+        }
+    }
+    node.stop().await;
+}
+
 couch_workers_core::store_tests!(
     runtime: (flavor = "multi_thread"),
     stores: [embedded: Embedded, sim: Sim],
@@ -133,5 +162,6 @@ couch_workers_core::store_tests!(
         remove_and_add_again_between_two_reads_tells_removed,
         subscribers_of_the_new_job_go_on,
         a_read_older_than_a_subscriber_tells_it_nothing,
+        a_subscriber_joining_around_a_removal_is_told,
     ],
 );

@@ -74,12 +74,18 @@ struct WatcherState {
     /// The job as the watcher last read it.
     last: Option<Job>,
     subscribers: HashMap<u64, Subscriber>,
+    /// The reads the watcher has begun: a subscriber that joined before
+    /// a read began (`joined` below it) had read the job before that
+    /// read's transaction started.
+    reads_begun: u64,
 }
 
 struct Subscriber {
     seen: JobVs,
     /// Of the job it subscribed to.
     incarnation: Option<JobIncarnation>,
+    /// `reads_begun` when it joined.
+    joined: u64,
     on_event: OnJobEvent,
 }
 
@@ -169,7 +175,8 @@ impl Watchers {
             Some(newer) if newer.vs > current.vs => newer.clone(),
             _ => current,
         };
-        state.subscribers.insert(id, Subscriber { seen: start.vs, incarnation: start.incarnation, on_event });
+        let joined = state.reads_begun;
+        state.subscribers.insert(id, Subscriber { seen: start.vs, incarnation: start.incarnation, joined, on_event });
         drop(state);
         drop(map);
         (start, JobSubscription { watchers: Arc::downgrade(self), watcher, id })
@@ -213,18 +220,23 @@ async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
         let Some(s) = home.ctx.upgrade() else { return };
         let (job_type, id) = (watcher.key.0.as_slice(), watcher.key.1.as_slice());
         let ks = &s.ks;
+        // Counted before the read's transaction starts (`reads_begun`).
+        let this_read = {
+            let mut state = watcher.lock();
+            state.reads_begun += 1;
+            state.reads_begun
+        };
         let read = run(s.db.as_ref(), s.read, |tx| async move {
             let job = ops::get(&tx, ks, job_type, id).await?;
-            let read_version = tx.read_version().await?;
             let watch: Watch = tx.watch(&ks.job(job_type, id));
-            Ok((job, read_version, watch))
+            Ok((job, watch))
         });
         let outcome = tokio::select! {
             _ = watcher.cancel.cancelled() => return,
             outcome = read => outcome,
         };
         let watch = match outcome {
-            Ok((Some(job), _, watch)) => {
+            Ok((Some(job), watch)) => {
                 failures = 0;
                 let mut state = watcher.lock();
                 let mut ended = false;
@@ -254,18 +266,24 @@ async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
                 }
                 watch
             }
-            Ok((None, read_version, watch)) => {
-                // Removed: tell every subscriber that saw the job at or
-                // before this read. One that joined after a later add
-                // (its job is newer than the read) stays, and the watcher
-                // reads again for it; with none left, leave (under the map
-                // lock, so a new subscriber starts a new watcher).
+            Ok((None, _watch)) => {
+                // Removed: tell every subscriber that joined before this
+                // read began (its own read of the job, which found it,
+                // ended before this read's transaction started, so the
+                // job was removed since). One that joined while the read
+                // was in flight may have read a later add: it stays, and
+                // the next read tells it. With none left, leave (under
+                // the map lock, so a new subscriber starts a new
+                // watcher). Not by versions:
+                // the embedded store may give a read version above an
+                // add's commit version to a read that does not see the
+                // add (`store/embedded/transaction/version.rs`).
                 failures = 0;
                 let watchers = home.watchers.upgrade();
                 let mut map = watchers.as_ref().map(|w| w.lock());
                 let mut state = watcher.lock();
                 state.subscribers.retain(|_, sub| {
-                    if seen_version(&sub.seen) > read_version {
+                    if sub.joined >= this_read {
                         return true;
                     }
                     (sub.on_event)(JobEvent::Removed);
@@ -278,7 +296,10 @@ async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
                     watcher.cancel.cancel();
                     return;
                 }
-                watch
+                // Those left joined during this read: read again now (the
+                // job they read may have been removed before this read,
+                // and then no change would fire the watch).
+                continue;
             }
             Err(e) => {
                 if matches!(e, StoreError::Closed) || watcher.cancel.is_cancelled() {
@@ -327,13 +348,6 @@ async fn watch_job_loop(home: Home, watcher: &Arc<JobWatcher>) {
             return;
         }
     }
-}
-
-/// The commit version of the write a subscriber saw last.
-fn seen_version(seen: &JobVs) -> u64 {
-    let mut version = [0; 8];
-    version.copy_from_slice(&seen[..8]);
-    u64::from_be_bytes(version)
 }
 
 /// Takes the watcher out of the node's map, if it is still the one there.
