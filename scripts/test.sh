@@ -113,7 +113,7 @@ else
         --test sim_value_sizes --test sim_membership_log --test reaper_wake --test workers_unregister_race \
         --test jobs_take_contention --test jobs_subscribe_gap --test leadership --test schedules \
         --test jobs_type_settings --test jobs_unique --test jobs_history --test jobs_activity \
-        --test jobs_limits \
+        --test jobs_limits --test jobs_group_counters \
         -- --skip embedded:: --skip sim::
 
     # One at a time, so that the cluster is quiet (nothing else commits):

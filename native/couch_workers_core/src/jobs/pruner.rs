@@ -19,7 +19,10 @@
 //!
 //! Once a minute it also clears the receipts older than
 //! [`receipt::KEEP_MINUTES`] (one blind range clear: no reads, no
-//! conflicts; see [`receipt`]).
+//! conflicts; see [`receipt`]), and the running counters of up to
+//! [`GROUPS_SWEPT`] groups that run nothing ([`ops::clear_idle_groups`]),
+//! going on from where the last minute's sweep stopped: a group that ran
+//! once leaves no key behind for long.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +41,9 @@ use crate::tasks::{jittered, sleep_or_cancel};
 /// a few hundred bytes plus its record's reads).
 pub(crate) const PRUNE_BATCH: usize = 100;
 
+/// Groups' running counters looked at per minute (one transaction).
+const GROUPS_SWEPT: usize = 500;
+
 /// Longest sleep between looks at the expiry index (jittered by a fifth:
 /// at most 36 s, plus the look): half of [`WAKE_KEEP_S`], so that a job
 /// end that does not wake the pruners (its commit up to 19 s after its
@@ -51,6 +57,8 @@ const MIN_GAP: Duration = Duration::from_millis(1000);
 pub(crate) async fn run_pruner(shared: Arc<Context>, cancel: CancellationToken) {
     let mut failures: u32 = 0;
     let mut receipts_cleared: Option<i64> = None;
+    let mut groups_swept: Option<i64> = None;
+    let mut groups_from: Option<Vec<u8>> = None;
     let mut watched = WatchedSleep::new(&shared.watch_limit);
     loop {
         let now = wall_ms();
@@ -69,6 +77,26 @@ pub(crate) async fn run_pruner(shared: Arc<Context>, cancel: CancellationToken) 
             match cleared {
                 Ok(()) => receipts_cleared = Some(minute),
                 Err(e) => log_event!(shared.log, Warning, "job_receipts_clear_failed", reason = %e),
+            }
+        }
+        if groups_swept != Some(minute) {
+            let after = groups_from.as_deref();
+            let sweep = run(shared.db.as_ref(), shared.write, |tx| async move {
+                ops::clear_idle_groups(&tx, ks, after, GROUPS_SWEPT).await
+            });
+            let swept = tokio::select! {
+                _ = cancel.cancelled() => return,
+                swept = sweep => swept,
+            };
+            match swept {
+                Ok(swept) => {
+                    groups_swept = Some(minute);
+                    groups_from = swept.next;
+                    if swept.cleared > 0 {
+                        log_event!(shared.log, Debug, "group_counters_cleared", count = swept.cleared);
+                    }
+                }
+                Err(e) => log_event!(shared.log, Warning, "group_counters_clear_failed", reason = %e),
             }
         }
         // A read first: most looks find nothing due and write nothing.

@@ -247,6 +247,12 @@ impl Keyspace {
     pub fn group_running(&self, job_type: &[u8], group: &[u8]) -> Vec<u8> {
         self.root.pack(&(b(GROUP_RUNNING), b(job_type), b(group)))
     }
+
+    /// Every group's running counter, of every type (the pruner clears
+    /// those back at 0: `jobs/ops/prune.rs`).
+    pub fn group_running_range(&self) -> (Vec<u8>, Vec<u8>) {
+        tuple_range(&self.root.pack(&(b(GROUP_RUNNING),)))
+    }
 }
 
 const GROUP_RUNNING: &[u8] = b"group_running";

@@ -1,4 +1,5 @@
-//! Removing ended jobs past their `keep`.
+//! Removing ended jobs past their `keep`, and the running counters of
+//! groups that run nothing.
 
 use super::helpers::read_record;
 use super::lifecycle::remove_record;
@@ -48,4 +49,52 @@ pub async fn prune(tx: &Tx, ks: &Keyspace, now: u64, limit: usize) -> Result<Pru
         }
     }
     Ok(out)
+}
+
+/// What one sweep of the groups' running counters did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupsSwept {
+    /// Counters cleared (back at 0: the group runs nothing).
+    pub cleared: usize,
+    /// Where the next sweep goes on: the last key looked at, or `None`
+    /// when this one reached the end.
+    pub next: Option<Vec<u8>>,
+}
+
+/// Clears up to `limit` groups' running counters (`jobs/limits.rs`) that
+/// are back at 0, looking at the keys after `after` (from the first with
+/// `None`). Without it every group that ever ran keeps its counter key.
+/// The counters are read as a snapshot and a read conflict is added on
+/// each one cleared only: a run of that group starting meanwhile (its +1
+/// committed after this read) makes this transaction conflict and retry,
+/// so no count is lost, and a counter cleared first is simply added to
+/// again from nothing (a missing counter reads as 0).
+pub async fn clear_idle_groups(
+    tx: &Tx,
+    ks: &Keyspace,
+    after: Option<&[u8]>,
+    limit: usize,
+) -> Result<GroupsSwept, StoreError> {
+    let (first, end) = ks.group_running_range();
+    // The first key after `after`.
+    let begin = after.map_or(first, |k| [k, &[0]].concat());
+    let rows = tx.get_range(&RangeRequest::new(begin, end).limit(limit).snapshot(true)).await?;
+    let mut out = GroupsSwept::default();
+    for (key, value) in &rows {
+        if is_zero_counter(value) {
+            tx.add_read_conflict_key(key);
+            tx.clear(key);
+            out.cleared += 1;
+        }
+    }
+    if rows.len() == limit {
+        out.next = rows.last().map(|(k, _)| k.clone());
+    }
+    Ok(out)
+}
+
+/// Whether a counter written by atomic adds reads 0 (FoundationDB's ADD:
+/// little-endian, missing bytes 0). A negative count is left alone.
+fn is_zero_counter(value: &[u8]) -> bool {
+    value.iter().take(8).all(|b| *b == 0)
 }
