@@ -35,6 +35,14 @@ async fn sweep(node: &Node, after: Option<&[u8]>, limit: usize) -> ops::GroupsSw
         .expect("sweep")
 }
 
+/// Whether a sweep of every counter would find one at 0 (a read).
+async fn idle_ahead(node: &Node) -> (bool, Option<Vec<u8>>) {
+    let ks = node.keyspace();
+    run(node.db().as_ref(), TxOptions::read(), |tx| async move { ops::idle_groups_ahead(&tx, ks, None, 500).await })
+        .await
+        .expect("look ahead")
+}
+
 /// Whether a group's counter is at 0, or cleared already: the test's
 /// node's own pruner sweeps at every minute's turn, which may fall
 /// anywhere in the test.
@@ -63,11 +71,14 @@ async fn a_group_that_runs_nothing_leaves_no_counter(store: StoreKind) {
     let swept = sweep(&node, None, 500).await;
     assert!(swept.cleared <= 1 && swept.next.is_none(), "{swept:?}");
     assert_eq!((group_counter(&node, "ga").await, group_counter(&node, "gb").await), (None, Some(1)));
+    // The pruner's read before a sweep: nothing at 0 now (gb runs one).
+    assert_eq!(idle_ahead(&node).await, (false, None));
 
     // A sweep in batches goes on after the last key it looked at.
     add_in(&node, "c1", "gc").await;
     let hc = accept_now(jobs, T, b"w").await;
     jobs.finish(&hc.fence(), b"{}").await.unwrap();
+    assert!(idle_ahead(&node).await.0 || group_counter(&node, "gc").await.is_none(), "gc is at 0");
     let first = sweep(&node, None, 1).await;
     let gb_key = node.keyspace().group_running(T, b"gb");
     assert_eq!((first.cleared, first.next.as_ref()), (0, Some(&gb_key)), "gb, which runs a job, first");

@@ -81,9 +81,21 @@ pub(crate) async fn run_pruner(shared: Arc<Context>, cancel: CancellationToken) 
         }
         if groups_swept != Some(minute) {
             let after = groups_from.as_deref();
-            let sweep = run(shared.db.as_ref(), shared.write, |tx| async move {
-                ops::clear_idle_groups(&tx, ks, after, GROUPS_SWEPT).await
-            });
+            // A read first: a write transaction only when a counter is at
+            // 0 (an idle node takes no write lock for it).
+            let sweep = async {
+                let (idle, next) = run(shared.db.as_ref(), shared.read, |tx| async move {
+                    ops::idle_groups_ahead(&tx, ks, after, GROUPS_SWEPT).await
+                })
+                .await?;
+                if !idle {
+                    return Ok(ops::GroupsSwept { cleared: 0, next });
+                }
+                run(shared.db.as_ref(), shared.write, |tx| async move {
+                    ops::clear_idle_groups(&tx, ks, after, GROUPS_SWEPT).await
+                })
+                .await
+            };
             let swept = tokio::select! {
                 _ = cancel.cancelled() => return,
                 swept = sweep => swept,

@@ -75,11 +75,8 @@ pub async fn clear_idle_groups(
     after: Option<&[u8]>,
     limit: usize,
 ) -> Result<GroupsSwept, StoreError> {
-    let (first, end) = ks.group_running_range();
-    // The first key after `after`.
-    let begin = after.map_or(first, |k| [k, &[0]].concat());
-    let rows = tx.get_range(&RangeRequest::new(begin, end).limit(limit).snapshot(true)).await?;
-    let mut out = GroupsSwept::default();
+    let (rows, next) = group_counters(tx, ks, after, limit).await?;
+    let mut out = GroupsSwept { cleared: 0, next };
     for (key, value) in &rows {
         if is_zero_counter(value) {
             tx.add_read_conflict_key(key);
@@ -87,10 +84,36 @@ pub async fn clear_idle_groups(
             out.cleared += 1;
         }
     }
-    if rows.len() == limit {
-        out.next = rows.last().map(|(k, _)| k.clone());
-    }
     Ok(out)
+}
+
+/// Whether any of the counters [`clear_idle_groups`] would look at is at
+/// 0, and where the sweep after it would go on: a read (a snapshot), so
+/// that a sweep with nothing to clear needs no write transaction.
+pub async fn idle_groups_ahead(
+    tx: &Tx,
+    ks: &Keyspace,
+    after: Option<&[u8]>,
+    limit: usize,
+) -> Result<(bool, Option<Vec<u8>>), StoreError> {
+    let (rows, next) = group_counters(tx, ks, after, limit).await?;
+    Ok((rows.iter().any(|(_, v)| is_zero_counter(v)), next))
+}
+
+/// Up to `limit` groups' counters after `after` (as a snapshot), and the
+/// last key when the batch is full.
+async fn group_counters(
+    tx: &Tx,
+    ks: &Keyspace,
+    after: Option<&[u8]>,
+    limit: usize,
+) -> Result<(Vec<crate::store::KeyValue>, Option<Vec<u8>>), StoreError> {
+    let (first, end) = ks.group_running_range();
+    // The first key after `after`.
+    let begin = after.map_or(first, |k| [k, &[0]].concat());
+    let rows = tx.get_range(&RangeRequest::new(begin, end).limit(limit).snapshot(true)).await?;
+    let next = if rows.len() == limit { rows.last().map(|(k, _)| k.clone()) } else { None };
+    Ok((rows, next))
 }
 
 /// Whether a counter written by atomic adds reads 0 (FoundationDB's ADD:
