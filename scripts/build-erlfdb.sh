@@ -4,9 +4,12 @@
 # erlfdb in one VM (test/couch_workers_erlfdb_tests.erl, docs/fdb.md).
 #
 #   scripts/build-erlfdb.sh [BUILD_DIR]
+#   scripts/build-erlfdb.sh --check    # only: is the source there?
 #
-# ERLFDB_SRC    erlfdb's source tree; default ../shared/erlfdb beside the
-#               repository. It is read in place, never copied or written.
+# ERLFDB_SRC    erlfdb's source tree (git clone
+#               https://github.com/apache/couchdb-erlfdb); default
+#               ../shared/erlfdb beside the repository (the team's
+#               machines). It is read in place, never copied or written.
 # BUILD_DIR     where the build goes; default _build/erlfdb in the
 #               repository (ERLFDB_BUILD_DIR also names it). Gets
 #               ebin/*.beam, ebin/erlfdb.app and priv/erlfdb_nif.so.
@@ -24,13 +27,16 @@ set -eu
 
 ROOT=$(CDPATH= cd -- "$(dirname -- "$0")/.." && pwd)
 SRC=${ERLFDB_SRC:-$ROOT/../shared/erlfdb}
+CHECK=no
+[ "${1:-}" = --check ] && { CHECK=yes; shift; }
 OUT=${1:-${ERLFDB_BUILD_DIR:-$ROOT/_build/erlfdb}}
 
 if [ ! -f "$SRC/src/erlfdb_nif.erl" ] || [ ! -d "$SRC/c_src" ]; then
-    echo "build-erlfdb: no erlfdb source at $SRC (set ERLFDB_SRC)" >&2
+    echo "build-erlfdb: no erlfdb source at $SRC (git clone https://github.com/apache/couchdb-erlfdb, then set ERLFDB_SRC)" >&2
     exit 1
 fi
 SRC=$(cd "$SRC" && pwd)
+[ "$CHECK" = yes ] && exit 0
 
 # shellcheck source=fdb-env.sh
 . "$ROOT/scripts/fdb-env.sh"

@@ -15,6 +15,29 @@ scripts/setup.sh
 # environment would move the embedded stages onto it.
 unset FDB_CLUSTER_FILE FDB_CLUSTER_DIR
 
+# What the live stages need, looked for before any stage: a machine
+# without it stops now with what to install, not 20 minutes in.
+. scripts/fdb-env.sh
+live_missing=""
+if [ "$FDB_FOUND" != yes ]; then
+    live_missing="No FoundationDB found. Install FoundationDB's official packages
+(foundationdb-clients and foundationdb-server, 7.1 or newer:
+https://github.com/apple/foundationdb/releases), or set
+COUCH_WORKERS_FDB_DIR to a directory with bin/fdbserver, bin/fdbcli and
+lib/libfdb_c.so."
+elif ! scripts/build-erlfdb.sh --check; then
+    live_missing="No erlfdb source (CouchDB's FoundationDB binding, built here with
+erlc and cc): git clone https://github.com/apache/couchdb-erlfdb DIR,
+then set ERLFDB_SRC=DIR."
+fi
+if [ -n "$live_missing" ]; then
+    bar=$(printf '!%.0s' $(seq 1 78))
+    printf '%s\n%s\nThe live suites cannot run. (COUCH_WORKERS_NO_FDB=1 runs the rest and says NOT RUN.)\n%s\n' \
+        "$bar" "$live_missing" "$bar" >&2
+    [ "${COUCH_WORKERS_NO_FDB:-}" = 1 ] || exit 1
+    FDB_FOUND=no
+fi
+
 # A clean-clone run writes about 5.5 GB (cargo targets, _build, the
 # integration trees); a full disk fails it halfway with a linker's bus
 # error, so say it first.
@@ -77,19 +100,7 @@ scripts/check-fdb.sh
 # A real FoundationDB for the live suites: a local cluster in a temp dir,
 # stopped and removed when this script ends, however it ends.
 stage "FoundationDB: a local cluster (scripts/fdb-cluster.sh)"
-. scripts/fdb-env.sh
 if [ "$FDB_FOUND" != yes ]; then
-    bar=$(printf '!%.0s' $(seq 1 78))
-    cat >&2 <<MSG
-$bar
-No FoundationDB found: the live suites cannot run. Install FoundationDB's
-official packages (foundationdb-clients and foundationdb-server, 7.1 or
-newer: https://github.com/apple/foundationdb/releases), or set
-COUCH_WORKERS_FDB_DIR to a directory with bin/fdbserver, bin/fdbcli and
-lib/libfdb_c.so. (COUCH_WORKERS_NO_FDB=1 runs the rest and says NOT RUN.)
-$bar
-MSG
-    [ "${COUCH_WORKERS_NO_FDB:-}" = 1 ] || exit 1
     echo "==> NOT RUN: every live FoundationDB suite (COUCH_WORKERS_NO_FDB=1)" >&2
 else
     echo "==> FoundationDB: $FDB_WHERE"
