@@ -29,10 +29,13 @@ fn dup(holder: &[u8]) -> Error {
     Error::Duplicate(holder.to_vec())
 }
 
-/// Every key of the type's jobs, in one snapshot: what a refused call
-/// must leave as it was.
+/// Every key of the key space but the reaper's pulse, in one snapshot:
+/// what a refused call must leave as it was. (Each reaper pass adds to
+/// the pulse, whenever it runs: a pass between two snapshots failed this
+/// test on FoundationDB.)
 async fn snapshot(node: &couch_workers_core::Node) -> Vec<(Vec<u8>, Vec<u8>)> {
-    range(node, ks(node).root_range()).await
+    let pulse = ks(node).reaper_pulse();
+    range(node, ks(node).root_range()).await.into_iter().filter(|(k, _)| *k != pulse).collect()
 }
 
 /// Whether another job could take `key` now: adds one with it (then
