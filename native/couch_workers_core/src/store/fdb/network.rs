@@ -30,6 +30,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use foundationdb::api::{get_max_api_version, FdbApiBuilder, NetworkStop};
+use foundationdb::options::NetworkOption;
 use foundationdb::FdbResult;
 use tokio_util::sync::CancellationToken;
 
@@ -40,6 +41,29 @@ use crate::store::StoreError;
 /// The FoundationDB API version this crate selects (cargo feature
 /// `fdb-7_1` of the `foundationdb` crate). Needs libfdb_c 7.1 or newer.
 pub const API_VERSION: i32 = 710;
+
+/// The client knob set when this module boots the network. A watch that
+/// fires is handed to the client only once a read version at or past the
+/// change's version comes back; the storage server can see a commit before
+/// the commit proxy has reported it (the log servers unblock their
+/// readers before their own disk write is done), and libfdb_c then sleeps
+/// `future_version_retry_delay` (0.01 s by default) before it asks again:
+/// about half the watches on a local cluster fired 10 ms late. At 1 ms
+/// the wait is one extra read-version request per millisecond, a few at
+/// most (the log's disk write takes about that long). The same knob is
+/// the pause before a read retries `future_version`, where 1 ms is as
+/// harmless. Not set when the operator's `FDB_NETWORK_OPTION_KNOB`
+/// environment variable (which libfdb_c applies at set-up) names the
+/// knob; a network that erlfdb booted first keeps erlfdb's knobs
+/// (`docs/fdb.md`).
+pub const WATCH_CONFIRM_KNOB: &str = "future_version_retry_delay=0.001";
+
+/// Whether the operator's `FDB_NETWORK_OPTION_KNOB` value sets the knob
+/// of [`WATCH_CONFIRM_KNOB`] (libfdb_c accepts `-` or `_` in knob names).
+fn operator_sets_knob(env: Option<&str>) -> bool {
+    let name = |k: &str| k.split('=').next().unwrap_or("").trim().to_ascii_lowercase().replace('-', "_");
+    env.is_some_and(|v| name(v) == name(WATCH_CONFIRM_KNOB))
+}
 
 /// Where the network of this OS process is in its life (for the tests).
 #[cfg(any(test, feature = "internals"))]
@@ -138,6 +162,13 @@ fn boot() -> Result<Booted, String> {
         AfterSelect::SetUpNetwork => select.map_err(|e| format!("FoundationDB: {}", map_fdb_error(e)))?,
         AfterSelect::UseShared => return Ok(Booted::Shared),
         AfterSelect::Fail(message) => return Err(message),
+    };
+    let builder = if operator_sets_knob(std::env::var("FDB_NETWORK_OPTION_KNOB").ok().as_deref()) {
+        builder
+    } else {
+        builder
+            .set_option(NetworkOption::Knob(WATCH_CONFIRM_KNOB.into()))
+            .map_err(|e| format!("FoundationDB: setting the client knob {WATCH_CONFIRM_KNOB}: {}", map_fdb_error(e)))?
     };
     let setup = builder.build();
     let (runner, ready) = match after_setup(setup.as_ref().err().map_or(0, |e| e.code())) {
@@ -240,5 +271,18 @@ pub fn network_status() -> NetworkStatus {
         Lifecycle::Shared => NetworkStatus::Shared,
         Lifecycle::Stopped => NetworkStatus::Stopped,
         Lifecycle::Failed(message) => NetworkStatus::Failed(message.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::operator_sets_knob;
+
+    #[test]
+    fn an_operators_value_of_the_knob_is_left_to_libfdb_c() {
+        assert!(operator_sets_knob(Some("future_version_retry_delay=0.005")));
+        assert!(operator_sets_knob(Some("FUTURE-VERSION-RETRY-DELAY=0.02")));
+        assert!(!operator_sets_knob(Some("max_batch_size=10")));
+        assert!(!operator_sets_knob(None));
     }
 }
