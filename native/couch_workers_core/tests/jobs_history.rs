@@ -1,7 +1,8 @@
 //! A job's run history: the last 10 runs, newest first, each with its
 //! attempt, worker, start and end (wall clock), outcome and error,
-//! written by the accept and the run's end in their own transactions; a
-//! removal takes it away. On every store.
+//! written by the accept and the run's end in their own transactions
+//! (the current or last run in the job's record, the runs before it a key
+//! each); a removal takes it away. On every store.
 
 mod jobs_common;
 
@@ -92,7 +93,7 @@ async fn the_last_ten_runs_and_no_more(store: StoreKind) {
     let runs = history(jobs, b"a").await;
     assert_eq!(runs.iter().map(|r| r.attempt).collect::<Vec<_>>(), (3..=12).rev().collect::<Vec<u64>>());
     assert!(runs.iter().all(|r| r.outcome == Outcome::Retried));
-    assert_eq!(range(&node, ks(&node).history_range(T, b"a")).await.len(), 20, "two keys per kept run");
+    assert_eq!(range(&node, ks(&node).history_range(T, b"a")).await.len(), 9, "a key per kept run but the last");
     // A resubmit: attempts start at 0 again, and so does the history.
     let h = accept_now(jobs, T, b"w").await;
     jobs.finish(&h.fence(), b"{}").await.unwrap();
@@ -106,15 +107,41 @@ async fn the_last_ten_runs_and_no_more(store: StoreKind) {
     assert_eq!(history(jobs, b"a").await, vec![]);
     let _h = accept_now(jobs, T, b"w").await;
     assert_eq!(outcomes(&history(jobs, b"a").await), vec![(1, Outcome::Running)]);
-    assert_eq!(range(&node, ks(&node).history_range(T, b"a")).await.len(), 1, "no key of the life before");
+    assert_eq!(range(&node, ks(&node).history_range(T, b"a")).await.len(), 0, "no key of the life before");
     jobs.remove(T, b"a").await.unwrap();
     assert_eq!(range(&node, ks(&node).history_range(T, b"a")).await, vec![], "a removal clears the history");
     assert_eq!(jobs.get_with_history(T, b"a").await.map(|_| ()), Err(Error::NotFound));
     node.stop().await;
 }
 
+/// A job that runs once writes no history key: its run is in its record,
+/// from the accept to its end and after. The next accept moves it into a
+/// key of its own.
+async fn a_single_run_writes_no_key(store: StoreKind) {
+    let c = Cluster::on(store);
+    let node = c.node();
+    let jobs = node.jobs();
+    let _w = register(&node, T, b"w").await;
+    jobs.add_with(T, b"a", b"{}", &JobOpts { max_attempts: Some(MaxAttempts::Infinity), ..JobOpts::default() })
+        .await
+        .unwrap();
+    let keys = || async { range(&node, ks(&node).history_range(T, b"a")).await.len() };
+    let h = accept_now(jobs, T, b"w").await;
+    assert_eq!((outcomes(&history(jobs, b"a").await), keys().await), (vec![(1, Outcome::Running)], 0));
+    jobs.fail(&h.fence(), br#"{"why":"y"}"#, Retry::After(0)).await.unwrap();
+    assert_eq!((outcomes(&history(jobs, b"a").await), keys().await), (vec![(1, Outcome::Retried)], 0));
+    let h = accept_now(jobs, T, b"w").await;
+    assert_eq!(keys().await, 1, "the next accept keeps run 1 in a key");
+    jobs.finish(&h.fence(), b"{}").await.unwrap();
+    let runs = history(jobs, b"a").await;
+    assert_eq!(outcomes(&runs), vec![(2, Outcome::Finished), (1, Outcome::Retried)]);
+    assert_eq!(runs[1].error.as_deref(), Some(&br#"{"why":"y"}"#[..]), "the run's failure moved with it");
+    assert_eq!((runs[1].worker.as_slice(), runs[1].ended_at.is_some()), (&b"w"[..], true));
+    node.stop().await;
+}
+
 couch_workers_core::store_tests!(
     runtime: (flavor = "multi_thread"),
     stores: [embedded: Embedded, sim: Sim],
-    tests: [every_outcome_newest_first, the_last_ten_runs_and_no_more],
+    tests: [every_outcome_newest_first, the_last_ten_runs_and_no_more, a_single_run_writes_no_key],
 );

@@ -1,17 +1,25 @@
-//! A job's run history: its last [`HISTORY_RUNS`] runs, each written in
-//! the transactions that start and end the run (no transaction of its
-//! own). Two keys per run, both written blind (no read, so no conflict):
-//! the start `(Run, 0)` at the accept, the end `(Run, 1)` at the run's
-//! end, `Run` being the attempt number the accept gave the job. From the
-//! eleventh run on, the accept also clears the run `HISTORY_RUNS` behind
-//! it. A resubmit that queues the job anew starts its attempts at 0
-//! again, and clears the history in its transaction (rare, unlike
-//! accepts, which write one key). Keys and values: `docs/keyspace.md`
-//! ("history").
+//! A job's run history: its last [`HISTORY_RUNS`] runs, kept in the
+//! transactions that start and end runs (no transaction of its own, and
+//! no key of its own for the common run).
+//!
+//! The job's current or last run lives in its record
+//! (`Record::run_started_at`, `Record::run_ended`): the accept writes the
+//! record anyway, and so does the transaction that ends the run, so a job
+//! that runs once writes no history key at all. The accept of the next
+//! run moves the last one into a key of its own, `(Run, 2)`, written blind
+//! (no read, so no conflict), `Run` being the attempt number its accept
+//! gave it; from the eleventh run on it also clears the run
+//! `HISTORY_RUNS` behind the new one. A resubmit that queues the job anew
+//! starts its attempts at 0 again and clears the history in its
+//! transaction. Runs started by an older version of this code left two
+//! keys, a start `(Run, 0)` and an end `(Run, 1)`: still read, and a run
+//! whose start is such a key ends with such a key. Keys and values:
+//! `docs/keyspace.md` ("history").
 
 use foundationdb_tuple::{pack, unpack, Bytes};
 
 use super::job::JobState;
+use super::record::{Record, RunEnded};
 use crate::keyspace::Keyspace;
 use crate::store::{RangeRequest, StoreError, Tx};
 
@@ -60,7 +68,15 @@ impl Outcome {
         }
     }
 
-    fn from_name(name: &[u8]) -> Option<Outcome> {
+    /// The widest of the names (for the record's size bounds).
+    pub(crate) const LONGEST: Outcome = Outcome::Released;
+
+    /// Whether the run failed: its error is the record's.
+    pub(crate) fn is_failure(self) -> bool {
+        matches!(self, Outcome::Failed | Outcome::Retried | Outcome::Lost | Outcome::Timeout)
+    }
+
+    pub(crate) fn from_name(name: &[u8]) -> Option<Outcome> {
         [
             Outcome::Running,
             Outcome::Finished,
@@ -92,32 +108,63 @@ pub struct Run {
     pub error: Option<Vec<u8>>,
 }
 
-/// The start of run `attempt`, in the accept's transaction.
-pub(crate) fn write_start(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], attempt: u64, worker: &[u8], now: u64) {
-    let run = key_i64(attempt);
-    // The run `HISTORY_RUNS` behind this one goes (each accept takes one,
-    // so no older one is left).
-    if attempt > HISTORY_RUNS {
+/// The part of a run's key that holds a whole ended run.
+const PART_RUN: i64 = 2;
+
+/// The parts of a run started by an older version: its start and its end.
+const PART_START: i64 = 0;
+const PART_END: i64 = 1;
+
+/// A run starts: `rec` is about to be written running for `worker`, its
+/// `attempts` the new run's number. Moves the record's last run, if it
+/// has one, into its key, clears the run [`HISTORY_RUNS`] behind, and
+/// notes the start in the record.
+pub(crate) fn start_run(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, now: u64) {
+    let run = key_i64(rec.attempts);
+    if let (Some(started), Some(ended)) = (rec.run_started_at, rec.run_ended.take()) {
+        let error = if ended.outcome.is_failure() { rec.error.as_deref() } else { None };
+        let value = pack(&(
+            HISTORY_FORMAT,
+            Bytes::from(ended.worker.as_slice()),
+            key_i64(started),
+            key_i64(ended.ended_at),
+            Bytes::from(ended.outcome.name().as_bytes()),
+            error.map(Bytes::from),
+        ));
+        tx.set(&ks.history_part(job_type, id, run - 1, PART_RUN), &value);
+    }
+    // The kept runs are the nine before this one (keys) and this one (the
+    // record): the run `HISTORY_RUNS` behind goes, whatever its keys.
+    if rec.attempts > HISTORY_RUNS {
         let old = run - key_i64(HISTORY_RUNS);
         tx.clear_range(&ks.history_run(job_type, id, old), &ks.history_run(job_type, id, old + 1));
     }
-    tx.set(&ks.history_part(job_type, id, run, 0), &pack(&(HISTORY_FORMAT, Bytes::from(worker), key_i64(now))));
+    rec.run_started_at = Some(now);
+    rec.run_ended = None;
 }
 
-/// The end of run `attempt`, in the transaction that ends it.
+/// The running run of `rec` ends (in the transaction that ends it), run
+/// by `worker`, as `outcome`: noted in the record, whose error is then the
+/// run's failure. A run whose start an older version wrote in a key gets
+/// its end in a key beside it.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn write_end(
+pub(crate) fn end_run(
     tx: &Tx,
     ks: &Keyspace,
     job_type: &[u8],
     id: &[u8],
-    attempt: u64,
+    rec: &mut Record,
+    worker: Vec<u8>,
     outcome: Outcome,
-    error: Option<&[u8]>,
     now: u64,
 ) {
+    if rec.run_started_at.is_some() {
+        rec.run_ended = Some(RunEnded { worker, ended_at: now, outcome });
+        return;
+    }
+    let error = if outcome.is_failure() { rec.error.as_deref() } else { None };
     let value = pack(&(HISTORY_FORMAT, key_i64(now), Bytes::from(outcome.name().as_bytes()), error.map(Bytes::from)));
-    tx.set(&ks.history_part(job_type, id, key_i64(attempt), 1), &value);
+    tx.set(&ks.history_part(job_type, id, key_i64(rec.attempts), PART_END), &value);
 }
 
 /// How a run that `end_run` ended shows: by the state it left the job
@@ -134,16 +181,32 @@ pub(crate) fn outcome_of(state: JobState, ended_by: Outcome) -> Outcome {
     }
 }
 
-/// Clears the job's history (the job is removed, or queued anew by a
-/// resubmit, which starts its attempts at 0 again).
+/// Clears the job's history keys (the job is removed).
 pub(crate) fn clear(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) {
     let (begin, end) = ks.history_range(job_type, id);
     tx.clear_range(&begin, &end);
 }
 
-/// The job's runs, newest first (at most [`HISTORY_RUNS`]). Parts that do
+/// Starts the history again: the job is queued anew by a resubmit, which
+/// starts its attempts at 0 again. Its keys go, and the run its record
+/// holds.
+pub(crate) fn restart(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record) {
+    clear(tx, ks, job_type, id);
+    rec.run_started_at = None;
+    rec.run_ended = None;
+}
+
+/// The runs of the job whose record is `rec`, newest first (at most
+/// [`HISTORY_RUNS`]): its keys and the run its record holds. Keys that do
 /// not decode are skipped: the history is informational.
-pub async fn read(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], snapshot: bool) -> Result<Vec<Run>, StoreError> {
+pub(crate) async fn read(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+    rec: &Record,
+    snapshot: bool,
+) -> Result<Vec<Run>, StoreError> {
     let (begin, end) = ks.history_range(job_type, id);
     let rows = tx.get_range(&RangeRequest::new(begin, end).snapshot(snapshot)).await?;
     let mut runs: Vec<Run> = Vec::new();
@@ -151,7 +214,23 @@ pub async fn read(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], snapshot: 
         let Some((run, part)) = ks.parse_history(job_type, id, &key) else { continue };
         let Ok(attempt) = u64::try_from(run) else { continue };
         match part {
-            0 => {
+            PART_RUN => {
+                let Ok((HISTORY_FORMAT, worker, started, ended, outcome, error)) =
+                    unpack::<(i64, Bytes, i64, i64, Bytes, Option<Bytes>)>(&value)
+                else {
+                    continue;
+                };
+                let Some(outcome) = Outcome::from_name(&outcome) else { continue };
+                runs.push(Run {
+                    attempt,
+                    worker: worker.into_owned(),
+                    started_at: u64::try_from(started).unwrap_or(0),
+                    ended_at: Some(u64::try_from(ended).unwrap_or(0)),
+                    outcome,
+                    error: error.map(Bytes::into_owned),
+                });
+            }
+            PART_START => {
                 let Ok((HISTORY_FORMAT, worker, started)) = unpack::<(i64, Bytes, i64)>(&value) else { continue };
                 runs.push(Run {
                     attempt,
@@ -162,7 +241,7 @@ pub async fn read(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], snapshot: 
                     error: None,
                 });
             }
-            1 => {
+            PART_END => {
                 let Some(last) = runs.last_mut().filter(|r| r.attempt == attempt) else { continue };
                 let Ok((HISTORY_FORMAT, ended, outcome, error)) = unpack::<(i64, i64, Bytes, Option<Bytes>)>(&value)
                 else {
@@ -176,7 +255,36 @@ pub async fn read(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], snapshot: 
             _ => {}
         }
     }
+    if let Some(current) = record_run(rec) {
+        runs.retain(|r| r.attempt != current.attempt);
+        runs.push(current);
+    }
     runs.reverse();
     runs.truncate(HISTORY_RUNS as usize);
     Ok(runs)
+}
+
+/// The run `rec` holds, if any: running, or its last until the next
+/// accept.
+fn record_run(rec: &Record) -> Option<Run> {
+    let started_at = rec.run_started_at?;
+    let run = match &rec.run_ended {
+        Some(ended) => Run {
+            attempt: rec.attempts,
+            worker: ended.worker.clone(),
+            started_at,
+            ended_at: Some(ended.ended_at),
+            outcome: ended.outcome,
+            error: if ended.outcome.is_failure() { rec.error.clone() } else { None },
+        },
+        None => Run {
+            attempt: rec.attempts,
+            worker: rec.worker.clone().unwrap_or_default(),
+            started_at,
+            ended_at: None,
+            outcome: Outcome::Running,
+            error: None,
+        },
+    };
+    Some(run)
 }

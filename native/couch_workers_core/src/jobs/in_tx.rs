@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::history::{self, Run};
+use super::history::Run;
 use super::job::{Fence, Job, JobHandle, JobOpts, JobSpec, JobVs};
 use super::ops;
 use super::tx_counts::{self, TxEvent};
@@ -90,11 +90,8 @@ impl TxJobs {
     pub async fn get(self, job_type: &[u8], id: &[u8]) -> Result<(Job, Vec<Run>), Error> {
         let ks = &self.jobs.context().ks;
         ops::check_job_key(ks, job_type, id)?;
-        let job = ops::get(&self.tx, ks, job_type, id).await?.ok_or(Error::NotFound)?;
-        // With its last runs, as `job_get/2` answers (snapshot reads: no
-        // conflict on a run written meanwhile).
-        let runs = history::read(&self.tx, ks, job_type, id, true).await?;
-        Ok((job, runs))
+        // With its last runs, as `job_get/2` answers.
+        ops::get_with_history(&self.tx, ks, job_type, id).await?.ok_or(Error::NotFound)
     }
 
     /// [`Jobs::update`] in the caller's transaction. The handle's `vs` is

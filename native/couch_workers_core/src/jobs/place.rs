@@ -138,7 +138,7 @@ pub(crate) fn place(
             if let Some(worker) = &rec.worker {
                 tx.set_versionstamped_value(&ks.active(job_type, worker, id), &record::encode_active(user_version));
                 // Only an accept makes a job running: a run starts.
-                history::write_start(tx, ks, job_type, id, rec.attempts, worker, now_ms);
+                history::start_run(tx, ks, job_type, id, rec, now_ms);
             }
             activity::index_run(tx, ks, job_type, id, rec, user_version);
         }

@@ -2,7 +2,7 @@
 //! `job_type_set/2`, the command line's `type`), and a job with its run
 //! history (`job_get/2`, the command line's `job`).
 
-use super::history::{self, Run};
+use super::history::Run;
 use super::job::Job;
 use super::ops;
 use super::type_settings::{TypeSetting, TypeSettings};
@@ -28,16 +28,11 @@ impl Jobs {
         ctx.check_open()?;
         ops::check_job_key(&ctx.ks, job_type, id)?;
         let ks = &ctx.ks;
-        let (job, runs) = run(ctx.db.as_ref(), ctx.read, |tx| async move {
-            let job = ops::get(&tx, ks, job_type, id).await?;
-            let runs = match job {
-                Some(_) => history::read(&tx, ks, job_type, id, true).await?,
-                None => Vec::new(),
-            };
-            Ok((job, runs))
+        let job = run(ctx.db.as_ref(), ctx.read, |tx| async move {
+            ops::get_with_history(&tx, ks, job_type, id).await
         })
         .await?;
-        Ok((job.ok_or(Error::NotFound)?, runs))
+        job.ok_or(Error::NotFound)
     }
 
     /// Changes the settings `changes` names, cluster-wide, and returns

@@ -8,7 +8,7 @@ use couch_workers_core::store::{run, Database, RangeRequest, TxOptions};
 use foundationdb_tuple::{unpack, Element};
 
 /// A job record, decoded here independently of the crate's decoder
-/// (`jobs/record.rs` formats 1 to 5).
+/// (`jobs/record.rs` formats 1 to 7).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rec {
     pub state: String,
@@ -29,15 +29,26 @@ pub struct Rec {
     pub incarnation: Option<Vec<u8>>,
     /// Format 5 and 6: the job's unique key.
     pub unique: Option<Vec<u8>>,
-    /// Format 6: the job's group.
+    /// Format 6 and 7: the job's group.
     pub group: Option<Vec<u8>>,
+    /// Format 7: when its current or last run started.
+    pub run_started_at: Option<i64>,
+    /// Format 7: whether its last run ended (worker, end and outcome all
+    /// there, or none).
+    pub run_ended: bool,
 }
 
 fn decode_record(value: &[u8]) -> Result<Rec, String> {
     let e: Vec<Element> = unpack(value).map_err(|e| format!("not a tuple: {e}"))?;
     match (e[0].as_i64(), e.len()) {
-        (Some(1), 10) | (Some(2), 16) | (Some(3), 17) | (Some(4), 18) | (Some(5), 19) | (Some(6), 21) => {}
-        _ => return Err(format!("not a format-1 to -6 record ({} elements)", e.len())),
+        (Some(1), 10)
+        | (Some(2), 16)
+        | (Some(3), 17)
+        | (Some(4), 18)
+        | (Some(5), 19)
+        | (Some(6), 21)
+        | (Some(7), 25) => {}
+        _ => return Err(format!("not a format-1 to -7 record ({} elements)", e.len())),
     }
     let opt_int = |i: usize| -> Result<Option<i64>, String> {
         match e.get(i) {
@@ -75,8 +86,8 @@ fn decode_record(value: &[u8]) -> Result<Rec, String> {
         incarnation,
         unique: match (e.get(18), e.len()) {
             (None, _) => None,
-            // Format 6: each of its three elements may be nil.
-            (Some(el), 21) => {
+            // Format 6 and 7: each of its three elements may be nil.
+            (Some(el), 21 | 25) => {
                 bytes(&e[19])?;
                 opt_int(20)?;
                 bytes(el)?
@@ -84,8 +95,18 @@ fn decode_record(value: &[u8]) -> Result<Rec, String> {
             (Some(el), _) => Some(bytes(el)?.ok_or("nil unique key")?),
         },
         group: match e.len() {
-            21 => bytes(&e[19])?,
+            21 | 25 => bytes(&e[19])?,
             _ => None,
+        },
+        run_started_at: opt_int(21)?,
+        run_ended: match (e.get(22), opt_int(23)?, e.get(24)) {
+            (None, _, _) => false,
+            (Some(w), end, Some(o)) => match (bytes(w)?, end, bytes(o)?) {
+                (None, None, None) => false,
+                (Some(_), Some(_), Some(_)) => true,
+                _ => return Err("a run's end in part".into()),
+            },
+            _ => return Err("a run's end in part".into()),
         },
     })
 }
@@ -393,8 +414,9 @@ impl Snapshot {
     /// The format-2 indexes and counters against the records.
     /// Unique keys and run history: a unique key names an unended job
     /// that has that key, and every unended job with a key holds it; a
-    /// history belongs to a job, keeps at most 10 runs, and a running job
-    /// has the start of its current run.
+    /// history belongs to a job, keeps at most 10 runs (its keys and the
+    /// run its record holds), and a running job's record has the start of
+    /// its current run and no end.
     fn controls_violations(&self) -> Vec<String> {
         let mut v = Vec::new();
         for ((t, key), id) in &self.uniques {
@@ -418,11 +440,30 @@ impl Snapshot {
                     v.push(format!("job {}/{}: {} without its unique key", show(t), show(id), rec.state));
                 }
             }
-            if rec.state == "running" {
-                let runs = self.history.get(&(t.clone(), id.clone()));
-                if !runs.is_some_and(|r| r.contains(&(rec.attempts, 0))) {
-                    v.push(format!("job {}/{}: running without the start of run {}", show(t), show(id), rec.attempts));
-                }
+            // (A run an older version started has its start in a key.)
+            let legacy_start =
+                self.history.get(&(t.clone(), id.clone())).is_some_and(|r| r.contains(&(rec.attempts, 0)));
+            if rec.state == "running" && (rec.run_ended || (rec.run_started_at.is_none() && !legacy_start)) {
+                v.push(format!(
+                    "job {}/{}: running without the start of run {} alone",
+                    show(t),
+                    show(id),
+                    rec.attempts
+                ));
+            }
+            if rec.run_ended && rec.run_started_at.is_none() {
+                v.push(format!("job {}/{}: a run's end without its start", show(t), show(id)));
+            }
+            let kept = self.history.get(&(t.clone(), id.clone())).map_or(0, |parts| {
+                parts
+                    .iter()
+                    .filter(|(run, _)| *run != rec.attempts || rec.run_started_at.is_none())
+                    .map(|(run, _)| *run)
+                    .collect::<BTreeSet<i64>>()
+                    .len()
+            });
+            if kept + usize::from(rec.run_started_at.is_some()) > 10 {
+                v.push(format!("job {}/{}: {} runs kept", show(t), show(id), kept + 1));
             }
         }
         for ((t, id), parts) in &self.history {

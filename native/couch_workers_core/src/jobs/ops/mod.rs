@@ -66,7 +66,7 @@ pub use helpers::check_job_key;
 pub use lifecycle::{add, add_job, add_many, add_many_jobs, cancel, end, finish, remove, remove_if, update};
 pub use pause::set_paused;
 pub use prune::{clear_idle_groups, idle_groups_ahead, next_expiry, prune, GroupsSwept, Pruned};
-pub use query::{counts, get, job_types, list, next_run_at, pending_count};
+pub use query::{counts, get, get_with_history, job_types, list, next_run_at, pending_count};
 pub use reclaim::{give_back, reclaim};
 pub use requeue::{orphans, requeue_worker_jobs, sweep_orphan, Departure, SweepCursor, SweepStep};
 // The failover's batch bound, which tests fill exactly.

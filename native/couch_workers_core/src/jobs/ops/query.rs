@@ -1,6 +1,7 @@
 //! The read side: one job, counts, job types, pages of jobs.
 
 use super::helpers::{get_many, read_record};
+use crate::jobs::history::{self, Run};
 use crate::jobs::job::{Job, JobState};
 use crate::jobs::place::{self, key_i64};
 use crate::jobs::record::Record;
@@ -11,6 +12,19 @@ use crate::store::{RangeRequest, StoreError, Tx};
 pub async fn get(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8]) -> Result<Option<Job>, StoreError> {
     let now = place::wall_ms();
     Ok(read_record(tx, ks, job_type, id, false).await?.map(|rec| rec.to_job(job_type, id, now)))
+}
+
+/// [`get`] with the job's last runs, newest first (snapshot reads: no
+/// conflict on a run written meanwhile).
+pub async fn get_with_history(
+    tx: &Tx,
+    ks: &Keyspace,
+    job_type: &[u8],
+    id: &[u8],
+) -> Result<Option<(Job, Vec<Run>)>, StoreError> {
+    let Some(rec) = read_record(tx, ks, job_type, id, false).await? else { return Ok(None) };
+    let runs = history::read(tx, ks, job_type, id, &rec, true).await?;
+    Ok(Some((rec.to_job(job_type, id, place::wall_ms()), runs)))
 }
 
 /// The ids of the type's scheduled jobs that are due by `now`: they count

@@ -115,7 +115,7 @@ pub async fn resubmit(
             next.unique = unique;
             apply_resubmit(&mut next, Resubmit { info: info.to_vec(), opts: opts.clone() }, now);
             // Attempts from 0 again: so is its history.
-            crate::jobs::history::clear(tx, ks, job_type, id);
+            crate::jobs::history::restart(tx, ks, job_type, id, &mut next);
             if let Err(e) = check_room_to_run(ks, job_type, id, &next) {
                 return Ok(Err(e));
             }

@@ -85,7 +85,7 @@ pub(crate) fn end_run(
         RunEnd::Lost => Outcome::Lost,
         RunEnd::TimedOut => Outcome::Timeout,
     };
-    let attempt = rec.attempts;
+    let worker = rec.worker.clone().unwrap_or_default();
     let timed_out = end == RunEnd::TimedOut;
     match end {
         RunEnd::Canceled => rec.state = JobState::Canceled,
@@ -133,14 +133,12 @@ pub(crate) fn end_run(
     if anew {
         // A resubmission queues the job anew, attempts from 0: its
         // history starts again.
-        history::clear(tx, ks, job_type, id);
+        history::restart(tx, ks, job_type, id, rec);
     } else {
         // The run's end (its outcome is the run's, its error the run's
         // failure).
         let outcome = history::outcome_of(rec.state, ended_by);
-        let failed = matches!(outcome, Outcome::Failed | Outcome::Retried | Outcome::Lost | Outcome::Timeout);
-        let error = if failed { rec.error.as_deref() } else { None };
-        history::write_end(tx, ks, job_type, id, attempt, outcome, error, now);
+        history::end_run(tx, ks, job_type, id, rec, worker, outcome, now);
     }
     if let Some(r) = resubmit.filter(|_| anew) {
         apply_resubmit(rec, r, now);

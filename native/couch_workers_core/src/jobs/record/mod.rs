@@ -5,6 +5,7 @@
 
 use foundationdb_tuple::{pack, pack_with_versionstamp, unpack, Bytes, Element, Versionstamp as TupleVs};
 
+use super::history::Outcome;
 use super::job::{AcceptToken, ActivityTimeout, Job, JobIncarnation, JobOpts, JobState, JobVs, Keep, MaxAttempts, Schedule};
 use crate::store::StoreError;
 
@@ -21,6 +22,12 @@ const RECORD_FORMAT_5: i64 = 5;
 /// unset). Written only for jobs given one of the two, so that nodes that
 /// read format 5 and older keep reading every other job.
 const RECORD_FORMAT_6: i64 = 6;
+
+/// Job records that carry their run (`jobs/history.rs`): format 6 and
+/// four more elements, `RunStartedAt`, `RunWorker | nil`, `RunEndedAt |
+/// nil`, `RunOutcome | nil`. Written from a job's first accept on, so
+/// that the start and end of a run cost no key of their own.
+const RECORD_FORMAT_7: i64 = 7;
 
 /// Job records written before `Incarnation` (still read).
 const RECORD_FORMAT_3: i64 = 3;
@@ -70,6 +77,24 @@ pub(crate) struct Record {
     pub group: Option<Vec<u8>>,
     /// The job's own activity timeout; `None`: its type's (format 6).
     pub activity_timeout: Option<ActivityTimeout>,
+    /// When the run numbered `attempts` started (the running one, or the
+    /// last one until the next accept): Unix ms on the accepting node's
+    /// wall clock (format 7). `None` before the first accept, after a
+    /// resubmit that queues the job anew, and in a record whose run an
+    /// older version started.
+    pub run_started_at: Option<u64>,
+    /// How that run ended, once it has (format 7).
+    pub run_ended: Option<RunEnded>,
+}
+
+/// The end of a job's last run, kept in its record until its next accept
+/// moves the run into the job's history keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunEnded {
+    pub worker: Vec<u8>,
+    /// Unix ms on the ending node's wall clock.
+    pub ended_at: u64,
+    pub outcome: Outcome,
 }
 
 /// A fresh incarnation for a job being added: 8 random bytes, none of
@@ -137,12 +162,16 @@ impl Record {
             unique: opts.unique.clone(),
             group: opts.group.clone(),
             activity_timeout: opts.activity_timeout,
+            run_started_at: None,
+            run_ended: None,
         }
     }
 
     /// The format this record is written in: the oldest that holds it.
     fn format(&self) -> i64 {
-        if self.group.is_some() || self.activity_timeout.is_some() {
+        if self.run_started_at.is_some() || self.run_ended.is_some() {
+            RECORD_FORMAT_7
+        } else if self.group.is_some() || self.activity_timeout.is_some() {
             RECORD_FORMAT_6
         } else if self.unique.is_some() {
             RECORD_FORMAT_5
@@ -183,6 +212,15 @@ impl Record {
             self.incarnation.as_ref().map(|i| Bytes::from(&i[..])),
         )));
         match format {
+            RECORD_FORMAT_7 => out.extend(pack(&(
+                self.unique.as_deref().map(Bytes::from),
+                self.group.as_deref().map(Bytes::from),
+                activity_timeout_code(self.activity_timeout),
+                self.run_started_at.map(clamp_i64),
+                self.run_ended.as_ref().map(|r| Bytes::from(r.worker.as_slice())),
+                self.run_ended.as_ref().map(|r| clamp_i64(r.ended_at)),
+                self.run_ended.as_ref().map(|r| Bytes::from(r.outcome.name().as_bytes())),
+            ))),
             RECORD_FORMAT_6 => out.extend(pack(&(
                 self.unique.as_deref().map(Bytes::from),
                 self.group.as_deref().map(Bytes::from),
@@ -216,6 +254,8 @@ impl Record {
         running.run_at = None;
         running.expire_at = None;
         running.queued_at = None;
+        running.run_started_at = Some(u64::MAX);
+        running.run_ended = None;
         running.value_len()
     }
 
@@ -225,9 +265,12 @@ impl Record {
     /// bytes to the tuple, with a token; its attempts and `max_attempts`
     /// at their widest encoding (each accept and release moves them); and
     /// the `worker_lost` error that a lost run leaves while it is queued
-    /// again, unless the error it has is longer. A record that fits this
-    /// can always be accepted by a worker of that id length, again after
-    /// any run, so it never sits at the head of its queue unacceptable.
+    /// again, unless the error it has is longer; and its run's start and
+    /// end at their widest, the end with the worker's id in it (an ended
+    /// run's record holds the id there instead of in `Worker`, and no
+    /// token). A record that fits this can always be accepted by a worker
+    /// of that id length, and its run ended, again after any run, so it
+    /// never sits at the head of its queue unacceptable.
     pub fn largest_len(&self, worker_len: usize) -> usize {
         let mut widest = self.clone();
         widest.state = JobState::Running;
@@ -242,7 +285,19 @@ impl Record {
         if widest.error.as_ref().map_or(0, Vec::len) < lost.len() {
             widest.error = Some(lost);
         }
-        widest.value_len()
+        widest.run_started_at = Some(u64::MAX);
+        widest.run_ended = None;
+        let mut ended = widest.clone();
+        // Queued again after its run, as widest: scheduled (the longest
+        // state name, and both `RunAt` and `QueuedAt`).
+        ended.state = JobState::Scheduled;
+        ended.worker = None;
+        ended.token = None;
+        ended.run_at = Some(u64::MAX);
+        ended.queued_at = Some(u64::MAX);
+        ended.run_ended =
+            Some(RunEnded { worker: vec![b'w'; worker_len], ended_at: u64::MAX, outcome: Outcome::LONGEST });
+        widest.value_len().max(ended.value_len())
     }
 
     pub fn decode(value: &[u8]) -> Result<Record, StoreError> {
@@ -254,6 +309,7 @@ impl Record {
             Some(RECORD_FORMAT) => 18,
             Some(RECORD_FORMAT_5) => 19,
             Some(RECORD_FORMAT_6) => 21,
+            Some(RECORD_FORMAT_7) => 25,
             Some(other) => return Err(corrupt(&format!("unknown format {other}"))),
             None => return Err(corrupt("no format version")),
         };
@@ -287,6 +343,8 @@ impl Record {
             unique: None,
             group: None,
             activity_timeout: None,
+            run_started_at: None,
+            run_ended: None,
         };
         if len >= 16 {
             rec.error = opt_bytes(&e[10])?;
@@ -311,12 +369,24 @@ impl Record {
         if len == 19 {
             rec.unique = Some(bytes(&e[18]).ok_or_else(|| corrupt("unique"))?);
         }
-        if len == 21 {
+        if len >= 21 {
             rec.unique = opt_bytes(&e[18])?;
             rec.group = opt_bytes(&e[19])?;
             rec.activity_timeout = match &e[20] {
                 Element::Nil => None,
                 other => Some(activity_timeout_from(other.as_i64()).ok_or_else(|| corrupt("activity_timeout"))?),
+            };
+        }
+        if len == 25 {
+            rec.run_started_at = opt_u64(&e[21])?;
+            rec.run_ended = match (opt_bytes(&e[22])?, opt_u64(&e[23])?, opt_bytes(&e[24])?) {
+                (None, None, None) => None,
+                (Some(worker), Some(ended_at), Some(outcome)) => Some(RunEnded {
+                    worker,
+                    ended_at,
+                    outcome: Outcome::from_name(&outcome).ok_or_else(|| corrupt("run outcome"))?,
+                }),
+                _ => return Err(corrupt("run end")),
             };
         }
         Ok(rec)

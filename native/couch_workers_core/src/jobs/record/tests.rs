@@ -35,6 +35,8 @@ fn round_trip_binary_safe() {
         unique: None,
         group: None,
         activity_timeout: None,
+        run_started_at: None,
+        run_ended: None,
         resubmit: Some(Resubmit {
             info: b"{\"b\":2}".to_vec(),
             opts: JobOpts {
@@ -204,6 +206,74 @@ fn format_6_holds_group_and_activity_timeout_and_only_a_job_with_one_is_written_
     assert_eq!(back.resubmit.unwrap().opts, with);
     let plain = Resubmit { info: b"{}".to_vec(), opts: JobOpts::priority(1) };
     assert_eq!(unpack::<Vec<Element>>(&encode_resubmit(&plain)).unwrap().len(), 6);
+}
+
+#[test]
+fn format_7_holds_the_run_and_only_a_job_that_ran_is_written_so() {
+    use crate::jobs::history::Outcome;
+    let opts = JobOpts { group: Some(b"g".to_vec()), ..JobOpts::default() };
+    let mut rec = Record::new(b"{}".to_vec(), &opts);
+    // Running: its start, its worker in `Worker`.
+    rec.state = JobState::Running;
+    rec.worker = Some(b"w\x00".to_vec());
+    rec.token = Some([1; 16]);
+    rec.attempts = 1;
+    rec.run_started_at = Some(1_700_000_000_000);
+    let stored = commit(&rec.encode(0), [6; 10]);
+    let e = unpack::<Vec<Element>>(&stored).unwrap();
+    assert_eq!((e.len(), &e[0]), (25, &Element::Int(7)));
+    assert_eq!(&e[22..], &[Element::Nil, Element::Nil, Element::Nil]);
+    let back = Record::decode(&stored).unwrap();
+    assert_eq!(back, Record { vs: back.vs, ..rec.clone() });
+    // Ended: the worker moves into the run's end.
+    rec.state = JobState::Finished;
+    rec.worker = None;
+    rec.token = None;
+    rec.run_ended = Some(RunEnded { worker: b"w\x00".to_vec(), ended_at: 1_700_000_000_500, outcome: Outcome::Timeout });
+    let stored = commit(&rec.encode(0), [6; 10]);
+    let back = Record::decode(&stored).unwrap();
+    assert_eq!(back, Record { vs: back.vs, ..rec.clone() });
+    // A run's end in part, an unknown outcome, or format 6 of twenty-five
+    // elements: corrupt.
+    let e: Vec<Element> = unpack::<Vec<Element>>(&stored).unwrap().into_iter().map(|e| e.into_owned()).collect();
+    let mut part = e.clone();
+    part[23] = Element::Nil;
+    assert!(Record::decode(&foundationdb_tuple::pack(&part)).is_err());
+    let mut unknown = e.clone();
+    unknown[24] = Element::Bytes(b"sleeping".to_vec().into());
+    assert!(Record::decode(&foundationdb_tuple::pack(&unknown)).is_err());
+    let mut six = e;
+    six[0] = Element::Int(6);
+    assert!(Record::decode(&foundationdb_tuple::pack(&six)).is_err());
+    // A job that has not run keeps its older format.
+    let fresh = Record::new(b"{}".to_vec(), &JobOpts::default());
+    assert_eq!(unpack::<Vec<Element>>(&commit(&fresh.encode(0), [6; 10])).unwrap()[0], Element::Int(4));
+}
+
+/// The widest record a job can become bounds both a running record and
+/// the record its run's end leaves (the worker's id then in the run's
+/// end, with the run's times and outcome).
+#[test]
+fn the_largest_record_bounds_a_run_and_its_end() {
+    use crate::jobs::history::Outcome;
+    let worker = vec![b'w'; 40];
+    let mut rec = Record::new(vec![b'i'; 500], &JobOpts::default());
+    let bound = rec.largest_len(worker.len());
+    rec.state = JobState::Running;
+    rec.worker = Some(worker.clone());
+    rec.token = Some([0; 16]);
+    rec.attempts = 1;
+    rec.run_started_at = Some(u64::MAX);
+    assert!(rec.value_len() <= bound);
+    assert_eq!(rec.running_len(&worker), rec.value_len(), "running_len counts the run's start");
+    rec.state = JobState::Scheduled;
+    rec.worker = None;
+    rec.token = None;
+    rec.run_at = Some(u64::MAX);
+    rec.queued_at = Some(u64::MAX);
+    rec.error = Some(worker_lost_error());
+    rec.run_ended = Some(RunEnded { worker, ended_at: u64::MAX, outcome: Outcome::Released });
+    assert!(rec.value_len() <= bound, "{} > {bound}", rec.value_len());
 }
 
 #[test]
