@@ -26,6 +26,17 @@ pub async fn atomic_add(s: &dyn StoreFactory) {
     assert_eq!(le_i64(get(db, k).await), i64::MIN, "wraps");
     write(db, |tx| tx.atomic_add(k, -1)).await;
     assert_eq!(le_i64(get(db, k).await), i64::MAX, "wraps back");
+    // A stored value of another length: a shorter one is read padded with
+    // zeros, a longer one cut to the operand's 8 bytes.
+    put(db, k, &[1]).await;
+    write(db, |tx| tx.atomic_add(k, 1)).await;
+    assert_eq!(get(db, k).await, Some(2i64.to_le_bytes().to_vec()), "short value");
+    put(db, k, &[1, 0, 0, 0, 0, 0, 0, 0, 9, 9]).await;
+    write(db, |tx| tx.atomic_add(k, 1)).await;
+    assert_eq!(get(db, k).await, Some(2i64.to_le_bytes().to_vec()), "long value");
+    put(db, k, &[]).await;
+    write(db, |tx| tx.atomic_add(k, 3)).await;
+    assert_eq!(get(db, k).await, Some(3i64.to_le_bytes().to_vec()), "empty value");
 }
 
 /// BYTE_MAX: a missing key gets the operand, a smaller operand leaves the

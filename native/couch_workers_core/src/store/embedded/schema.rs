@@ -31,6 +31,12 @@ const FORMAT: i64 = 1;
 pub(crate) const SQL_GET: &str = "SELECT value FROM kv WHERE key = ?1";
 pub(crate) const SQL_SET: &str =
     "INSERT INTO kv(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value";
+/// An atomic add in one statement: `?2` added to the row's 8-byte
+/// little-endian value (a missing row as zero), by [`SQL_FN_ADD`].
+pub(crate) const SQL_ADD: &str = "INSERT INTO kv(key, value) VALUES (?1, cw_add_le(NULL, ?2)) \
+     ON CONFLICT(key) DO UPDATE SET value = cw_add_le(value, ?2)";
+/// The SQL function of [`SQL_ADD`], registered on every connection.
+pub(crate) const SQL_FN_ADD: &str = "cw_add_le";
 pub(crate) const SQL_CLEAR: &str = "DELETE FROM kv WHERE key = ?1";
 pub(crate) const SQL_CLEAR_RANGE: &str = "DELETE FROM kv WHERE key >= ?1 AND key < ?2";
 pub(crate) const SQL_RANGE_FWD: &str =
@@ -100,8 +106,26 @@ fn configure(conn: &Connection, opts: &EmbeddedOptions) -> rusqlite::Result<()> 
     // a primary-key lookup or range scan: one plan fits all values.
     conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     conn.set_prepared_statement_cache_capacity(32);
+    register_add(conn)?;
     conn.busy_timeout(Duration::ZERO)?;
     Ok(())
+}
+
+/// Registers [`SQL_FN_ADD`]: FoundationDB's ADD on a value and a delta
+/// (`store::mutation::add_le_i64`), so that an atomic add is one
+/// statement ([`SQL_ADD`]) and not a read and a write: every job
+/// transaction moves two counters.
+pub(crate) fn register_add(conn: &Connection) -> rusqlite::Result<()> {
+    use rusqlite::functions::FunctionFlags;
+    let flags = FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC | FunctionFlags::SQLITE_DIRECTONLY;
+    conn.create_scalar_function(SQL_FN_ADD, 2, flags, |ctx| {
+        let existing = match ctx.get_raw(0) {
+            rusqlite::types::ValueRef::Blob(b) => Some(b),
+            _ => None,
+        };
+        let delta: i64 = ctx.get(1)?;
+        Ok(crate::store::mutation::add_le_i64(existing, delta).to_vec())
+    })
 }
 
 /// Creates the directory and the file if missing, switches the file to WAL,

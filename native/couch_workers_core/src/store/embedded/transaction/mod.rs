@@ -75,7 +75,6 @@ use super::unreadable::Unreadable;
 use super::watch::{watch_channel, WatchSender, Written};
 use super::Shared;
 use crate::store::backoff::BackoffPolicy;
-use crate::store::mutation as ops;
 use crate::store::{
     CommitInfo, KeyValue, RangeRequest, StoreError, Transaction, TxOptions, Watch, MAX_KEY_SIZE, MAX_TRANSACTION_SIZE,
 };
@@ -437,11 +436,7 @@ impl Transaction for EmbeddedTransaction {
             if key.len() > MAX_KEY_SIZE {
                 return Err(StoreError::KeyTooLarge);
             }
-            let existing = conn
-                .prepare_cached(SQL_GET)
-                .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
-                .map_err(|e| schema::store_error("cannot read for atomic_add", &e))?;
-            Self::put(conn, key, &ops::add_le_i64(existing.as_deref(), delta))?;
+            Self::add(conn, key, delta)?;
             Ok(Written::Key(key.to_vec()))
         });
     }

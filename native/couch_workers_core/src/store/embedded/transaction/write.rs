@@ -7,7 +7,7 @@ use rusqlite::{Connection, OptionalExtension};
 use super::version::CommitState;
 use super::{EmbeddedTransaction, TxState};
 use crate::store::embedded::adds::may_be_stamped;
-use crate::store::embedded::schema::{self, SQL_GET, SQL_SET};
+use crate::store::embedded::schema::{self, SQL_ADD, SQL_GET, SQL_SET};
 use crate::store::embedded::watch::Written;
 use crate::store::mutation as ops;
 use crate::store::{StoreError, MAX_KEY_SIZE, MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE};
@@ -25,15 +25,8 @@ impl EmbeddedTransaction {
         if due.is_empty() || self.usable(&mut st).is_err() {
             return;
         }
-        let applied = st.slot.conn().and_then(|conn| {
-            due.iter().try_for_each(|(key, delta)| {
-                let existing = conn
-                    .prepare_cached(SQL_GET)
-                    .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
-                    .map_err(|e| schema::store_error("cannot read for atomic_add", &e))?;
-                Self::put(conn, key, &ops::add_le_i64(existing.as_deref(), *delta))
-            })
-        });
+        let applied =
+            st.slot.conn().and_then(|conn| due.iter().try_for_each(|(key, delta)| Self::add(conn, key, *delta)));
         if let Err(e) = applied {
             self.fail(&mut st, e);
         }
@@ -89,6 +82,14 @@ impl EmbeddedTransaction {
             .and_then(|mut s| s.execute(rusqlite::params![key, value]))
             .map(|_| ())
             .map_err(|e| schema::store_error("cannot write", &e))
+    }
+
+    /// FoundationDB's ADD of `delta` to `key`, in one statement.
+    pub(super) fn add(conn: &Connection, key: &[u8], delta: i64) -> Result<(), StoreError> {
+        conn.prepare_cached(SQL_ADD)
+            .and_then(|mut s| s.execute(rusqlite::params![key, delta]))
+            .map(|_| ())
+            .map_err(|e| schema::store_error("cannot apply atomic_add", &e))
     }
 
     pub(super) fn check_sizes(key: &[u8], value: &[u8]) -> Result<(), StoreError> {
