@@ -1,6 +1,10 @@
 //! The atoms the NIF sends and matches.
 
 rustler::atoms! {
+    // The job map's keys of the per-type settings' options.
+    unique,
+    group,
+    activity_timeout,
     ok,
     error,
     undefined,

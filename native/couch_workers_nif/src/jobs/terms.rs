@@ -51,11 +51,11 @@ pub fn job_to_term<'a>(env: Env<'a>, job: &Job, token: Option<&AcceptToken>) -> 
             Keep::Infinity => atoms::infinity().encode(env),
         },
     ];
-    keys.push(atom(env, "unique"));
+    keys.push(atoms::unique().encode(env));
     values.push(job.unique.as_deref().map_or_else(null, |u| binary(env, u)));
-    keys.push(atom(env, "group"));
+    keys.push(atoms::group().encode(env));
     values.push(job.group.as_deref().map_or_else(null, |g| binary(env, g)));
-    keys.push(atom(env, "activity_timeout"));
+    keys.push(atoms::activity_timeout().encode(env));
     values.push(match job.activity_timeout {
         None => null(),
         Some(ActivityTimeout::Seconds(s)) => s.encode(env),

@@ -11,12 +11,11 @@ use rustler::{Encoder, Env, Error, NifResult, Term};
 use super::args::type_args;
 use super::spawn_call;
 use super::terms::job_to_term;
-use crate::atoms;
+use crate::atoms::{self, activity_timeout};
 use crate::reply::Answer;
 use crate::term::{atom, binary};
 
 rustler::atoms! {
-    activity_timeout,
     max_running,
     max_running_per_group,
     infinity,
