@@ -140,8 +140,45 @@ async fn a_single_run_writes_no_key(store: StoreKind) {
     node.stop().await;
 }
 
+/// Runs an older version wrote as two keys each, a start (part 0) and an
+/// end (part 1), are still read (a start alone: running), and a removal
+/// clears them.
+async fn runs_in_two_keys_are_still_read(store: StoreKind) {
+    use foundationdb_tuple::{pack, Bytes};
+    let c = Cluster::on(store);
+    let node = c.node();
+    let jobs = node.jobs();
+    let _w = register(&node, T, b"w").await;
+    jobs.add_with(T, b"a", b"{}", &JobOpts { max_attempts: Some(MaxAttempts::Infinity), ..JobOpts::default() })
+        .await
+        .unwrap();
+    let k = ks(&node);
+    run(node.db().as_ref(), TxOptions::write(), |tx| async move {
+        tx.set(&k.history_part(T, b"a", 1, 0), &pack(&(1i64, Bytes::from(&b"old"[..]), 1_000i64)));
+        let end = (1i64, 2_000i64, Bytes::from(&b"retried"[..]), Some(Bytes::from(&br#"{"e":1}"#[..])));
+        tx.set(&k.history_part(T, b"a", 1, 1), &pack(&end));
+        tx.set(&k.history_part(T, b"a", 2, 0), &pack(&(1i64, Bytes::from(&b"old"[..]), 3_000i64)));
+        Ok(())
+    })
+    .await
+    .unwrap();
+    let runs = history(jobs, b"a").await;
+    assert_eq!(outcomes(&runs), vec![(2, Outcome::Running), (1, Outcome::Retried)]);
+    assert_eq!((runs[1].worker.as_slice(), runs[1].started_at, runs[1].ended_at), (&b"old"[..], 1_000, Some(2_000)));
+    assert_eq!(runs[1].error.as_deref(), Some(&br#"{"e":1}"#[..]));
+    // A removal clears them too.
+    jobs.remove(T, b"a").await.unwrap();
+    assert_eq!(range(&node, ks(&node).history_range(T, b"a")).await, vec![]);
+    node.stop().await;
+}
+
 couch_workers_core::store_tests!(
     runtime: (flavor = "multi_thread"),
     stores: [embedded: Embedded, sim: Sim],
-    tests: [every_outcome_newest_first, the_last_ten_runs_and_no_more, a_single_run_writes_no_key],
+    tests: [
+        every_outcome_newest_first,
+        the_last_ten_runs_and_no_more,
+        a_single_run_writes_no_key,
+        runs_in_two_keys_are_still_read
+    ],
 );

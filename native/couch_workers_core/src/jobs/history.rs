@@ -115,7 +115,7 @@ const PART_RUN: i64 = 2;
 const PART_START: i64 = 0;
 const PART_END: i64 = 1;
 
-/// A run starts: `rec` is about to be written running for `worker`, its
+/// A run starts: `rec` is about to be written running, its
 /// `attempts` the new run's number. Moves the record's last run, if it
 /// has one, into its key, clears the run [`HISTORY_RUNS`] behind, and
 /// notes the start in the record.
