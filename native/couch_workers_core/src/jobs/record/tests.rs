@@ -250,6 +250,27 @@ fn format_7_holds_the_run_and_only_a_job_that_ran_is_written_so() {
     assert_eq!(unpack::<Vec<Element>>(&commit(&fresh.encode(0), [6; 10])).unwrap()[0], Element::Int(4));
 }
 
+/// Format 7's bytes: the format first, and the run's four elements after
+/// format 6's three (nil), as the tuple layer packs them.
+#[test]
+fn format_7_bytes() {
+    use crate::jobs::history::Outcome;
+    let mut rec = Record::new(b"{}".to_vec(), &JobOpts::default());
+    rec.state = JobState::Finished;
+    rec.attempts = 1;
+    rec.run_started_at = Some(1_700_000_000_000);
+    rec.run_ended = Some(RunEnded { worker: b"w".to_vec(), ended_at: 1_700_000_000_500, outcome: Outcome::Finished });
+    let stored = commit(&rec.encode(0), [6; 10]);
+    // (7, ...
+    assert_eq!(&stored[..2], &[0x15, 0x07]);
+    // ..., nil, nil, nil, 1700000000000 (6 bytes: 0x1a), "w", 1700000000500, "finished")
+    let mut tail = vec![0x00, 0x00, 0x00, 0x1a, 0x01, 0x8b, 0xcf, 0xe5, 0x68, 0x00, 0x01, b'w', 0x00];
+    tail.extend([0x1a, 0x01, 0x8b, 0xcf, 0xe5, 0x69, 0xf4, 0x01]);
+    tail.extend(b"finished");
+    tail.push(0x00);
+    assert!(stored.ends_with(&tail), "{stored:02x?}");
+}
+
 /// The widest record a job can become bounds both a running record and
 /// the record its run's end leaves (the worker's id then in the run's
 /// end, with the run's times and outcome).
