@@ -301,3 +301,62 @@ impl AddManyError {
         }
     }
 }
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Not ended yet.
+    Running,
+    Finished,
+    /// Failed, with no retry left (or none asked for).
+    Failed,
+    /// Failed, and queued to be tried again.
+    Retried,
+    /// Given back (`release`, an unregister).
+    Released,
+    /// Its worker died (reaped, replaced, its owner exited).
+    Lost,
+    Canceled,
+    /// Taken back from its worker: its record did not change for its
+    /// activity timeout (`jobs/activity.rs`), whether it was queued again
+    /// or, its attempts spent, failed.
+    Timeout,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Running => "running",
+            Outcome::Finished => "finished",
+            Outcome::Failed => "failed",
+            Outcome::Retried => "retried",
+            Outcome::Released => "released",
+            Outcome::Lost => "lost",
+            Outcome::Canceled => "canceled",
+            Outcome::Timeout => "timeout",
+        }
+    }
+
+    /// The widest of the names (for the record's size bounds).
+    pub(crate) const LONGEST: Outcome = Outcome::Released;
+
+    /// Whether the run failed: its error is the record's.
+    pub(crate) fn is_failure(self) -> bool {
+        matches!(self, Outcome::Failed | Outcome::Retried | Outcome::Lost | Outcome::Timeout)
+    }
+
+    pub(crate) fn from_name(name: &[u8]) -> Option<Outcome> {
+        [
+            Outcome::Running,
+            Outcome::Finished,
+            Outcome::Failed,
+            Outcome::Retried,
+            Outcome::Released,
+            Outcome::Lost,
+            Outcome::Canceled,
+            Outcome::Timeout,
+        ]
+        .into_iter()
+        .find(|o| o.name().as_bytes() == name)
+    }
+}

@@ -210,7 +210,7 @@ fn format_6_holds_group_and_activity_timeout_and_only_a_job_with_one_is_written_
 
 #[test]
 fn format_7_holds_the_run_and_only_a_job_that_ran_is_written_so() {
-    use crate::jobs::history::Outcome;
+    use crate::jobs::job::Outcome;
     let opts = JobOpts { group: Some(b"g".to_vec()), ..JobOpts::default() };
     let mut rec = Record::new(b"{}".to_vec(), &opts);
     // Running: its start, its worker in `Worker`.
@@ -254,7 +254,7 @@ fn format_7_holds_the_run_and_only_a_job_that_ran_is_written_so() {
 /// format 6's three (nil), as the tuple layer packs them.
 #[test]
 fn format_7_bytes() {
-    use crate::jobs::history::Outcome;
+    use crate::jobs::job::Outcome;
     let mut rec = Record::new(b"{}".to_vec(), &JobOpts::default());
     rec.state = JobState::Finished;
     rec.attempts = 1;
@@ -276,7 +276,7 @@ fn format_7_bytes() {
 /// end, with the run's times and outcome).
 #[test]
 fn the_largest_record_bounds_a_run_and_its_end() {
-    use crate::jobs::history::Outcome;
+    use crate::jobs::job::Outcome;
     let worker = vec![b'w'; 40];
     let mut rec = Record::new(vec![b'i'; 500], &JobOpts::default());
     let bound = rec.largest_len(worker.len());
