@@ -28,7 +28,7 @@
 //! ## Where things happen
 //!
 //! * A key is packed in `keyspace/` and nowhere else (the tuple layer;
-//!   `docs/keyspace.md`); a job's stored value in `jobs/record.rs`, a
+//!   `docs/keyspace.md`); a job's stored value in `jobs/record/`, a
 //!   worker's in `workers.rs`.
 //! * A heartbeat is written by `roster::heartbeat_many` (the health
 //!   record through `workers`, and `health_vs`), in the transaction that

@@ -8,7 +8,7 @@ use couch_workers_core::store::{run, Database, RangeRequest, TxOptions};
 use foundationdb_tuple::{unpack, Element};
 
 /// A job record, decoded here independently of the crate's decoder
-/// (`jobs/record.rs` formats 1 to 7).
+/// (`jobs/record/` formats 1 to 7).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rec {
     pub state: String,
