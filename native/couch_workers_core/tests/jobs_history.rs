@@ -148,10 +148,7 @@ async fn runs_in_two_keys_are_still_read(store: StoreKind) {
     let c = Cluster::on(store);
     let node = c.node();
     let jobs = node.jobs();
-    let _w = register(&node, T, b"w").await;
-    jobs.add_with(T, b"a", b"{}", &JobOpts { max_attempts: Some(MaxAttempts::Infinity), ..JobOpts::default() })
-        .await
-        .unwrap();
+    jobs.add(T, b"a", b"{}", 0).await.unwrap();
     let k = ks(&node);
     run(node.db().as_ref(), TxOptions::write(), |tx| async move {
         tx.set(&k.history_part(T, b"a", 1, 0), &pack(&(1i64, Bytes::from(&b"old"[..]), 1_000i64)));
