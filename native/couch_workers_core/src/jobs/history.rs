@@ -64,7 +64,7 @@ const PART_END: i64 = 1;
 pub(crate) fn start_run(tx: &Tx, ks: &Keyspace, job_type: &[u8], id: &[u8], rec: &mut Record, now: u64) {
     let run = key_i64(rec.attempts);
     if let (Some(started), Some(ended)) = (rec.run_started_at, rec.run_ended.take()) {
-        let error = if ended.outcome.is_failure() { rec.error.as_deref() } else { None };
+        let error = run_error(ended.outcome, rec);
         let value = pack(&(
             HISTORY_FORMAT,
             Bytes::from(ended.worker.as_slice()),
@@ -104,9 +104,19 @@ pub(crate) fn end_run(
         rec.run_ended = Some(RunEnded { worker, ended_at: now, outcome });
         return;
     }
-    let error = if outcome.is_failure() { rec.error.as_deref() } else { None };
+    let error = run_error(outcome, rec);
     let value = pack(&(HISTORY_FORMAT, key_i64(now), Bytes::from(outcome.name().as_bytes()), error.map(Bytes::from)));
     tx.set(&ks.history_part(job_type, id, key_i64(rec.attempts), PART_END), &value);
+}
+
+/// The error of `rec`'s last run, ended as `outcome`: the record's, for a
+/// failure (the record's error is the last failure's).
+fn run_error(outcome: Outcome, rec: &Record) -> Option<&[u8]> {
+    if outcome.is_failure() {
+        rec.error.as_deref()
+    } else {
+        None
+    }
 }
 
 /// How a run that `end_run` ended shows: by the state it left the job
@@ -217,7 +227,7 @@ fn record_run(rec: &Record) -> Option<Run> {
             started_at,
             ended_at: Some(ended.ended_at),
             outcome: ended.outcome,
-            error: if ended.outcome.is_failure() { rec.error.clone() } else { None },
+            error: run_error(ended.outcome, rec).map(<[u8]>::to_vec),
         },
         None => Run {
             attempt: rec.attempts,
