@@ -10,6 +10,11 @@
 //! for an accept with timeout
 //! 0 (one transaction, no dispatcher) and one that waits (the
 //! dispatcher's round).
+//!
+//! And a give-back whose commit lands but is answered
+//! `commit_unknown_result` still logs `job_released` (its retry finds the
+//! job pending by its own doing), on the `sim` store that scripts that
+//! answer for it.
 
 mod faults_common;
 
@@ -18,11 +23,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_workers_core::jobs::{AcceptReply, JobHandle, JobState, ReplyFn};
+use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::store::faulty::{FaultPlan, FaultyStore};
-use couch_workers_core::store::Db;
+use couch_workers_core::store::sim::{SimOptions, SimStore};
+use couch_workers_core::store::{Database, Db};
 use couch_workers_core::test_store::{StoreKind, TestStore};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Error, Node, Settings};
+use faults_common::unknown_commit::UnknownOnWrite;
 use faults_common::CaptureLog;
 
 const T: &[u8] = b"t";
@@ -137,3 +145,40 @@ couch_workers_core::store_tests!(
     stores: [embedded: Embedded, sim: Sim],
     tests: [a_give_back_during_a_stall_lands_after_it],
 );
+
+/// The give-back's commit lands and is answered `commit_unknown_result`;
+/// the retry finds the job pending (its own write): `job_released` is
+/// logged once, not nothing (as when the retry took the job for one
+/// another write had given back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_unknown_give_back_logs_job_released() {
+    let sim = SimStore::new(SimOptions::new(21));
+    // The fault waits for a write of the job's record after it is armed:
+    // the give-back's.
+    let record = Keyspace::new(&sim.prefix()).job(T, b"j");
+    let fault = UnknownOnWrite::new(sim, record, true);
+    let log = CaptureLog::new();
+    let node = Node::with_db(fault.db(), settings(), log.clone());
+    let spec = WorkerSpec { worker_type: T.to_vec(), id: W.to_vec(), options_json: b"{}".to_vec(), timeout_s: 3600 };
+    let _reg = node.register_worker(spec).await.expect("register");
+    let jobs = node.jobs().clone();
+    jobs.add(T, b"j", b"{}", 0).await.expect("add");
+    let before = fault.sim().stats().unknown_committed;
+    let armer = fault.clone();
+    // The acceptor is gone when the job arrives: the job is given back.
+    let reply = Box::new(ReplyFn(move |outcome: Result<JobHandle, Error>| {
+        assert!(outcome.is_ok(), "a job was taken: {outcome:?}");
+        armer.arm();
+        false
+    }));
+    jobs.accept_with(T.to_vec(), W.to_vec(), Duration::ZERO, reply);
+    assert_eq!(released_lines(&log, 1).await, 1, "the landed give-back is logged: {:?}", log.events());
+    fault.fired(before);
+    let job = jobs.get(T, b"j").await.expect("get");
+    assert_eq!((job.state, job.attempts), (JobState::Pending, 1));
+    // Once: the retry answered from the receipt.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(log.count("job_released"), 1);
+    assert_eq!(log.count("job_release_skipped"), 0);
+    node.stop().await;
+}

@@ -9,97 +9,28 @@
 //!
 //! On the `sim` store, behind a wrapper that scripts one
 //! `UnknownCommitted` fault for the first commit that clears a given
-//! worker's health key: that is exactly the write under test, whatever
-//! else the node commits meanwhile (the reaper's pulse, the pruner).
+//! worker's health key (`faults_common::unknown_commit`).
 
 mod faults_common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use couch_workers_core::keyspace::Keyspace;
 use couch_workers_core::log::{Event, Value};
 use couch_workers_core::roster;
 use couch_workers_core::services::owner_events::OwnerEvent;
-use couch_workers_core::store::hooked::{Hooked, TxHooks, Write};
-use couch_workers_core::store::sim::{CommitFault, SimOptions, SimStore};
-use couch_workers_core::store::{run, Database, Db, StoreError, Tx, TxOptions};
+use couch_workers_core::store::sim::{SimOptions, SimStore};
+use couch_workers_core::store::{run, Database, TxOptions};
 use couch_workers_core::workers::WorkerSpec;
 use couch_workers_core::{Node, Settings};
+use faults_common::unknown_commit::UnknownOnWrite;
 use faults_common::CaptureLog;
 
 const T: &[u8] = b"t";
 
-/// The sim store, scripting `UnknownCommitted` for the first commit that
-/// clears `key` (or, with `on_set`, sets it) once armed.
-struct FaultOnClear {
-    sim: Arc<SimStore>,
-    key: Vec<u8>,
-    on_set: bool,
-    armed: AtomicBool,
-}
-
-/// One transaction's hooks: whether it cleared the key, so that its
-/// commit gets the fault.
-struct Watching {
-    db: Arc<FaultOnClear>,
-    clears_key: AtomicBool,
-}
-
-impl TxHooks for Watching {
-    fn write(&self, write: Write<'_>) {
-        let hit = match write {
-            Write::Clear { key } => !self.db.on_set && key == self.db.key.as_slice(),
-            Write::Set { key, .. } => self.db.on_set && key == self.db.key.as_slice(),
-            _ => false,
-        };
-        if hit {
-            self.clears_key.store(true, Ordering::SeqCst);
-        }
-    }
-    fn commit(&self) {
-        if self.clears_key.load(Ordering::SeqCst) && self.db.armed.swap(false, Ordering::SeqCst) {
-            self.db.sim.inject_commit_fault(CommitFault::UnknownCommitted);
-        }
-    }
-    fn on_error(&self, _err: &StoreError) {
-        self.clears_key.store(false, Ordering::SeqCst);
-    }
-}
-
-struct Wrapped(Arc<FaultOnClear>);
-
-#[async_trait]
-impl Database for Wrapped {
-    async fn create_transaction(&self, opts: &TxOptions) -> Result<Tx, StoreError> {
-        let inner = self.0.sim.create_transaction(opts).await?;
-        Ok(Arc::new(Hooked::new(inner, Watching { db: self.0.clone(), clears_key: AtomicBool::new(false) })))
-    }
-    fn prefix(&self) -> Vec<u8> {
-        self.0.sim.prefix()
-    }
-    fn kind(&self) -> &'static str {
-        self.0.sim.kind()
-    }
-    fn durability(&self) -> String {
-        self.0.sim.durability()
-    }
-    fn versions_follow_time(&self) -> bool {
-        self.0.sim.versions_follow_time()
-    }
-    fn commits_may_be_unknown(&self) -> bool {
-        true
-    }
-    fn close(&self) {
-        self.0.sim.close()
-    }
-}
-
 struct Setup {
-    sim: Arc<SimStore>,
-    fault: Arc<FaultOnClear>,
+    fault: Arc<UnknownOnWrite>,
     node: Arc<Node>,
     log: Arc<CaptureLog>,
 }
@@ -115,23 +46,21 @@ fn setup(seed: u64, id: &[u8]) -> Setup {
 /// A node on the wrapped sim store whose fault waits for a write of `key`:
 /// its clear, or with `on_set` its set.
 fn setup_with(sim: Arc<SimStore>, key: Vec<u8>, on_set: bool) -> Setup {
-    let fault = Arc::new(FaultOnClear { sim: sim.clone(), key, on_set, armed: AtomicBool::new(false) });
+    let fault = UnknownOnWrite::new(sim, key, on_set);
     let log = CaptureLog::new();
     let settings = Settings { reaper_max_interval: Duration::from_millis(200), ..Settings::default() };
-    let node = Node::with_db(Arc::new(Wrapped(fault.clone())) as Db, settings, log.clone());
-    Setup { sim, fault, node, log }
+    let node = Node::with_db(fault.db(), settings, log.clone());
+    Setup { fault, node, log }
 }
 
 impl Setup {
     fn arm(&self) -> u64 {
-        self.fault.armed.store(true, Ordering::SeqCst);
-        self.sim.stats().unknown_committed
+        self.fault.arm()
     }
 
     /// The fault was used, by the write under test.
     fn fired(&self, before: u64) {
-        assert!(!self.fault.armed.load(Ordering::SeqCst), "the clear was committed");
-        assert_eq!(self.sim.stats().unknown_committed, before + 1, "one landed commit answered commit_unknown");
+        self.fault.fired(before)
     }
 
     async fn add_running(&self, worker: &[u8], ids: &[&str]) {

@@ -130,16 +130,119 @@ where
     F: Fn(Tx, Option<Vec<u8>>) -> Fut,
     Fut: Future<Output = Result<(T, Option<Vec<u8>>), StoreError>>,
 {
-    let safe = RetrySafe::new(db, ks);
-    let (safe, body) = (&safe, &body);
-    run_attempts(db, opts, move |tx, attempt| async move {
-        safe.attempt(&tx.clone(), attempt, |landed| body(tx, landed)).await
-    })
-    .await
+    RetriedWrite::new(db, ks).run(db, opts, body).await
+}
+
+/// A retry-safe write that its caller may run the retry loop for more
+/// than once (a give-back retried with backoff until it lands): every run
+/// uses the same receipt, and a run after one that ended
+/// `CommitUnknown` reads it on its first attempt too, since that earlier
+/// run's last commit may have landed.
+pub(crate) struct RetriedWrite {
+    safe: RetrySafe,
+    /// A run ended `CommitUnknown`.
+    unknown: bool,
+}
+
+impl RetriedWrite {
+    /// A fresh receipt for one write (made outside every run).
+    pub(crate) fn new(db: &dyn Database, ks: &dyn ReceiptKeys) -> RetriedWrite {
+        RetriedWrite { safe: RetrySafe::new(db, ks), unknown: false }
+    }
+
+    /// One run of the retry loop ([`run_retry_safe`]'s, for `body`).
+    pub(crate) async fn run<T, F, Fut>(
+        &mut self,
+        db: &dyn Database,
+        opts: TxOptions,
+        body: F,
+    ) -> Result<(T, CommitInfo), StoreError>
+    where
+        F: Fn(Tx, Option<Vec<u8>>) -> Fut,
+        Fut: Future<Output = Result<(T, Option<Vec<u8>>), StoreError>>,
+    {
+        let (safe, earlier, body) = (&self.safe, self.unknown, &body);
+        let result = run_attempts(db, opts, move |tx, attempt| async move {
+            let attempt = Attempt { may_have_committed: attempt.may_have_committed || earlier };
+            safe.attempt(&tx.clone(), attempt, |landed| body(tx, landed)).await
+        })
+        .await;
+        if matches!(result, Err(StoreError::CommitUnknown)) {
+            self.unknown = true;
+        }
+        result
+    }
 }
 
 /// Clears every receipt older than [`KEEP_MINUTES`] by `minute`.
 pub fn clear_old(tx: &Tx, ks: &dyn ReceiptKeys, minute: i64) {
     let (begin, end) = ks.receipts_before(minute - KEEP_MINUTES);
     tx.clear_range(&begin, &end);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::sim::{CommitFault, SimOptions, SimStore};
+
+    struct Keys;
+    impl ReceiptKeys for Keys {
+        fn receipt(&self, minute: i64, token: &[u8]) -> Vec<u8> {
+            let mut key = b"receipt/".to_vec();
+            key.extend_from_slice(&minute.to_be_bytes());
+            key.extend_from_slice(token);
+            key
+        }
+        fn receipts_before(&self, _minute: i64) -> (Vec<u8>, Vec<u8>) {
+            (b"receipt/".to_vec(), b"receipt0".to_vec())
+        }
+    }
+
+    /// A run that ends `CommitUnknown` after its write landed (its later
+    /// attempts kept failing until the budget ended): the next run of the
+    /// same write finds its receipt on its first attempt, and writes
+    /// nothing again.
+    #[tokio::test]
+    async fn a_later_run_reads_the_receipt_of_a_run_that_ended_unknown() {
+        let sim = SimStore::new(SimOptions::new(5));
+        let db: &dyn Database = sim.as_ref();
+        let mut write = RetriedWrite::new(db, &Keys);
+        let opts = TxOptions { timeout: Duration::from_millis(200), ..TxOptions::write() };
+        let bodies = AtomicU32::new(0);
+        sim.inject_commit_fault(CommitFault::UnknownCommitted);
+        let first = write
+            .run(db, opts, |tx, landed| {
+                let n = bodies.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    assert!(landed.is_none() || n > 0);
+                    if n > 0 {
+                        // Every attempt after the landed one fails until
+                        // the budget ends.
+                        return Err(StoreError::Busy);
+                    }
+                    tx.atomic_add(b"count", 1);
+                    Ok(((), Some(DONE.to_vec())))
+                }
+            })
+            .await;
+        assert_eq!(first.map(|_| ()), Err(StoreError::CommitUnknown));
+        let second = write
+            .run(db, opts, |tx, landed| async move {
+                if landed.is_some() {
+                    return Ok((true, None));
+                }
+                tx.atomic_add(b"count", 1);
+                Ok((false, Some(DONE.to_vec())))
+            })
+            .await
+            .expect("second run");
+        assert!(second.0, "the second run found the first run's receipt");
+        let count = crate::store::run(db, TxOptions::read(), |tx| async move { tx.get(b"count", false).await })
+            .await
+            .expect("read");
+        assert_eq!(count, Some(1i64.to_le_bytes().to_vec()), "added once");
+    }
 }

@@ -4,13 +4,16 @@
 //! space read in one snapshot (`invariants`), real file-system faults
 //! (tmpfs and read-only bind mounts, the immutable attribute) behind guards
 //! that undo them even when a test fails (`fs_faults`), and another process
-//! holding the store's SQLite write lock (`lock`).
+//! holding the store's SQLite write lock (`lock`); the `sim` store
+//! scripting a landed `commit_unknown_result` for one write
+//! (`unknown_commit`).
 
 #![allow(dead_code)]
 
 mod fs_faults;
 mod invariants;
 pub mod lock;
+pub mod unknown_commit;
 
 // Not every test binary that includes this module uses both.
 #[allow(unused_imports)]

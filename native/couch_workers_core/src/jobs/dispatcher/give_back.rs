@@ -13,7 +13,8 @@ use crate::context::Context;
 use crate::jobs::job::{AcceptToken, Fence, JobHandle};
 use crate::jobs::ops;
 use crate::log_event;
-use crate::store::{run, StoreError};
+use crate::store::receipt::{self, RetriedWrite};
+use crate::store::StoreError;
 use crate::tasks::{jittered, sleep_or_cancel};
 
 /// An accept round failed after an attempt that may have committed:
@@ -30,11 +31,22 @@ pub(crate) fn reclaim(ctx: &Arc<Context>, job_type: Vec<u8>, taken: Vec<(Vec<u8>
     ctx.spawn(async move {
         let ks = &shared.ks;
         let (t, j) = (&taken, &job_type);
+        // Retry-safe (`store::receipt`): a retry after a commit that
+        // landed but was answered `commit_unknown_result` finds nothing
+        // left to give back, and must still tell what that commit did.
+        let mut write = RetriedWrite::new(shared.db.as_ref(), ks);
         for failures in 0u32.. {
-            let given =
-                run(shared.db.as_ref(), shared.write, |tx| async move { ops::reclaim(&tx, ks, j, t).await }).await;
+            let given = write
+                .run(shared.db.as_ref(), shared.write, |tx, landed| async move {
+                    if let Some(outcome) = landed {
+                        return Ok((receipt::parse_count(&outcome), None));
+                    }
+                    let n = ops::reclaim(&tx, ks, j, t).await?;
+                    Ok((n, Some(receipt::count_outcome(n))))
+                })
+                .await;
             match given {
-                Ok(n) => {
+                Ok((n, _)) => {
                     if n > 0 {
                         log_event!(shared.log, Info, "job_accept_reclaimed", "type" = j.as_slice(), count = n);
                     }
@@ -68,7 +80,12 @@ pub(crate) fn reclaim(ctx: &Arc<Context>, job_type: Vec<u8>, taken: Vec<(Vec<u8>
 /// stays with its worker until the worker leaves).
 pub(crate) async fn release(ctx: &Arc<Context>, handle: JobHandle) {
     let fence = handle.fence();
-    if give_back_once(ctx, &fence, 1).await {
+    // One receipt for every try (`store::receipt`): a try after a commit
+    // that landed but was answered `commit_unknown_result` finds the job
+    // no longer this accept's by its own doing, and still logs the
+    // release.
+    let mut write = RetriedWrite::new(ctx.db.as_ref(), &ctx.ks);
+    if give_back_once(ctx, &fence, &mut write, 1).await {
         return;
     }
     let shared = ctx.clone();
@@ -89,27 +106,39 @@ pub(crate) async fn release(ctx: &Arc<Context>, handle: JobHandle) {
                 );
                 return;
             }
-            if give_back_once(&shared, &fence, failures + 1).await {
+            if give_back_once(&shared, &fence, &mut write, failures + 1).await {
                 return;
             }
         }
     });
 }
 
-/// One transaction of [`release`]: true once the give-back is
-/// settled (done, or nothing left to give back: the accept no longer
-/// holds the job, or the store is closed), false if it must be tried
-/// again.
-async fn give_back_once(ctx: &Context, fence: &Fence, attempt: u32) -> bool {
+/// One try of [`release`]: true once the give-back is settled (done, or
+/// nothing left to give back: the accept no longer holds the job, or the
+/// store is closed), false if it must be tried again.
+async fn give_back_once(ctx: &Context, fence: &Fence, write: &mut RetriedWrite, attempt: u32) -> bool {
     let ks = &ctx.ks;
-    let released = run(ctx.db.as_ref(), ctx.write, |tx| async move { ops::give_back(&tx, ks, fence).await }).await;
+    let released = write
+        .run(ctx.db.as_ref(), ctx.write, |tx, landed| async move {
+            if landed.is_some() {
+                return Ok((true, None));
+            }
+            let given = ops::give_back(&tx, ks, fence).await?;
+            Ok((given, given.then(|| receipt::DONE.to_vec())))
+        })
+        .await;
     let (t, id, worker) = (fence.job_type.as_slice(), fence.job_id.as_slice(), fence.worker.as_slice());
     match released {
-        Ok(true) => {
+        Ok((true, _)) => {
             log_event!(ctx.log, Info, "job_released", "type" = t, id = id, worker = worker);
             true
         }
-        Ok(false) => true,
+        Ok((false, _)) => {
+            // Failed over, canceled or removed meanwhile: the job is no
+            // longer this accept's, and whoever took it answers for it.
+            log_event!(ctx.log, Info, "job_release_skipped", "type" = t, id = id, worker = worker, reason = "not_held");
+            true
+        }
         Err(e) => {
             let closed = matches!(e, StoreError::Closed);
             log_event!(
@@ -140,5 +169,75 @@ pub(crate) fn log_unrunnable(ctx: &Context, job_type: &[u8], ids: &[Vec<u8>]) {
             id = id.as_slice(),
             reason = "value_too_large"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::jobs::job::{JobOpts, JobSpec, JobState};
+    use crate::jobs::take::accept_now;
+    use crate::log::{Event, Logger, Sink, Value};
+    use crate::roster;
+    use crate::workers::WorkerSpec;
+    use crate::store::sim::{CommitFault, SimOptions, SimStore};
+    use crate::store::{run, TxOptions};
+
+    /// The `count` of every `job_accept_reclaimed` event.
+    #[derive(Default)]
+    struct Reclaimed(Mutex<Vec<i64>>);
+
+    impl Sink for Reclaimed {
+        fn log(&self, event: Event) {
+            if event.what == "job_accept_reclaimed" {
+                let count = event.fields.iter().find_map(|(k, v)| match v {
+                    Value::Int(n) if *k == "count" => Some(*n),
+                    _ => None,
+                });
+                self.0.lock().unwrap().push(count.unwrap_or(-1));
+            }
+        }
+    }
+
+    /// A reclaim whose commit lands but is answered
+    /// `commit_unknown_result`: its retry finds nothing left to give back
+    /// (its own doing), and still logs the one job it gave back. On a
+    /// bare context (no node, no service): the scripted fault is the next
+    /// commit's, the reclaim's.
+    #[tokio::test]
+    async fn a_landed_unknown_reclaim_logs_what_it_gave_back() {
+        let sim = SimStore::new(SimOptions::new(22));
+        let log = Arc::new(Reclaimed::default());
+        let ctx = Context::new(sim.clone(), Logger::new(log.clone()), TxOptions::write());
+        let ks = &ctx.ks;
+        let job = JobSpec { id: b"j".to_vec(), info: b"{}".to_vec(), opts: JobOpts::default() };
+        let j = &job;
+        run(sim.as_ref(), ctx.write, |tx| async move { ops::add_job(&tx, ks, b"t", j, 0).await })
+            .await
+            .expect("add")
+            .expect("added");
+        let spec = WorkerSpec { worker_type: b"t".to_vec(), id: b"w".to_vec(), options_json: b"{}".to_vec(), timeout_s: 3600 };
+        let s = &spec;
+        run(sim.as_ref(), ctx.write, |tx| async move { roster::register(&tx, ks, s, &[7; 16], 0).await })
+            .await
+            .expect("register");
+        let handle = accept_now(&ctx, b"t", b"w", None, &ops::Claims::default()).await.expect("accept");
+        let before = sim.stats().unknown_committed;
+        sim.inject_commit_fault(CommitFault::UnknownCommitted);
+        reclaim(&ctx, b"t".to_vec(), vec![(b"w".to_vec(), handle.token)]);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while log.0.lock().unwrap().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(sim.stats().unknown_committed, before + 1, "the reclaim's commit landed unknown");
+        assert_eq!(*log.0.lock().unwrap(), vec![1], "logged once, with the job it gave back");
+        let rec = run(sim.as_ref(), ctx.read, |tx| async move { ops::get(&tx, ks, b"t", b"j").await })
+            .await
+            .expect("get")
+            .expect("found");
+        assert_eq!(rec.state, JobState::Pending, "given back");
+        ctx.close();
     }
 }
