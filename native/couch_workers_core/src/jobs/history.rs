@@ -240,3 +240,38 @@ fn record_run(rec: &Record) -> Option<Run> {
     };
     Some(run)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::jobs::job::JobOpts;
+    use crate::store::sim::{SimOptions, SimStore};
+    use crate::store::{run, Database, TxOptions};
+
+    /// A run an older version started (its record without the run's
+    /// fields, its start a key of its own) and this version ends: the end
+    /// is a key of its own too (part 1), and the two read as one run.
+    #[tokio::test]
+    async fn a_run_an_older_version_started_ends_in_its_own_key() {
+        let sim = SimStore::new(SimOptions::new(3));
+        let ks = Keyspace::new(&sim.prefix());
+        let k = &ks;
+        let runs = run(sim.as_ref(), TxOptions::write(), |tx| async move {
+            let mut rec = Record::new(b"{}".to_vec(), &JobOpts::default());
+            (rec.state, rec.worker, rec.attempts) = (JobState::Running, Some(b"w1".to_vec()), 1);
+            tx.set(&k.history_part(b"t", b"a", 1, PART_START), &pack(&(HISTORY_FORMAT, Bytes::from(&b"w1"[..]), 1_000i64)));
+            end_run(&tx, k, b"t", b"a", &mut rec, b"w1".to_vec(), Outcome::Finished, 2_000);
+            rec.state = JobState::Finished;
+            assert_eq!(rec.run_ended, None, "nothing in the record");
+            let keys = tx.get_range(&RangeRequest::new(k.history_range(b"t", b"a").0, k.history_range(b"t", b"a").1)).await?;
+            let parts: Vec<_> = keys.iter().filter_map(|(key, _)| k.parse_history(b"t", b"a", key)).collect();
+            assert_eq!(parts, vec![(1, PART_START), (1, PART_END)]);
+            read(&tx, k, b"t", b"a", &rec, false).await
+        })
+        .await
+        .expect("history");
+        let want =
+            Run { attempt: 1, worker: b"w1".to_vec(), started_at: 1_000, ended_at: Some(2_000), outcome: Outcome::Finished, error: None };
+        assert_eq!(runs, vec![want]);
+    }
+}

@@ -3,7 +3,9 @@
 //! for every write that needs it (the job writes of `jobs::commit`,
 //! `jobs::finish_next` and `jobs::Jobs::update`, a heartbeat's
 //! reinstatement, a reap, the node's removals and replacements of
-//! workers). Its key is the key space's receipt key: the key space packs it
+//! workers, the give-back of a job whose delivery failed and the reclaim
+//! of an accept round that failed, each retried until it lands:
+//! [`RetriedWrite`]). Its key is the key space's receipt key: the key space packs it
 //! (`keyspace/` implements [`ReceiptKeys`]), the store layer below it
 //! only uses it.
 //!
