@@ -422,25 +422,34 @@ impl Visit for Fields {
     }
 }
 
+/// A sink that keeps every event, for the crate's unit tests.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct Collect(std::sync::Mutex<Vec<Event>>);
+
+#[cfg(test)]
+impl Sink for Collect {
+    fn log(&self, event: Event) {
+        self.0.lock().unwrap().push(event);
+    }
+}
+
+#[cfg(test)]
+impl Collect {
+    /// The events so far, leaving none.
+    pub(crate) fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+
+    /// The events named `what` so far, kept.
+    pub(crate) fn named(&self, what: &str) -> Vec<Event> {
+        self.0.lock().unwrap().iter().filter(|e| e.what == what).cloned().collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Mutex;
-
-    #[derive(Default)]
-    struct Collect(Mutex<Vec<Event>>);
-
-    impl Sink for Collect {
-        fn log(&self, event: Event) {
-            self.0.lock().unwrap().push(event);
-        }
-    }
-
-    impl Collect {
-        fn take(&self) -> Vec<Event> {
-            std::mem::take(&mut *self.0.lock().unwrap())
-        }
-    }
 
     #[test]
     fn events_reach_their_nodes_sink_with_their_levels_and_field_kinds() {

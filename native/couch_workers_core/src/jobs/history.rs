@@ -263,7 +263,8 @@ mod tests {
             end_run(&tx, k, b"t", b"a", &mut rec, b"w1".to_vec(), Outcome::Finished, 2_000);
             rec.state = JobState::Finished;
             assert_eq!(rec.run_ended, None, "nothing in the record");
-            let keys = tx.get_range(&RangeRequest::new(k.history_range(b"t", b"a").0, k.history_range(b"t", b"a").1)).await?;
+            let (begin, end) = k.history_range(b"t", b"a");
+            let keys = tx.get_range(&RangeRequest::new(begin, end)).await?;
             let parts: Vec<_> = keys.iter().filter_map(|(key, _)| k.parse_history(b"t", b"a", key)).collect();
             assert_eq!(parts, vec![(1, PART_START), (1, PART_END)]);
             read(&tx, k, b"t", b"a", &rec, false).await

@@ -174,31 +174,24 @@ pub(crate) fn log_unrunnable(ctx: &Context, job_type: &[u8], ids: &[Vec<u8>]) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use super::*;
     use crate::jobs::job::{JobOpts, JobSpec, JobState};
     use crate::jobs::take::accept_now;
-    use crate::log::{Event, Logger, Sink, Value};
+    use crate::log::{Collect, Logger, Value};
     use crate::roster;
     use crate::workers::WorkerSpec;
     use crate::store::sim::{CommitFault, SimOptions, SimStore};
     use crate::store::{run, TxOptions};
 
-    /// The `count` of every `job_accept_reclaimed` event.
-    #[derive(Default)]
-    struct Reclaimed(Mutex<Vec<i64>>);
-
-    impl Sink for Reclaimed {
-        fn log(&self, event: Event) {
-            if event.what == "job_accept_reclaimed" {
-                let count = event.fields.iter().find_map(|(k, v)| match v {
-                    Value::Int(n) if *k == "count" => Some(*n),
-                    _ => None,
-                });
-                self.0.lock().unwrap().push(count.unwrap_or(-1));
-            }
-        }
+    /// The `count` of every `job_accept_reclaimed` event so far.
+    fn reclaimed(log: &Collect) -> Vec<i64> {
+        let count = |e: &crate::log::Event| {
+            e.fields.iter().find_map(|(k, v)| match v {
+                Value::Int(n) if *k == "count" => Some(*n),
+                _ => None,
+            })
+        };
+        log.named("job_accept_reclaimed").iter().map(|e| count(e).unwrap_or(-1)).collect()
     }
 
     /// A reclaim whose commit lands but is answered
@@ -209,7 +202,7 @@ mod tests {
     #[tokio::test]
     async fn a_landed_unknown_reclaim_logs_what_it_gave_back() {
         let sim = SimStore::new(SimOptions::new(22));
-        let log = Arc::new(Reclaimed::default());
+        let log = Arc::new(Collect::default());
         let ctx = Context::new(sim.clone(), Logger::new(log.clone()), TxOptions::write());
         let ks = &ctx.ks;
         let job = JobSpec { id: b"j".to_vec(), info: b"{}".to_vec(), opts: JobOpts::default() };
@@ -228,11 +221,11 @@ mod tests {
         sim.inject_commit_fault(CommitFault::UnknownCommitted);
         reclaim(&ctx, b"t".to_vec(), vec![(b"w".to_vec(), handle.token)]);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while log.0.lock().unwrap().is_empty() && tokio::time::Instant::now() < deadline {
+        while reclaimed(&log).is_empty() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(sim.stats().unknown_committed, before + 1, "the reclaim's commit landed unknown");
-        assert_eq!(*log.0.lock().unwrap(), vec![1], "logged once, with the job it gave back");
+        assert_eq!(reclaimed(&log), vec![1], "logged once, with the job it gave back");
         let rec = run(sim.as_ref(), ctx.read, |tx| async move { ops::get(&tx, ks, b"t", b"j").await })
             .await
             .expect("get")
