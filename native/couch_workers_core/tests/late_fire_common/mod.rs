@@ -21,23 +21,28 @@ pub fn hour_safety_look(dir: &std::path::Path) -> EmbeddedOptions {
 /// A watch of `key` on `db`, returned once the watcher thread has read
 /// `key` since arming it (else that read could come after the change a
 /// test makes next and fire the watch by chance): a second watch, fired
-/// by a plain local write of a new value, is judged in such a read. `db`'s watches then
+/// by the thread's read, is judged in such a read. `db`'s watches then
 /// pend on `key` alone.
+///
+/// The second watch's key is written by a transaction that wrote it
+/// before the watch was armed: a local commit fires the watches of a key
+/// it changed itself only when they were armed before its first write of
+/// the key, so this one is left to the thread.
 pub async fn armed_watch(db: &dyn Database, key: &[u8]) -> Watch {
     let tx = db.create_transaction(&TxOptions::read()).await.expect("tx");
     let w = tx.watch(key);
     tx.commit().await.expect("arm the watch");
-    let tx = db.create_transaction(&TxOptions::read()).await.expect("tx");
-    let synced = tx.watch(b"sync");
-    tx.commit().await.expect("arm the second watch");
     // A new value each time, so that the helper can arm several watches
     // of one handle in turn (a write of the same value fires nothing).
     static SYNCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let sync = SYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-    let tx = db.create_transaction(&TxOptions::write()).await.expect("tx");
-    tx.set(b"sync", &sync.to_be_bytes());
-    tx.commit().await.expect("plain write");
-    tokio::time::timeout(FIRE_LIMIT, synced).await.expect("a local write fires its watch").expect("fired");
+    let write = db.create_transaction(&TxOptions::write()).await.expect("tx");
+    write.set(b"sync", &sync.to_be_bytes());
+    let tx = db.create_transaction(&TxOptions::read()).await.expect("tx");
+    let synced = tx.watch(b"sync");
+    tx.commit().await.expect("arm the second watch");
+    write.commit().await.expect("plain write");
+    tokio::time::timeout(FIRE_LIMIT, synced).await.expect("the watcher thread fires the watch").expect("fired");
     w
 }
 

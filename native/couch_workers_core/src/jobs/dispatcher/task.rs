@@ -63,6 +63,9 @@ impl Dispatcher {
         let _live = Live::new(&self.registry.live);
         let mut watch: Option<Watch> = None;
         let mut need_round = true;
+        // Whether the next round lets the tasks already woken run first
+        // (not after its watch fired: see below).
+        let mut yield_first = true;
         let mut failures: u32 = 0;
         // Consecutive watches refused at the handle's limit, and the
         // earliest round that may try to arm one again.
@@ -89,7 +92,16 @@ impl Dispatcher {
                 // group commit get their outcome at once, and each then
                 // accepts again): let the tasks already woken run first,
                 // so that one round serves them all instead of one each.
-                tokio::task::yield_now().await;
+                // Not when its watch fired: the commit that fired it has
+                // just woken its own caller (a `job_add`'s reply), and a
+                // yield would wake a second runtime thread to steal this
+                // task, which takes a CPU from the caller's scheduler on
+                // a small host and delays that reply by the whole round.
+                if std::mem::replace(&mut yield_first, true) {
+                    tokio::task::yield_now().await;
+                } else {
+                    std::thread::yield_now();
+                }
                 while let Ok(w) = self.receiver.try_recv() {
                     self.push(w);
                 }
@@ -164,6 +176,7 @@ impl Dispatcher {
                 Wake::Watch(fired) => {
                     crate::stage::mark("dispatcher_woken");
                     need_round = true;
+                    yield_first = false;
                     match fired {
                         Ok(()) => {
                             if at_limit > 0 {

@@ -8,6 +8,14 @@
 //! when it has a reason to, and the registry fires each watch whose key's
 //! value differs from the one it expects.
 //!
+//! A local commit that changed a watched key from a value it read before
+//! its first write of the key (`Changed`) fires the watches expecting
+//! that value itself, once it is visible: they saw the key before this
+//! commit changed it. That spares the thread's wake-up and read on the
+//! path of every local wake-up (a `job_add` waking its node's
+//! dispatcher). Watches that expect anything else (another writer changed
+//! the key meanwhile) are still left to the thread.
+//!
 //! Dropped watch futures are noticed (`Sender::is_closed`) and removed.
 //! `close` fails every pending watch with [`StoreError::Closed`].
 
@@ -28,10 +36,12 @@ pub(crate) enum Written {
     Range(Vec<u8>, Vec<u8>),
 }
 
-/// A key a committed transaction wrote with `spare_own_watches`: its
-/// value before that transaction's write (the last any other commit left)
-/// and after.
-pub(crate) struct Spared {
+/// A key a committed transaction wrote, with its value before that
+/// transaction's first write of it (the last any other commit left) and
+/// after its commit. With `spare_own_watches` the key's watches take the
+/// new value ([`WatchHub::notify_commit`]'s `spared`); else those that
+/// expected the old one fire (its `changed`).
+pub(crate) struct KeyChange {
     pub(crate) key: Vec<u8>,
     pub(crate) before: Option<Vec<u8>>,
     pub(crate) after: Option<Vec<u8>>,
@@ -163,17 +173,26 @@ impl WatchHub {
         self.bell.ring();
     }
 
-    /// A transaction of this store committed `written`: check now if it
-    /// touched a watched key. (Its commit also changes `data_version`, so
-    /// the next poll re-reads anyway: at most one read per poll period.)
+    /// Whether a watch waits on `key` now: a transaction about to write
+    /// it first reads its value, for [`WatchHub::notify_commit`]'s
+    /// `changed`.
+    pub(crate) fn is_watched(&self, key: &[u8]) -> bool {
+        self.lock().watches.contains_key(key)
+    }
+
+    /// A transaction of this store committed `written` (visible now):
+    /// check if it touched a watched key. (Its commit also changes
+    /// `data_version`, so the next poll re-reads anyway: at most one read
+    /// per poll period.)
     ///
     /// A `spared` key's watches that still expect its value from before
     /// the commit (no other commit changed it since they were armed) take
-    /// the committed value and keep waiting; the thread is not woken for
-    /// it. A watch that expects anything else (another commit changed the
-    /// key, before this one or after it) is left to the thread, which
-    /// fires it when it reads the key.
-    pub(crate) fn notify_commit(&self, written: &[Written], spared: &[Spared]) {
+    /// the committed value and keep waiting. A `changed` key's watches
+    /// that expect its value from before the commit fire now. Either way
+    /// the thread is not woken for them. A watch that expects anything
+    /// else (another commit changed the key, before this one or after
+    /// it) is left to the thread, which fires it when it reads the key.
+    pub(crate) fn notify_commit(&self, written: &[Written], spared: &[KeyChange], changed: &[KeyChange]) {
         let mut st = self.lock();
         if st.watches.is_empty() {
             return;
@@ -187,6 +206,33 @@ impl WatchHub {
             if entries.iter().all(|e| e.expected == s.after) {
                 settled.push(&s.key);
             }
+        }
+        let mut fired = false;
+        for c in changed.iter().filter(|c| !spared.iter().any(|s| s.key == c.key)) {
+            let Some(entries) = st.watches.get_mut(&c.key) else { continue };
+            let mut kept = Vec::with_capacity(entries.len());
+            for entry in entries.drain(..) {
+                if entry.tx.is_closed() {
+                    continue;
+                }
+                if c.before != c.after && entry.expected == c.before {
+                    let _ = entry.tx.send(Ok(()));
+                    fired = true;
+                } else {
+                    kept.push(entry);
+                }
+            }
+            if kept.iter().all(|e| e.expected == c.after) {
+                settled.push(&c.key);
+            }
+            if kept.is_empty() {
+                st.watches.remove(&c.key);
+            } else {
+                *entries = kept;
+            }
+        }
+        if fired {
+            crate::stage::mark("watch_fired");
         }
         if st.dirty {
             return;

@@ -4,11 +4,13 @@
 //! changed:
 //!
 //! * at once when woken: a commit through this store that wrote a watched
-//!   key (or cleared a range holding one), or a new registration (so a
-//!   change that raced the registration is not missed: the first read
-//!   happens after the registration); a local commit that wrote no watched
-//!   key leaves the thread asleep (waking it for every commit cost a third
-//!   of the raw commit rate);
+//!   key (or cleared a range holding one) whose watches it could not fire
+//!   itself (`watch.rs`: a local commit fires those that expect the value
+//!   it changed), or a new registration (so a change that raced the
+//!   registration is not missed: the first read happens after the
+//!   registration); a local commit that wrote no watched key leaves the
+//!   thread asleep (waking it for every commit cost a third of the raw
+//!   commit rate);
 //! * when another handle of the store (another node of the host, the CLI)
 //!   committed: its post-commit wake-up (`wake.rs`, which the thread
 //!   itself receives: `sources.rs`) comes once the commit is visible, so

@@ -7,7 +7,7 @@ use rusqlite::OptionalExtension;
 use super::{release, EmbeddedTransaction, Slot, TxState};
 use crate::store::embedded::group;
 use crate::store::embedded::schema::{self, SQL_GET};
-use crate::store::embedded::watch::{Spared, WatchSender};
+use crate::store::embedded::watch::{KeyChange, WatchSender};
 use crate::store::mutation as ops;
 use crate::store::{CommitInfo, StoreError};
 
@@ -26,6 +26,7 @@ impl EmbeddedTransaction {
         }
         let mut armed = Vec::new();
         let mut spared = Vec::new();
+        let mut changed = Vec::new();
         let written;
         let (info, deferred) = {
             let mut st = self.lock();
@@ -36,7 +37,7 @@ impl EmbeddedTransaction {
                 st.finished = true;
                 return Err(e);
             }
-            let result = self.commit_locked(&mut st, &mut armed, &mut spared);
+            let result = self.commit_locked(&mut st, &mut armed, &mut spared, &mut changed);
             st.finished = true;
             written = std::mem::take(&mut st.written);
             match result {
@@ -71,7 +72,7 @@ impl EmbeddedTransaction {
         }
         // A member's batch told the hub itself (`group::OnCommit`).
         if info.version.is_some() && !member {
-            self.shared.watches.notify_commit(&written, &spared);
+            self.shared.watches.notify_commit(&written, &spared, &changed);
         }
         for (key, value, tx) in armed {
             self.shared.watches.register(key, value, tx);
@@ -96,17 +97,20 @@ impl EmbeddedTransaction {
     /// Reads the watched values, fixes the version, commits. The watches
     /// go to `armed`, also on failure (the caller fails them); the spared
     /// keys with their values before and after this transaction to
-    /// `spared`.
+    /// `spared`, and the watched keys it wrote (`first_writes`) to
+    /// `changed`.
     /// A writer that leaves its commit to the group (`group.rs`) gets the
     /// batch to wait for.
     fn commit_locked(
         &self,
         st: &mut TxState,
         armed: &mut Vec<Armed>,
-        spared: &mut Vec<Spared>,
+        spared: &mut Vec<KeyChange>,
+        changed: &mut Vec<KeyChange>,
     ) -> Result<(CommitInfo, Option<(u64, group::Outcome)>), StoreError> {
         let watches = std::mem::take(&mut st.watches);
         let spared_keys = std::mem::take(&mut st.spared);
+        let first_writes = std::mem::take(&mut st.first_writes);
         let TxState { slot, wrote, commit, nested, written, .. } = st;
         let writer = matches!(slot, Slot::Writer(_));
         let conn = match slot.conn() {
@@ -135,12 +139,18 @@ impl EmbeddedTransaction {
         if let Some(err) = failure {
             return Err(err);
         }
+        let value_now = |key: &[u8]| {
+            conn.prepare_cached(SQL_GET)
+                .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
+                .map_err(|e| schema::store_error("cannot read a written watched key", &e))
+        };
         for (key, before) in spared_keys {
-            let after = conn
-                .prepare_cached(SQL_GET)
-                .and_then(|mut s| s.query_row([&key], |row| row.get::<_, Vec<u8>>(0)).optional())
-                .map_err(|e| schema::store_error("cannot read a spared key", &e))?;
-            spared.push(Spared { key, before, after });
+            let after = value_now(&key)?;
+            spared.push(KeyChange { key, before, after });
+        }
+        for (key, before) in first_writes {
+            let after = value_now(&key)?;
+            changed.push(KeyChange { key, before, after });
         }
         let info = if *wrote {
             let version = self.version(conn, commit)?;
@@ -170,9 +180,13 @@ impl EmbeddedTransaction {
             // member's writes, once it committed: this member may stop
             // waiting for it (its future dropped) and never would.
             let on_commit = info.version.is_some().then(|| {
-                let (hub, written, spared) =
-                    (self.shared.watches.clone(), std::mem::take(written), std::mem::take(spared));
-                Box::new(move || hub.notify_commit(&written, &spared)) as group::OnCommit
+                let (hub, written, spared, changed) = (
+                    self.shared.watches.clone(),
+                    std::mem::take(written),
+                    std::mem::take(spared),
+                    std::mem::take(changed),
+                );
+                Box::new(move || hub.notify_commit(&written, &spared, &changed)) as group::OnCommit
             });
             return Ok((info, Some(self.shared.group.join(on_commit))));
         }

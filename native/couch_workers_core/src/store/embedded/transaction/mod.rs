@@ -118,6 +118,15 @@ impl TxState {
     fn writer_with_writes(&self) -> bool {
         self.wrote && matches!(self.slot, Slot::Writer(_))
     }
+
+    /// Whether this transaction wrote, cleared or added to `key` (a
+    /// writer's held adds are in `written` from the first).
+    fn touched(&self, key: &[u8]) -> bool {
+        self.written.iter().any(|w| match w {
+            Written::Key(k) => k == key,
+            Written::Range(begin, end) => begin.as_slice() <= key && key < end.as_slice(),
+        })
+    }
 }
 
 impl Slot {
@@ -152,6 +161,10 @@ struct TxState {
     /// (`spare_own_watches`), with their values before this transaction
     /// wrote them.
     spared: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Keys a watch of this store waited on when this transaction first
+    /// wrote them, with their values before that write: the watches its
+    /// commit fires itself (`watch.rs`, `KeyChange`).
+    first_writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     /// `commit` or `on_error` ran.
     finished: bool,
     /// What its versionstamped writes made unreadable (FDB's rule).
@@ -231,6 +244,7 @@ impl EmbeddedTransaction {
             watches: Vec::new(),
             written: Vec::new(),
             spared: Vec::new(),
+            first_writes: Vec::new(),
             finished: false,
             unreadable: Unreadable::default(),
             adds: PendingAdds::default(),
@@ -364,6 +378,7 @@ impl Transaction for EmbeddedTransaction {
     }
 
     fn set(&self, key: &[u8], value: &[u8]) {
+        self.note_first_write(key);
         self.flush_adds(|k| k == key);
         self.write(key.len() + value.len(), |conn, _| {
             Self::check_sizes(key, value)?;
@@ -373,6 +388,7 @@ impl Transaction for EmbeddedTransaction {
     }
 
     fn clear(&self, key: &[u8]) {
+        self.note_first_write(key);
         self.flush_adds(|k| k == key);
         self.write(key.len(), |conn, _| {
             if key.len() > MAX_KEY_SIZE {

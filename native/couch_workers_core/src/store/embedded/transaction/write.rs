@@ -32,6 +32,33 @@ impl EmbeddedTransaction {
         }
     }
 
+    /// Before a write of `key`: if a watch of this store waits on it and
+    /// this transaction has not touched it yet, keeps its value now (the
+    /// last any other commit left: a writer holds SQLite's write lock, and
+    /// a reader's first write fails unless its snapshot is the latest), so
+    /// that the commit fires the watches that expect it (`watch.rs`). A
+    /// key this transaction already touched (written, cleared in a range,
+    /// or added to) is left to the watcher thread: its value now is not
+    /// the one before the commit.
+    pub(super) fn note_first_write(&self, key: &[u8]) {
+        if !self.shared.watches.is_watched(key) {
+            return;
+        }
+        let mut st = self.lock();
+        if self.usable(&mut st).is_err() || st.first_writes.iter().any(|(k, _)| k == key) || st.touched(key) {
+            return;
+        }
+        let before = st.slot.conn().and_then(|conn| {
+            conn.prepare_cached(SQL_GET)
+                .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
+                .map_err(|e| schema::store_error("cannot read a watched key", &e))
+        });
+        match before {
+            Ok(before) => st.first_writes.push((key.to_vec(), before)),
+            Err(e) => self.fail(&mut st, e),
+        }
+    }
+
     /// Runs one write: checks, counts `bytes` against the transaction size
     /// limit, takes SQLite's write lock in read mode, then `f`.
     pub(super) fn write(
@@ -103,6 +130,7 @@ impl EmbeddedTransaction {
     }
 
     pub(super) fn byte_max(&self, key: &[u8], value: &[u8]) {
+        self.note_first_write(key);
         self.flush_adds(|k| k == key);
         self.write(key.len() + value.len(), |conn, _| {
             Self::check_sizes(key, value)?;
@@ -121,6 +149,7 @@ impl EmbeddedTransaction {
                 self.flush_adds(|k| may_be_stamped(k, bytes, offset));
             }
         } else {
+            self.note_first_write(key);
             self.flush_adds(|k| k == key);
         }
         self.write(key.len() + value.len(), |conn, commit| {
