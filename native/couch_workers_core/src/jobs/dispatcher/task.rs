@@ -92,11 +92,16 @@ impl Dispatcher {
                 // group commit get their outcome at once, and each then
                 // accepts again): let the tasks already woken run first,
                 // so that one round serves them all instead of one each.
-                // Not when its watch fired: the commit that fired it has
-                // just woken its own caller (a `job_add`'s reply), and a
-                // yield would wake a second runtime thread to steal this
-                // task, which takes a CPU from the caller's scheduler on
-                // a small host and delays that reply by the whole round.
+                // When its watch fired, the local commit that fired it
+                // (`store/embedded/watch.rs`) has just sent its caller's
+                // reply (a `job_add`'s), waking an Erlang scheduler that
+                // the kernel often queues on this very CPU: give it the
+                // CPU first (sched_yield, about 1 µs when nothing else
+                // waits for it), or the caller waits behind the whole
+                // round (on 2 vCPUs, 130 µs of scheduling delay with the
+                // other CPU idle: bench/RESULTS.md, "A local commit fires
+                // its watches"). A runtime yield would not: it wakes a
+                // second runtime thread to steal this task.
                 if std::mem::replace(&mut yield_first, true) {
                     tokio::task::yield_now().await;
                 } else {
