@@ -9,7 +9,8 @@
 //! value differs from the one it expects.
 //!
 //! A local commit that changed a watched key from a value it read before
-//! its first write of the key (`Changed`) fires the watches expecting
+//! its first write of the key ([`KeyChange`], `notify_commit`'s
+//! `changed`) fires the watches expecting
 //! that value itself, once it is visible: they saw the key before this
 //! commit changed it. That spares the thread's wake-up and read on the
 //! path of every local wake-up (a `job_add` waking its node's
