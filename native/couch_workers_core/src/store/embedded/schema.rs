@@ -310,6 +310,11 @@ pub(crate) fn set_last_version(conn: &Connection, version: u64) -> rusqlite::Res
     meta_set(conn, "last_version", &v)
 }
 
+/// The value of `key` as this connection's transaction sees it.
+pub(crate) fn get_value(conn: &Connection, key: &[u8]) -> rusqlite::Result<Option<Vec<u8>>> {
+    conn.prepare_cached(SQL_GET)?.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional()
+}
+
 /// Runs a statement without parameters or rows (`BEGIN IMMEDIATE`,
 /// `COMMIT`, ...) through the connection's statement cache: these run on
 /// every transaction, and `execute_batch` would parse them every time.

@@ -10,12 +10,12 @@
 //!
 //! A local commit that changed a watched key from a value it read before
 //! its first write of the key ([`KeyChange`], `notify_commit`'s
-//! `changed`) fires the watches expecting
-//! that value itself, once it is visible: they saw the key before this
-//! commit changed it. That spares the thread's wake-up and read on the
-//! path of every local wake-up (a `job_add` waking its node's
-//! dispatcher). Watches that expect anything else (another writer changed
-//! the key meanwhile) are still left to the thread.
+//! `changed`) fires the watches expecting that value itself, once it is
+//! visible: they saw the key before this commit changed it. That spares
+//! the thread's wake-up and read on the path of every local wake-up (a
+//! `job_add` waking its node's dispatcher). Watches that expect anything
+//! else (another writer changed the key meanwhile) are still left to the
+//! thread.
 //!
 //! Dropped watch futures are noticed (`Sender::is_closed`) and removed.
 //! `close` fails every pending watch with [`StoreError::Closed`].
@@ -210,26 +210,10 @@ impl WatchHub {
         }
         let mut fired = false;
         for c in changed.iter().filter(|c| !spared.iter().any(|s| s.key == c.key)) {
-            let Some(entries) = st.watches.get_mut(&c.key) else { continue };
-            let mut kept = Vec::with_capacity(entries.len());
-            for entry in entries.drain(..) {
-                if entry.tx.is_closed() {
-                    continue;
-                }
-                if c.before != c.after && entry.expected == c.before {
-                    let _ = entry.tx.send(Ok(()));
-                    fired = true;
-                } else {
-                    kept.push(entry);
-                }
-            }
-            if kept.iter().all(|e| e.expected == c.after) {
+            let moved = c.before != c.after;
+            fired |= fire_where(&mut st, &c.key, |e| moved && e.expected == c.before);
+            if st.watches.get(&c.key).is_none_or(|left| left.iter().all(|e| e.expected == c.after)) {
                 settled.push(&c.key);
-            }
-            if kept.is_empty() {
-                st.watches.remove(&c.key);
-            } else {
-                *entries = kept;
             }
         }
         if fired {
@@ -335,28 +319,37 @@ impl WatchHub {
         let mut st = self.lock();
         let mut fired = false;
         for (key, value) in keys.into_iter().zip(values) {
-            let Some(entries) = st.watches.get_mut(&key) else { continue };
-            let mut kept = Vec::with_capacity(entries.len());
-            for entry in entries.drain(..) {
-                if entry.tx.is_closed() {
-                    continue;
-                }
-                if entry.seq < seq_limit && entry.expected != value {
-                    let _ = entry.tx.send(Ok(()));
-                    fired = true;
-                } else {
-                    kept.push(entry);
-                }
-            }
-            if kept.is_empty() {
-                st.watches.remove(&key);
-            } else {
-                *entries = kept;
-            }
+            fired |= fire_where(&mut st, &key, |e| e.seq < seq_limit && e.expected != value);
         }
         if fired {
             crate::stage::mark("watch_fired");
             st.trace = Some(trace(st.last_wal_event, st.last_peer_wake));
         }
     }
+}
+
+/// Fires `key`'s watches for which `fire` holds and drops those whose
+/// future is gone; the key leaves the registry with its last watch.
+/// Whether any fired.
+fn fire_where(st: &mut HubState, key: &[u8], fire: impl Fn(&Entry) -> bool) -> bool {
+    let Some(entries) = st.watches.get_mut(key) else { return false };
+    let mut fired = false;
+    let mut kept = Vec::with_capacity(entries.len());
+    for entry in entries.drain(..) {
+        if entry.tx.is_closed() {
+            continue;
+        }
+        if fire(&entry) {
+            let _ = entry.tx.send(Ok(()));
+            fired = true;
+        } else {
+            kept.push(entry);
+        }
+    }
+    if kept.is_empty() {
+        st.watches.remove(key);
+    } else {
+        *entries = kept;
+    }
+    fired
 }

@@ -2,11 +2,10 @@
 //! values it saw, the commit version fixed, and the SQLite commit done
 //! alone or left to the group commit (`group.rs`).
 
-use rusqlite::OptionalExtension;
 
 use super::{release, EmbeddedTransaction, Slot, TxState};
 use crate::store::embedded::group;
-use crate::store::embedded::schema::{self, SQL_GET};
+use crate::store::embedded::schema;
 use crate::store::embedded::watch::{KeyChange, WatchSender};
 use crate::store::mutation as ops;
 use crate::store::{CommitInfo, StoreError};
@@ -126,10 +125,7 @@ impl EmbeddedTransaction {
             let value = if failure.is_some() {
                 None
             } else {
-                let read = conn
-                    .prepare_cached(SQL_GET)
-                    .and_then(|mut s| s.query_row([&key], |row| row.get::<_, Vec<u8>>(0)).optional());
-                read.unwrap_or_else(|e| {
+                schema::get_value(conn, &key).unwrap_or_else(|e| {
                     failure = Some(schema::store_error("cannot read a watched key", &e));
                     None
                 })
@@ -140,9 +136,7 @@ impl EmbeddedTransaction {
             return Err(err);
         }
         let value_now = |key: &[u8]| {
-            conn.prepare_cached(SQL_GET)
-                .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
-                .map_err(|e| schema::store_error("cannot read a written watched key", &e))
+            schema::get_value(conn, key).map_err(|e| schema::store_error("cannot read a written watched key", &e))
         };
         for (key, before) in spared_keys {
             let after = value_now(&key)?;

@@ -65,12 +65,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::Connection;
 use tokio::sync::OwnedMutexGuard;
 
 use super::adds::PendingAdds;
 use super::fair;
-use super::schema::{self, SQL_CLEAR, SQL_CLEAR_RANGE, SQL_GET, SQL_RANGE_FWD, SQL_RANGE_REV};
+use super::schema::{self, SQL_CLEAR, SQL_CLEAR_RANGE, SQL_RANGE_FWD, SQL_RANGE_REV};
 use super::unreadable::Unreadable;
 use super::watch::{watch_channel, WatchSender, Written};
 use super::Shared;
@@ -348,9 +348,7 @@ impl Transaction for EmbeddedTransaction {
     async fn get(&self, key: &[u8], _snapshot: bool) -> Result<Option<Vec<u8>>, StoreError> {
         self.lock().unreadable.check_key(key)?;
         self.flush_adds(|k| k == key);
-        self.read("cannot read", |conn| {
-            conn.prepare_cached(SQL_GET)?.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional()
-        })
+        self.read("cannot read", |conn| schema::get_value(conn, key))
     }
 
     async fn get_range(&self, range: &RangeRequest) -> Result<Vec<KeyValue>, StoreError> {
@@ -492,9 +490,7 @@ impl Transaction for EmbeddedTransaction {
         // lock; a reader's first write fails unless its snapshot is the
         // latest), which the hub compares with what each watch expects.
         self.flush_adds(|k| k == key);
-        let before = self.read("cannot read a spared key", |conn| {
-            conn.prepare_cached(SQL_GET)?.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional()
-        });
+        let before = self.read("cannot read a spared key", |conn| schema::get_value(conn, key));
         if let Ok(before) = before {
             let mut st = self.lock();
             if !st.spared.iter().any(|(k, _)| k == key) {

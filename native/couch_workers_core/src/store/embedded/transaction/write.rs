@@ -2,12 +2,12 @@
 //! upgrade of a read-mode transaction to a writer, versionstamps, and the
 //! atomic adds a writer holds until needed (`adds.rs`).
 
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::Connection;
 
 use super::version::CommitState;
 use super::{EmbeddedTransaction, TxState};
 use crate::store::embedded::adds::may_be_stamped;
-use crate::store::embedded::schema::{self, SQL_ADD, SQL_GET, SQL_SET};
+use crate::store::embedded::schema::{self, SQL_ADD, SQL_SET};
 use crate::store::embedded::watch::Written;
 use crate::store::mutation as ops;
 use crate::store::{StoreError, MAX_KEY_SIZE, MAX_TRANSACTION_SIZE, MAX_VALUE_SIZE};
@@ -49,9 +49,7 @@ impl EmbeddedTransaction {
             return;
         }
         let before = st.slot.conn().and_then(|conn| {
-            conn.prepare_cached(SQL_GET)
-                .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
-                .map_err(|e| schema::store_error("cannot read a watched key", &e))
+            schema::get_value(conn, key).map_err(|e| schema::store_error("cannot read a watched key", &e))
         });
         match before {
             Ok(before) => st.first_writes.push((key.to_vec(), before)),
@@ -134,10 +132,8 @@ impl EmbeddedTransaction {
         self.flush_adds(|k| k == key);
         self.write(key.len() + value.len(), |conn, _| {
             Self::check_sizes(key, value)?;
-            let existing = conn
-                .prepare_cached(SQL_GET)
-                .and_then(|mut s| s.query_row([key], |row| row.get::<_, Vec<u8>>(0)).optional())
-                .map_err(|e| schema::store_error("cannot read for byte_max", &e))?;
+            let existing =
+                schema::get_value(conn, key).map_err(|e| schema::store_error("cannot read for byte_max", &e))?;
             Self::put(conn, key, &ops::byte_max(existing.as_deref(), value))?;
             Ok(Written::Key(key.to_vec()))
         });
